@@ -1,0 +1,49 @@
+"""Errors a user can cause. Each carries a message that names the input and the fix."""
+
+from __future__ import annotations
+
+
+class WormholeError(Exception):
+    """Base class for errors that are reported to the user without a traceback."""
+
+    exit_code = 2
+
+
+class ConfigError(WormholeError):
+    """The pipeline file or an option in it is wrong."""
+
+    def __init__(self, problems: list[str] | str, source: str | None = None) -> None:
+        self.problems = [problems] if isinstance(problems, str) else list(problems)
+        self.source = source
+        head = f"{source}: " if source else ""
+        super().__init__(head + "; ".join(self.problems))
+
+    def render(self) -> str:
+        lines = [f"invalid pipeline{f' {self.source}' if self.source else ''}:"]
+        lines += [f"  {p}" for p in self.problems]
+        return "\n".join(lines)
+
+
+class StateError(WormholeError):
+    """The state directory cannot be used (unwritable, or inconsistent with the pipeline)."""
+
+
+class LogCorruptError(WormholeError):
+    """A log file is damaged somewhere other than its tail."""
+
+    def __init__(self, path: str, offset: int, reason: str) -> None:
+        self.path = path
+        self.offset = offset
+        super().__init__(
+            f"{path}: corrupt record at offset {offset} ({reason}); the log cannot be read "
+            f"past it. Restore the file from a copy, or move it and everything after it away "
+            f"to start over from an earlier state."
+        )
+
+
+class SourceError(WormholeError):
+    """The source cannot be read (missing path, unreadable file, malformed record)."""
+
+
+class SinkError(WormholeError):
+    """A sink could not make a batch durable."""

@@ -1,0 +1,174 @@
+"""Length + CRC framed records: the on-disk unit of every Wormhole log file.
+
+A record is a 24-byte little-endian header followed by ``length`` payload bytes::
+
+    magic u16 = 0x4857 ("WH")   version u8 = 1   kind u8
+    length u32                  crc32 u32
+    first u64                   count u32
+
+``crc32`` covers the bytes of ``kind``, ``first``, ``count`` and the payload, so
+a torn or flipped header is caught as surely as a damaged payload. ``first`` and
+``count`` are the record's sequence range (their meaning is the log's: update
+sequence numbers in the publisher log, message sequence numbers in a LogWriter
+log).
+
+Recovery reads records in order and classifies the first bad one: a record that
+runs past the end of the file, or a bad record with nothing valid after it, is a
+*torn tail* (the process died mid-write; truncate it); a bad record with more
+data after it is *corruption* (stop and name the file and offset).
+"""
+
+from __future__ import annotations
+
+import os
+import struct
+import zlib
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import BinaryIO
+
+from wormhole.core.errors import LogCorruptError
+
+MAGIC = 0x4857
+VERSION = 1
+HEADER = struct.Struct("<HBBIIQI")
+HEADER_SIZE = HEADER.size  # 24
+_CRC_FIELDS = struct.Struct("<BQI")
+MAX_RECORD = 1 << 30
+
+
+def frame(kind: int, first: int, count: int, payload: bytes) -> bytes:
+    """One framed record."""
+    crc = zlib.crc32(payload, zlib.crc32(_CRC_FIELDS.pack(kind, first, count)))
+    return HEADER.pack(MAGIC, VERSION, kind, len(payload), crc, first, count) + payload
+
+
+@dataclass(frozen=True, slots=True)
+class Record:
+    offset: int
+    kind: int
+    first: int
+    count: int
+    payload: bytes
+
+    @property
+    def end(self) -> int:
+        return self.offset + HEADER_SIZE + len(self.payload)
+
+
+class TornTail(Exception):
+    """The file ends inside a record: everything from ``offset`` on is a partial write."""
+
+    def __init__(self, offset: int, reason: str) -> None:
+        super().__init__(reason)
+        self.offset = offset
+        self.reason = reason
+
+
+def _check(path: str, offset: int, size: int, header: bytes, payload: bytes) -> Record:
+    magic, version, kind, length, crc, first, count = HEADER.unpack(header)
+    if magic != MAGIC or version != VERSION:
+        raise LogCorruptError(path, offset, "bad record header")
+    if zlib.crc32(payload, zlib.crc32(_CRC_FIELDS.pack(kind, first, count))) != crc:
+        if offset + HEADER_SIZE + length >= size:
+            # The last record of the file, fully sized but not fully persisted.
+            raise TornTail(offset, "CRC mismatch in the last record")
+        raise LogCorruptError(path, offset, "CRC mismatch")
+    return Record(offset, kind, first, count, payload)
+
+
+def _rest_is_zero(f: BinaryIO, offset: int, size: int) -> bool:
+    f.seek(offset)
+    while offset < size:
+        chunk = f.read(min(1 << 20, size - offset))
+        if not chunk or chunk.count(0) != len(chunk):
+            return False
+        offset += len(chunk)
+    return True
+
+
+def read_records(
+    f: BinaryIO, path: str, start: int = 0, stop: int | None = None
+) -> Iterator[Record]:
+    """Records of an open file from ``start``; raises TornTail or LogCorruptError at a bad one.
+
+    A torn tail is what an interrupted append leaves: a header cut short, a record
+    whose length runs past the end of the file, a last record whose CRC fails, or
+    zero-filled blocks. Anything else that fails to parse is corruption. ``stop``
+    bounds the scan to bytes known to be complete (a file another thread appends to).
+    """
+    size = os.fstat(f.fileno()).st_size if stop is None else stop
+    offset = start
+    f.seek(offset)
+    while offset < size:
+        header = f.read(HEADER_SIZE)
+        if len(header) < HEADER_SIZE or offset + HEADER_SIZE > size:
+            raise TornTail(offset, "truncated record header")
+        magic, version, _kind, length, _crc, _first, _count = HEADER.unpack(header)
+        if magic != MAGIC or version != VERSION:
+            if _rest_is_zero(f, offset, size):
+                raise TornTail(offset, "zero-filled tail")
+            raise LogCorruptError(path, offset, "bad record header")
+        if offset + HEADER_SIZE + length > size:
+            raise TornTail(offset, "truncated record")
+        payload = f.read(length)
+        if len(payload) < length:
+            raise TornTail(offset, "truncated record")
+        record = _check(path, offset, size, header, payload)
+        yield record
+        offset = record.end
+
+
+def scan_headers(f: BinaryIO, path: str, start: int = 0, stop: int | None = None) -> Iterator[Record]:
+    """Record headers only (payload left empty, CRC not checked): a cheap index build.
+
+    Payloads are verified when they are read.
+    """
+    size = os.fstat(f.fileno()).st_size if stop is None else stop
+    offset = start
+    while offset + HEADER_SIZE <= size:
+        f.seek(offset)
+        header = f.read(HEADER_SIZE)
+        if len(header) < HEADER_SIZE:
+            return
+        magic, version, kind, length, _crc, first, count = HEADER.unpack(header)
+        if magic != MAGIC or version != VERSION:
+            raise LogCorruptError(path, offset, "bad record header")
+        if offset + HEADER_SIZE + length > size:
+            return
+        yield Record(offset, kind, first, count, b"")
+        offset += HEADER_SIZE + length
+
+
+def read_record_at(f: BinaryIO, path: str, offset: int) -> Record:
+    """The one record at ``offset``, verified."""
+    f.seek(offset)
+    header = f.read(HEADER_SIZE)
+    if len(header) < HEADER_SIZE:
+        raise LogCorruptError(path, offset, "truncated record header")
+    length = HEADER.unpack_from(header)[3]
+    payload = f.read(length)
+    if len(payload) < length:
+        raise LogCorruptError(path, offset, "truncated record")
+    # Not the tail of a file being recovered: any failure here is corruption.
+    return _check(path, offset, 1 << 62, header, payload)
+
+
+def fsync_directory(path: str) -> None:
+    """Make a file creation, rename or removal in ``path`` durable."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def log_file_key(name: str) -> tuple[int, int] | None:
+    """``(session, roll)`` of a ``log.<session>.<roll>`` name, or None for other names."""
+    parts = name.split(".")
+    if len(parts) != 3 or parts[0] != "log":
+        return None
+    try:
+        return int(parts[1]), int(parts[2])
+    except ValueError:
+        return None

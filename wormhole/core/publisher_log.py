@@ -1,0 +1,520 @@
+"""The publisher log: the publisher's durable spool of decoded updates.
+
+Layout of ``<state_dir>/log``::
+
+    .session          the last session number used (text)
+    log.<session>.<roll>
+
+Every start opens a new session (``log.<n+1>.0``); a segment rolls to
+``log.<session>.<roll+1>`` when it passes ``roll_size`` bytes. Each segment begins
+with a *segment header* record naming the first update sequence number it holds
+and the source checkpoint at that point; every *batch* record carries its updates
+and the source checkpoint after them. So the newest segment alone tells where the
+source must resume, and the source is confirmed only after the batch that
+contains its changes is on disk.
+
+Updates are numbered by a publisher sequence number (``seq``) that runs across
+sessions and rolls: a datamarker is a seq, meaning "every update before this one
+was handled".
+"""
+
+from __future__ import annotations
+
+import bisect
+import errno
+import logging
+import os
+import threading
+from collections import deque
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, BinaryIO
+
+import msgspec
+from msgspec import Raw
+
+from wormhole.core.errors import LogCorruptError, StateError
+from wormhole.core.framing import (
+    HEADER_SIZE,
+    TornTail,
+    fsync_directory,
+    log_file_key,
+    read_record_at,
+    read_records,
+    scan_headers,
+)
+from wormhole.core.framing import frame as make_frame
+from wormhole.core.update import Update
+
+log = logging.getLogger("wormhole.publisher_log")
+
+KIND_SEGMENT = 1
+KIND_BATCH = 2
+DEFAULT_ROLL_SIZE = 1 << 30
+
+
+class SegmentHeader(msgspec.Struct):
+    session: int
+    roll: int
+    first_seq: int
+    checkpoint: Raw
+
+
+_batch_decoder = msgspec.json.Decoder(tuple[Raw, list[Update]])
+_updates_only_decoder = msgspec.json.Decoder(tuple[Any, list[Update]])
+_header_decoder = msgspec.json.Decoder(SegmentHeader)
+_encoder = msgspec.json.Encoder()
+
+
+@dataclass(slots=True)
+class Batch:
+    """Updates ``first_seq .. first_seq + len(updates) - 1`` of the publisher log.
+
+    ``end_seq`` may be past the last update: a batch whose updates were all
+    filtered (or a checkpoint-only record) still moves positions forward.
+    """
+
+    first_seq: int
+    updates: list[Update]
+    end_seq: int
+
+    @classmethod
+    def of(cls, first_seq: int, updates: list[Update]) -> Batch:
+        return cls(first_seq, updates, first_seq + len(updates))
+
+
+@dataclass(slots=True)
+class Segment:
+    session: int
+    roll: int
+    path: Path
+    first_seq: int
+    end_seq: int | None = None  # None while it is the newest segment
+    size: int = 0
+    # (first_seq, count, offset) of each batch record, built lazily for old segments.
+    index: list[tuple[int, int, int]] | None = None
+
+    @property
+    def name(self) -> str:
+        return self.path.name
+
+
+@dataclass
+class Recovery:
+    """What the log knew when it was opened."""
+
+    checkpoint: Any
+    next_seq: int
+    session: int
+    truncated: list[str] = field(default_factory=list)
+
+
+class PublisherLog:
+    """Append-only, segmented, CRC-framed spool of update batches.
+
+    One thread appends (the tailer); any number of :class:`LogReader` read.
+    """
+
+    def __init__(
+        self,
+        directory: str | os.PathLike[str],
+        roll_size: int = DEFAULT_ROLL_SIZE,
+        fsync: bool = True,
+        tail_updates: int = 262_144,
+    ) -> None:
+        self.directory = Path(directory)
+        self.roll_size = roll_size
+        self.fsync = fsync
+        self.tail_updates = tail_updates
+        self.segments: list[Segment] = []
+        self.next_seq = 0
+        self.session = 0
+        self.checkpoint: Any = None
+        self.bytes_written = 0
+        self.bytes_read = 0
+        self._checkpoint_raw = b"null"
+        self._fd: int | None = None
+        self._lock = threading.Lock()
+        self.appended = threading.Condition(self._lock)
+        # Recent batches kept in memory so that the lead caravan never re-reads them.
+        self._tail: deque[Batch] = deque()
+        self._tail_starts: deque[int] = deque()
+        self._tail_count = 0
+        self.closed = False
+
+    # ------------------------------------------------------------------ open
+    def open(self) -> Recovery:
+        """Recover the log (truncating a torn tail) and start a new session."""
+        try:
+            self.directory.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise StateError(
+                f"cannot create the publisher log directory {self.directory}: {exc.strerror}; "
+                f"choose a writable state_dir"
+            ) from exc
+        if not os.access(self.directory, os.W_OK | os.X_OK):
+            raise StateError(
+                f"the publisher log directory {self.directory} is not writable; "
+                f"fix its permissions or choose another state_dir"
+            )
+        truncated: list[str] = []
+        found = sorted(
+            (key, p)
+            for p in self.directory.iterdir()
+            if (key := log_file_key(p.name)) is not None and p.is_file()
+        )
+        last_session = self._read_session_file()
+        segments: list[Segment] = []
+        checkpoint_raw = b"null"
+        next_seq = 0
+        # The newest segment holds the resume state; recover it, dropping segments
+        # whose very header was torn (a crash right after the roll).
+        while found:
+            (session, roll), path = found[-1]
+            last_session = max(last_session, session)
+            state = self._recover_segment(session, roll, path, truncated)
+            if state is None:
+                found.pop()
+                continue
+            segment, checkpoint_raw, next_seq = state
+            segments.append(segment)
+            found.pop()
+            break
+        for (session, roll), path in reversed(found):
+            last_session = max(last_session, session)
+            header = self._read_header(path)
+            segments.append(Segment(session, roll, path, header.first_seq, size=path.stat().st_size))
+        segments.reverse()
+        for older, newer in zip(segments, segments[1:], strict=False):
+            older.end_seq = newer.first_seq
+        self.segments = segments
+        self.next_seq = next_seq
+        self._checkpoint_raw = checkpoint_raw
+        self.checkpoint = msgspec.json.decode(checkpoint_raw)
+        if segments:
+            segments[-1].end_seq = next_seq
+        self.session = last_session + 1
+        self._write_session_file(self.session)
+        self._start_segment(self.session, 0)
+        return Recovery(self.checkpoint, self.next_seq, self.session, truncated)
+
+    def _read_session_file(self) -> int:
+        path = self.directory / ".session"
+        try:
+            return int(path.read_text().strip() or -1)
+        except FileNotFoundError:
+            return -1
+        except ValueError as exc:
+            raise StateError(f"{path} does not hold a session number; remove it") from exc
+
+    def _write_session_file(self, session: int) -> None:
+        path = self.directory / ".session"
+        tmp = path.with_suffix(".tmp")
+        try:
+            with open(tmp, "w") as f:
+                f.write(f"{session}\n")
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, path)
+        except OSError as exc:
+            raise StateError(
+                f"cannot write {path}: {exc.strerror}; make the state_dir writable"
+            ) from exc
+
+    def _read_header(self, path: Path) -> SegmentHeader:
+        with open(path, "rb") as f:
+            for record in read_records(f, str(path)):
+                if record.kind != KIND_SEGMENT:
+                    raise LogCorruptError(str(path), 0, "segment does not start with its header")
+                return _header_decoder.decode(record.payload)
+        raise LogCorruptError(str(path), 0, "empty segment in the middle of the log")
+
+    def _recover_segment(
+        self, session: int, roll: int, path: Path, truncated: list[str]
+    ) -> tuple[Segment, bytes, int] | None:
+        header: SegmentHeader | None = None
+        checkpoint = b"null"
+        next_seq = 0
+        index: list[tuple[int, int, int]] = []
+        good_end = 0
+        with open(path, "r+b") as f:
+            try:
+                for record in read_records(f, str(path)):
+                    if header is None:
+                        if record.kind != KIND_SEGMENT:
+                            raise LogCorruptError(str(path), 0, "segment does not start with its header")
+                        header = _header_decoder.decode(record.payload)
+                        checkpoint = bytes(header.checkpoint)
+                        next_seq = header.first_seq
+                    elif record.kind == KIND_BATCH:
+                        if record.first != next_seq:
+                            raise LogCorruptError(
+                                str(path), record.offset,
+                                f"batch starts at seq {record.first}, expected {next_seq}",
+                            )
+                        raw_checkpoint, _ = _batch_decoder.decode(record.payload)
+                        checkpoint = bytes(raw_checkpoint)
+                        index.append((record.first, record.count, record.offset))
+                        next_seq = record.first + record.count
+                    good_end = record.end
+            except TornTail as torn:
+                size = os.fstat(f.fileno()).st_size
+                log.warning(
+                    "%s: torn tail at offset %d (%s); truncating %d bytes left by an "
+                    "interrupted write",
+                    path, torn.offset, torn.reason, size - torn.offset,
+                )
+                f.truncate(torn.offset)
+                f.flush()
+                os.fsync(f.fileno())
+                truncated.append(f"{path.name}@{torn.offset}")
+                good_end = torn.offset
+        if header is None:
+            path.unlink()
+            fsync_directory(str(self.directory))
+            return None
+        segment = Segment(session, roll, path, header.first_seq, size=good_end, index=index)
+        return segment, checkpoint, next_seq
+
+    def _start_segment(self, session: int, roll: int) -> None:
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+        if self.segments:
+            self.segments[-1].end_seq = self.next_seq
+        path = self.directory / f"log.{session}.{roll}"
+        header = _encoder.encode(
+            SegmentHeader(session, roll, self.next_seq, Raw(self._checkpoint_raw))
+        )
+        record = make_frame(KIND_SEGMENT, self.next_seq, 0, header)
+        try:
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_APPEND, 0o644)
+            _write_all(fd, record)
+            os.fsync(fd)
+            fsync_directory(str(self.directory))
+        except OSError as exc:
+            raise StateError(
+                f"cannot write the publisher log segment {path}: {exc.strerror}"
+            ) from exc
+        self._fd = fd
+        with self._lock:
+            self.segments.append(
+                Segment(session, roll, path, self.next_seq, None, len(record), index=[])
+            )
+
+    # ---------------------------------------------------------------- append
+    def append(self, updates: list[Update], checkpoint: Any) -> Batch:
+        """Append a batch and the source checkpoint after it; durable on return (per fsync).
+
+        On a write error the segment is cut back to its last good record, so a
+        retry appends cleanly; the error propagates to the caller.
+        """
+        assert self._fd is not None, "open() the log first"
+        first = self.next_seq
+        checkpoint_raw = _encoder.encode(checkpoint)
+        payload = _encoder.encode((Raw(checkpoint_raw), updates))
+        record = make_frame(KIND_BATCH, first, len(updates), payload)
+        segment = self.segments[-1]
+        try:
+            _write_all(self._fd, record)
+            if self.fsync:
+                os.fdatasync(self._fd)
+        except OSError:
+            try:
+                os.ftruncate(self._fd, segment.size)
+            except OSError as exc:  # pragma: no cover - the disk refuses even to shrink
+                log.error("cannot cut %s back to %d bytes: %s", segment.path, segment.size, exc)
+            raise
+        batch = Batch.of(first, updates)
+        with self._lock:
+            assert segment.index is not None
+            segment.index.append((first, len(updates), segment.size))
+            segment.size += len(record)
+            self.next_seq = batch.end_seq
+            self.checkpoint = checkpoint
+            self._checkpoint_raw = checkpoint_raw
+            self.bytes_written += len(record)
+            if updates:
+                self._tail.append(batch)
+                self._tail_starts.append(first)
+                self._tail_count += len(updates)
+                while self._tail_count > self.tail_updates and len(self._tail) > 1:
+                    old = self._tail.popleft()
+                    self._tail_starts.popleft()
+                    self._tail_count -= len(old.updates)
+            self.appended.notify_all()
+        if segment.size >= self.roll_size:
+            self._start_segment(self.session, segment.roll + 1)
+        return batch
+
+    def sync(self) -> None:
+        if self._fd is not None:
+            os.fsync(self._fd)
+
+    def close(self) -> None:
+        with self._lock:
+            self.closed = True
+            self.appended.notify_all()
+        if self._fd is not None:
+            os.fsync(self._fd)
+            os.close(self._fd)
+            self._fd = None
+
+    # ------------------------------------------------------------------ read
+    @property
+    def first_seq(self) -> int:
+        """The oldest seq still retained."""
+        with self._lock:
+            return self.segments[0].first_seq if self.segments else self.next_seq
+
+    def wait_for(self, seq: int, timeout: float) -> bool:
+        """Block until an update at ``seq`` exists (or the log closes / time passes)."""
+        with self._lock:
+            if self.next_seq > seq or self.closed:
+                return self.next_seq > seq
+            self.appended.wait(timeout)
+            return self.next_seq > seq
+
+    def reader(self, position: int) -> LogReader:
+        return LogReader(self, position)
+
+    def _from_tail(self, position: int) -> Batch | None:
+        # Caller holds the lock.
+        if not self._tail or position < self._tail_starts[0]:
+            return None
+        i = bisect.bisect_right(self._tail_starts, position) - 1
+        batch = self._tail[i]
+        if position >= batch.end_seq:
+            return None  # a checkpoint-only gap; read the index instead
+        return batch
+
+    def _segment_for(self, position: int) -> Segment:
+        # Caller holds the lock. Empty segments share their first_seq with the next
+        # one; the last segment starting at or before the position is the one.
+        i = bisect.bisect_right([s.first_seq for s in self.segments], position) - 1
+        if i < 0:
+            raise LookupError(position)
+        return self.segments[i]
+
+    # -------------------------------------------------------------------- gc
+    def collect_garbage(self, upto: int, keep: int = 0) -> list[str]:
+        """Delete rolled segments whose updates are all before ``upto``.
+
+        ``upto`` is the smallest datamarker of every flow; ``keep`` rolled
+        segments that qualify are retained anyway (for replay).
+        """
+        with self._lock:
+            done = [
+                s
+                for s in self.segments[:-1]
+                if s.end_seq is not None and s.end_seq <= upto
+            ]
+            if keep:
+                done = done[: max(0, len(done) - keep)]
+            for segment in done:
+                self.segments.remove(segment)
+        removed = []
+        for segment in done:
+            try:
+                segment.path.unlink()
+                removed.append(segment.name)
+            except FileNotFoundError:
+                pass
+        if removed:
+            fsync_directory(str(self.directory))
+            log.info("garbage-collected publisher log segments %s", ", ".join(removed))
+        return removed
+
+
+class LogReader:
+    """Reads batches in order from ``position``: from memory at the tail, else from disk."""
+
+    def __init__(self, plog: PublisherLog, position: int) -> None:
+        self.log = plog
+        self.position = position
+        self.bytes_read = 0
+        self._file: BinaryIO | None = None
+        self._file_path: Path | None = None
+
+    def close(self) -> None:
+        if self._file is not None:
+            self._file.close()
+            self._file = None
+
+    def read(self) -> Batch | None:
+        """The next batch at or after the position, or None when caught up."""
+        plog = self.log
+        with plog._lock:
+            if self.position >= plog.next_seq:
+                return None
+            if plog.segments and self.position < plog.segments[0].first_seq:
+                raise LookupError(
+                    f"position {self.position} is older than the oldest retained "
+                    f"update {plog.segments[0].first_seq}"
+                )
+            batch = plog._from_tail(self.position)
+            if batch is None:
+                segment = plog._segment_for(self.position)
+                index = segment.index
+                known_size = segment.size
+        if batch is None:
+            if index is None:
+                index = self._build_index(segment, known_size)
+            batch = self._read_disk(segment, index, self.position)
+        if batch.first_seq < self.position:
+            cut = self.position - batch.first_seq
+            batch = Batch(self.position, batch.updates[cut:], batch.end_seq)
+        self.position = batch.end_seq
+        return batch
+
+    def _open(self, segment: Segment) -> BinaryIO:
+        if self._file_path != segment.path or self._file is None:
+            self.close()
+            self._file = open(segment.path, "rb")  # noqa: SIM115 - kept open across reads
+            self._file_path = segment.path
+        return self._file
+
+    def _build_index(self, segment: Segment, size: int) -> list[tuple[int, int, int]]:
+        f = self._open(segment)
+        index = [
+            (r.first, r.count, r.offset)
+            for r in scan_headers(f, str(segment.path), stop=size)
+            if r.kind == KIND_BATCH
+        ]
+        with self.log._lock:
+            if segment.index is None:
+                segment.index = index
+        return index
+
+    def _read_disk(
+        self, segment: Segment, index: list[tuple[int, int, int]], position: int
+    ) -> Batch:
+        i = bisect.bisect_right(index, (position, 1 << 62, 0)) - 1
+        # Skip checkpoint-only records (count 0) that share a start seq.
+        while i + 1 < len(index) and index[i][0] + index[i][1] <= position:
+            i += 1
+        if i < 0:
+            raise LogCorruptError(str(segment.path), 0, f"no record holds seq {position}")
+        first, count, offset = index[i]
+        f = self._open(segment)
+        record = read_record_at(f, str(segment.path), offset)
+        _, updates = _updates_only_decoder.decode(record.payload)
+        size = HEADER_SIZE + len(record.payload)
+        self.bytes_read += size
+        with self.log._lock:
+            self.log.bytes_read += size
+        if len(updates) != count or record.first != first:
+            raise LogCorruptError(str(segment.path), offset, "record does not match its index")
+        return Batch.of(first, updates)
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        try:
+            n = os.write(fd, view)
+        except InterruptedError:
+            continue
+        if n == 0:  # pragma: no cover - a zero-length write means no space
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        view = view[n:]
