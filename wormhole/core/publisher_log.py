@@ -518,3 +518,39 @@ def _write_all(fd: int, data: bytes) -> None:
         if n == 0:  # pragma: no cover - a zero-length write means no space
             raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
         view = view[n:]
+
+
+@dataclass
+class LogInfo:
+    """What ``wormhole status`` shows of a publisher log, read without changing it."""
+
+    directory: Path
+    segments: list[tuple[str, int, int]]  # (name, first_seq, size)
+    first_seq: int
+    next_seq: int
+
+
+def inspect_log(directory: str | os.PathLike[str]) -> LogInfo:
+    """Read a publisher log's extent without recovering or locking it (it may be live)."""
+    root = Path(directory)
+    found = sorted(
+        (key, p) for p in root.glob("log.*") if (key := log_file_key(p.name)) is not None
+    ) if root.is_dir() else []
+    segments: list[tuple[str, int, int]] = []
+    next_seq = 0
+    for _, path in found:
+        with open(path, "rb") as f:
+            first = None
+            try:
+                for record in scan_headers(f, str(path)):
+                    if record.kind == KIND_SEGMENT:
+                        first = record.first
+                        next_seq = max(next_seq, record.first)
+                    elif record.kind == KIND_BATCH:
+                        next_seq = max(next_seq, record.first + record.count)
+            except LogCorruptError:
+                pass
+        if first is not None:
+            segments.append((path.name, first, path.stat().st_size))
+    first_seq = segments[0][1] if segments else 0
+    return LogInfo(root, segments, first_seq, next_seq)

@@ -1,0 +1,242 @@
+"""The ``wormhole`` command: run, validate, plugins, status."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import signal
+import sys
+from types import FrameType
+from typing import Any
+
+from wormhole.core.datamarkers import read_datamarkers
+from wormhole.core.errors import ConfigError, WormholeError
+from wormhole.core.pipeline import Pipeline, load_pipeline
+from wormhole.core.publisher import Publisher, RunSummary, tune_gc
+from wormhole.core.publisher_log import inspect_log
+from wormhole.plugins.components import KINDS
+
+EXIT_OK = 0
+EXIT_USAGE = 2
+
+
+def _load(path: str) -> Pipeline:
+    return load_pipeline(path)
+
+
+def _print_summary(summary: RunSummary, out: Any = sys.stdout) -> None:
+    print(
+        f"pipeline {summary.pipeline}: {summary.source_updates:,} updates read from the source "
+        f"in {summary.elapsed:.2f}s ({summary.rate:,.0f} updates/s); publisher log at "
+        f"{summary.log_end:,}",
+        file=out,
+    )
+    width = max([len("application")] + [len(n) for n in summary.applications])
+    print(f"  {'application':<{width}}  {'updates':>12}  {'datamarker':>12}  {'lag':>10}", file=out)
+    for app in summary.applications.values():
+        print(
+            f"  {app.name:<{width}}  {app.updates:>12,}  {app.datamarker:>12,}  {app.lag:>10,}",
+            file=out,
+        )
+    if summary.truncated:
+        print(f"  recovered torn tails: {', '.join(summary.truncated)}", file=out)
+    if summary.removed_segments:
+        print(f"  garbage-collected: {', '.join(summary.removed_segments)}", file=out)
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    pipeline = _load(args.pipeline)
+    publisher = Publisher(pipeline, once=args.once)
+    signals = {"count": 0}
+
+    def on_signal(signum: int, frame: FrameType | None) -> None:
+        signals["count"] += 1
+        if signals["count"] > 1:
+            # State on disk is always consistent; a second signal need not wait.
+            os._exit(128 + signum)
+        logging.getLogger("wormhole").info(
+            "%s: draining and persisting datamarkers (again to exit at once)",
+            signal.Signals(signum).name,
+        )
+        publisher.request_stop()
+
+    signal.signal(signal.SIGINT, on_signal)
+    signal.signal(signal.SIGTERM, on_signal)
+    tune_gc()
+    summary = publisher.run()
+    if args.json:
+        print(json.dumps(_summary_json(summary)))
+    elif not args.quiet:
+        _print_summary(summary)
+    return EXIT_OK
+
+
+def _summary_json(summary: RunSummary) -> dict[str, Any]:
+    return {
+        "pipeline": summary.pipeline,
+        "elapsed": summary.elapsed,
+        "source_updates": summary.source_updates,
+        "log_end": summary.log_end,
+        "applications": {
+            a.name: {"updates": a.updates, "datamarker": a.datamarker, "lag": a.lag}
+            for a in summary.applications.values()
+        },
+        "truncated": summary.truncated,
+        "removed_segments": summary.removed_segments,
+    }
+
+
+def cmd_validate(args: argparse.Namespace) -> int:
+    pipeline = _load(args.pipeline)
+    apps = ", ".join(
+        f"{a.name} ({a.sink.type} x{a.subscribers})" for a in pipeline.applications.values()
+    )
+    print(
+        f"{args.pipeline}: valid. pipeline {pipeline.name}: source {pipeline.source.type}, "
+        f"transport {pipeline.transport.type}, {pipeline.shards} shards, "
+        f"applications: {apps}"
+    )
+    return EXIT_OK
+
+
+def cmd_plugins(args: argparse.Namespace) -> int:
+    from wormhole.plugins.manager import default_registry
+
+    registry = default_registry()
+    if args.json:
+        print(
+            json.dumps(
+                {
+                    kind: {
+                        name: {
+                            "distribution": r.distribution,
+                            "version": r.version,
+                            "description": r.spec.description,
+                            "options": r.spec.options.model_json_schema(),
+                        }
+                        for name, r in sorted(registry.components[kind].items())
+                    }
+                    for kind in KINDS
+                },
+                indent=2,
+            )
+        )
+        return EXIT_OK
+    for kind in KINDS:
+        print(f"{kind.replace('_', ' ')}s:")
+        entries = sorted(registry.components[kind].items())
+        if not entries:
+            print("  (none)")
+        width = max((len(name) for name, _ in entries), default=0)
+        for name, registered in entries:
+            dist = f"{registered.distribution} {registered.version}".strip()
+            print(f"  {name:<{width}}  [{dist}]  {registered.spec.description}")
+    return EXIT_OK
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    pipeline = _load(args.pipeline)
+    info = inspect_log(pipeline.state_dir / "log")
+    markers = read_datamarkers(pipeline.state_dir)
+    flows = []
+    for name in pipeline.applications:
+        for shard in range(pipeline.shards):
+            marker = markers.get((name, shard))
+            position = marker.position if marker else None
+            lag = None if position is None else max(0, info.next_seq - position)
+            flows.append({"application": name, "shard": shard, "datamarker": position, "lag": lag})
+    if args.json:
+        print(
+            json.dumps(
+                {
+                    "pipeline": pipeline.name,
+                    "state_dir": str(pipeline.state_dir),
+                    "log": {
+                        "first": info.first_seq,
+                        "end": info.next_seq,
+                        "segments": [
+                            {"name": n, "first": f, "bytes": s} for n, f, s in info.segments
+                        ],
+                    },
+                    "flows": flows,
+                }
+            )
+        )
+        return EXIT_OK
+    total = sum(s for _, _, s in info.segments)
+    print(
+        f"pipeline {pipeline.name} (state {pipeline.state_dir}): publisher log {info.first_seq:,}"
+        f" .. {info.next_seq:,} in {len(info.segments)} segment(s), {total:,} bytes"
+    )
+    print(f"  {'application':<16} {'shard':>5} {'datamarker':>12} {'lag':>10}")
+    for flow in flows:
+        dm = "-" if flow["datamarker"] is None else f"{flow['datamarker']:,}"
+        lag = "-" if flow["lag"] is None else f"{flow['lag']:,}"
+        print(f"  {flow['application']:<16} {flow['shard']:>5} {dm:>12} {lag:>10}")
+    return EXIT_OK
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="wormhole",
+        description="Change data capture and reliable pub-sub: database logs to ordered, "
+        "sharded, acknowledged streams of key-value updates.",
+    )
+    parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    run = sub.add_parser("run", help="run a pipeline until stopped (or --once)")
+    run.add_argument("pipeline", help="pipeline file (YAML)")
+    run.add_argument(
+        "--once",
+        action="store_true",
+        help="deliver everything the source holds now to every application, then exit",
+    )
+    run.add_argument("-q", "--quiet", action="store_true", help="no summary")
+    run.add_argument("--json", action="store_true", help="print the summary as JSON")
+    run.set_defaults(func=cmd_run)
+
+    validate = sub.add_parser("validate", help="check a pipeline file")
+    validate.add_argument("pipeline")
+    validate.set_defaults(func=cmd_validate)
+
+    plugins = sub.add_parser("plugins", help="list components by kind and their distribution")
+    plugins.add_argument("--json", action="store_true", help="with option schemas, as JSON")
+    plugins.set_defaults(func=cmd_plugins)
+
+    status = sub.add_parser("status", help="datamarker and lag of every flow")
+    status.add_argument("pipeline")
+    status.add_argument("--json", action="store_true")
+    status.set_defaults(func=cmd_status)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    logging.basicConfig(
+        level=logging.DEBUG if args.verbose else logging.INFO,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
+    try:
+        code: int = args.func(args)
+        return code
+    except ConfigError as exc:
+        print(exc.render(), file=sys.stderr)
+        return EXIT_USAGE
+    except WormholeError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return exc.exit_code
+    except KeyboardInterrupt:
+        return 130
+    except BrokenPipeError:
+        # Output piped into `head` and the like: not an error.
+        sys.stderr.close()
+        return EXIT_OK
+
+
+if __name__ == "__main__":
+    sys.exit(main())

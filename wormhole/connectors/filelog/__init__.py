@@ -1,0 +1,544 @@
+"""The ``filelog`` source: tails JSON-lines files and LogWriter logs.
+
+``path`` is one file, or a directory whose files are read in name order (numbers
+compared as numbers, so ``log.10.0`` follows ``log.9.0``), the last one tailed as
+it grows. A directory that holds only subdirectories is a set of *streams*, one
+per subdirectory (LogWriter session directories, say), read side by side.
+
+Each file is plain JSON lines (one update per line, see the file-log line format)
+or a LogWriter log (recognised by its framing). LogWriter messages carry a
+publisher id and a sequence number; a message whose ``(publisher id, seq)`` was
+already delivered, from any stream, is dropped, which makes a restarted
+publisher or two publishers writing the same stream deliver each message once.
+
+The checkpoint stored with every batch in the publisher log is
+``{"streams": {stream: [file, offset]}, "seen": {publisher_id: last_seq}}``.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, BinaryIO, Literal
+
+import msgspec
+from pydantic import ByteSize, Field
+
+from wormhole.core.errors import LogCorruptError, SourceError
+from wormhole.core.framing import TornTail, read_records
+from wormhole.core.update import NULL, OPS, Update
+from wormhole.plugins.components import ComponentSpec, Options, SourceBatch, SourceContext
+from wormhole.plugins.hookspecs import hookimpl
+from wormhole.publish import FILE_MAGIC, KIND_FILE_HEADER, KIND_MESSAGES, FileHeader
+
+log = logging.getLogger("wormhole.filelog")
+
+_batch_decoder = msgspec.json.Decoder(list[Update])
+_line_decoder = msgspec.json.Decoder(Update)
+_header_decoder = msgspec.json.Decoder(FileHeader)
+_OPEN_BRACE = ord("{")
+_VALID_OPS = frozenset(OPS)
+
+
+class FilelogOptions(Options):
+    """Read updates from files: JSON lines, or logs written by ``wormhole.publish.LogWriter``."""
+
+    path: str = Field(description="a file, a directory of files, or a directory of streams")
+    format: Literal["auto", "jsonl", "logwriter"] = Field(
+        "auto", description="file format; auto recognises LogWriter files by their framing"
+    )
+    table: str | None = Field(
+        None, description="table for lines that name none (default: the file's directory name)"
+    )
+    batch_bytes: ByteSize = Field(
+        ByteSize(1 << 20), description="read at most this much per batch"
+    )
+    poll_interval_ms: int = Field(100, ge=1, description="how often to look for new data")
+
+
+def natural_key(name: str) -> tuple[Any, ...]:
+    """Sort key comparing digit runs as numbers: log.9.0 < log.10.0, 2.jsonl < 10.jsonl."""
+    return tuple(int(p) if p.isdigit() else p for p in re.split(r"(\d+)", name))
+
+
+@dataclass
+class Stream:
+    """One sequence of files read in order; the position is (file name, byte offset)."""
+
+    id: str
+    directory: Path
+    only_file: str | None = None  # the source path is a single file
+    file: str | None = None
+    offset: int = 0
+    handle: BinaryIO | None = None
+    handle_name: str | None = None
+    kind: str | None = None  # "jsonl" | "logwriter", per current file
+    publisher_id: str | None = None
+    prefix: str = ""
+    files_cache: list[str] = field(default_factory=list)
+
+    def list_files(self) -> list[str]:
+        if self.only_file is not None:
+            return [self.only_file] if (self.directory / self.only_file).exists() else []
+        try:
+            names = [
+                e.name
+                for e in os.scandir(self.directory)
+                if not e.name.startswith(".") and e.is_file()
+            ]
+        except OSError as exc:
+            raise SourceError(f"source.path: cannot list {self.directory}: {exc.strerror}") from exc
+        names.sort(key=natural_key)
+        self.files_cache = names
+        return names
+
+    def close(self) -> None:
+        if self.handle is not None:
+            self.handle.close()
+            self.handle = None
+            self.handle_name = None
+
+
+class FilelogSource:
+    def __init__(self, options: FilelogOptions) -> None:
+        self.options = options
+        self.root = Path(options.path)
+        self.streams: dict[str, Stream] = {}
+        self.seen: dict[str, int] = {}
+        self.stream_mode: bool | None = None  # directory of streams?
+        self._rr = 0
+        self._warned_tail: set[str] = set()
+        self.context: SourceContext | None = None
+
+    # ------------------------------------------------------------------ open
+    def open(self, context: SourceContext, checkpoint: Any) -> None:
+        self.context = context
+        root = self.root
+        if not root.exists():
+            raise SourceError(
+                f"source.path: {root} does not exist; create it, or point path at the "
+                f"file or directory the producer writes"
+            )
+        if not os.access(root, os.R_OK) or (root.is_dir() and not os.access(root, os.X_OK)):
+            raise SourceError(f"source.path: {root} is not readable; fix its permissions")
+        self._discover()
+        if checkpoint:
+            for stream_id, (name, offset) in checkpoint.get("streams", {}).items():
+                stream = self.streams.get(stream_id)
+                if stream is None:
+                    stream = self._add_stream(stream_id)
+                stream.file, stream.offset = name, int(offset)
+                if not (stream.directory / name).exists():
+                    raise SourceError(
+                        f"source.path: {stream.directory / name} was being read (offset "
+                        f"{offset}) but is gone; restore it, or remove the state_dir to start over"
+                    )
+            self.seen = {str(k): int(v) for k, v in checkpoint.get("seen", {}).items()}
+
+    def _add_stream(self, stream_id: str) -> Stream:
+        if self.root.is_file():
+            stream = Stream(stream_id, self.root.parent, only_file=self.root.name)
+        elif stream_id:
+            stream = Stream(stream_id, self.root / stream_id)
+        else:
+            stream = Stream(stream_id, self.root)
+        self.streams[stream_id] = stream
+        return stream
+
+    def _discover(self) -> None:
+        root = self.root
+        if root.is_file():
+            if "" not in self.streams:
+                self._add_stream("")
+            return
+        if self.stream_mode is False:
+            return
+        try:
+            entries = [e for e in os.scandir(root) if not e.name.startswith(".")]
+        except OSError as exc:
+            raise SourceError(f"source.path: cannot list {root}: {exc.strerror}") from exc
+        dirs = sorted((e.name for e in entries if e.is_dir()), key=natural_key)
+        files = [e.name for e in entries if e.is_file()]
+        if files:
+            if dirs and self.stream_mode is None:
+                log.warning(
+                    "%s holds files and subdirectories; reading the files, ignoring %s",
+                    root, ", ".join(dirs),
+                )
+            self.stream_mode = False
+            if "" not in self.streams:
+                self._add_stream("")
+            return
+        if dirs:
+            self.stream_mode = True
+            for name in dirs:
+                if name not in self.streams:
+                    self._add_stream(name)
+
+    # ------------------------------------------------------------------ read
+    def read(self, timeout: float) -> SourceBatch | None:
+        deadline = time.monotonic() + timeout
+        poll = self.options.poll_interval_ms / 1000.0
+        stop = self.context.stop if self.context else None
+        while True:
+            batch = self._read_once()
+            if batch is not None:
+                return batch
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return None
+            if stop is not None:
+                if stop.wait(min(poll, remaining)):
+                    return None
+            else:
+                time.sleep(min(poll, remaining))
+
+    def _read_once(self) -> SourceBatch | None:
+        if self.stream_mode is not False:
+            self._discover()
+        streams = list(self.streams.values())
+        for i in range(len(streams)):
+            stream = streams[(self._rr + i) % len(streams)]
+            updates = self._read_stream(stream)
+            if updates is not None:
+                self._rr = (self._rr + i + 1) % len(streams)
+                return SourceBatch(updates, self._checkpoint())
+        return None
+
+    def _checkpoint(self) -> dict[str, Any]:
+        return {
+            "streams": {s.id: [s.file, s.offset] for s in self.streams.values() if s.file},
+            "seen": dict(self.seen),
+        }
+
+    def _read_stream(self, stream: Stream) -> list[Update] | None:
+        """Updates read from the stream (possibly none, if all were duplicates), or
+        None when it has nothing new."""
+        while True:
+            files = stream.list_files()
+            if not files:
+                return None
+            if stream.file is None:
+                stream.file, stream.offset = files[0], 0
+            name = stream.file
+            later = _later(files, name)
+            handle = self._handle(stream)
+            if handle is None:  # the file vanished or is still empty
+                if later:
+                    self._advance(stream, later)
+                    continue
+                return None
+            size = os.fstat(handle.fileno()).st_size
+            if stream.offset < size:
+                if stream.kind == "logwriter":
+                    result = self._read_logwriter(stream, handle, size, bool(later))
+                else:
+                    result = self._read_jsonl(stream, handle, size, bool(later))
+                if result is not None:
+                    return result
+            if later and stream.offset >= size:
+                self._advance(stream, later)
+                continue
+            if later and stream.offset < size:
+                # An unreadable tail in a file that has been rolled past.
+                log.warning(
+                    "%s: skipping %d bytes of incomplete data at offset %d at the end of a "
+                    "rolled file",
+                    stream.directory / name, size - stream.offset, stream.offset,
+                )
+                self._advance(stream, later)
+                continue
+            return None
+
+    def _advance(self, stream: Stream, later: list[str]) -> None:
+        stream.close()
+        stream.file, stream.offset = later[0], 0
+        stream.kind = None
+
+    def _handle(self, stream: Stream) -> BinaryIO | None:
+        assert stream.file is not None
+        if stream.handle is not None and stream.handle_name == stream.file:
+            return stream.handle
+        stream.close()
+        path = stream.directory / stream.file
+        try:
+            handle = open(path, "rb")  # noqa: SIM115 - kept open while tailing
+        except FileNotFoundError:
+            return None
+        except OSError as exc:
+            raise SourceError(f"source.path: cannot read {path}: {exc.strerror}") from exc
+        magic = handle.read(len(FILE_MAGIC))
+        if not magic:
+            handle.close()
+            return None
+        fmt = self.options.format
+        kind = "logwriter" if magic == FILE_MAGIC else "jsonl"
+        if fmt != "auto" and fmt != kind:
+            kind = fmt
+        if kind == "logwriter":
+            try:
+                record = next(read_records(handle, str(path), 0))
+            except (TornTail, StopIteration):
+                handle.close()
+                return None
+            except LogCorruptError as exc:
+                raise SourceError(str(exc)) from exc
+            if record.kind != KIND_FILE_HEADER:
+                raise SourceError(f"{path}: a LogWriter file must start with its header record")
+            stream.publisher_id = _header_decoder.decode(record.payload).publisher_id
+            if stream.offset == 0:
+                stream.offset = record.end
+        stream.kind = kind
+        stream.handle, stream.handle_name = handle, stream.file
+        rel = path.relative_to(self.root) if self.root.is_dir() else Path(path.name)
+        stream.prefix = f"{rel}:"
+        return handle
+
+    # ------------------------------------------------------------- jsonl
+    def _read_jsonl(
+        self, stream: Stream, handle: BinaryIO, size: int, rolled: bool
+    ) -> list[Update] | None:
+        want = int(self.options.batch_bytes)
+        start = stream.offset
+        handle.seek(start)
+        data = handle.read(min(want, size - start))
+        end = data.rfind(b"\n")
+        while end < 0 and start + len(data) < size:
+            # A line longer than batch_bytes: read on until it ends.
+            more = handle.read(min(want, size - start - len(data)))
+            if not more:
+                break
+            data += more
+            end = data.rfind(b"\n")
+        if end < 0:
+            # No newline before the end of the file: take the tail as a line only if
+            # it is complete (the file was rolled past, or it parses as an object).
+            if rolled or _is_complete_line(data):
+                end = len(data) - 1
+                data += b"\n"
+            else:
+                return None
+        data = data[: end + 1]
+        updates = self._parse_lines(stream, data, start)
+        stream.offset = start + min(len(data), size - start)
+        return updates
+
+    def _parse_lines(self, stream: Stream, data: bytes, start: int) -> list[Update]:
+        lines = data.split(b"\n")
+        lines.pop()  # after the final newline
+        offsets = []
+        kept = []
+        offset = start
+        for line in lines:
+            if line and not line.isspace():
+                kept.append(line)
+                offsets.append(offset)
+            offset += len(line) + 1
+        if not kept:
+            return []
+        try:
+            updates = _batch_decoder.decode(b"[" + b",".join(kept) + b"]")
+        except msgspec.DecodeError:
+            self._raise_bad_line(stream, kept, offsets)
+            raise  # pragma: no cover - _raise_bad_line always raises
+        default_table = self.options.table or stream.directory.name
+        prefix = stream.prefix
+        for u, off in zip(updates, offsets, strict=True):
+            op = u.op
+            if op not in _VALID_OPS:
+                self._bad(stream, off, f"op must be one of c, u, d, r, not {op!r}")
+            after = u.after
+            if op == "d":
+                if u.before is NULL:
+                    u.before = after if after is not NULL else msgspec.Raw(_encode(u.key))
+            elif after is NULL or memoryview(after)[0] != _OPEN_BRACE:
+                self._bad(stream, off, f"op {op!r} needs 'after', the row as a JSON object")
+            if not u.table:
+                u.table = default_table
+            position = prefix + str(off)
+            u.position = position
+            u.logical = position
+            u.connector = "filelog"
+        return updates
+
+    def _raise_bad_line(self, stream: Stream, lines: list[bytes], offsets: list[int]) -> None:
+        for line, off in zip(lines, offsets, strict=True):
+            try:
+                _line_decoder.decode(line)
+            except msgspec.DecodeError as exc:
+                self._bad(stream, off, f"not a valid update line ({exc})")
+        self._bad(stream, offsets[0], "malformed batch")
+
+    def _bad(self, stream: Stream, offset: int, reason: str) -> None:
+        path = stream.directory / (stream.file or "")
+        line_no = _line_number(path, offset)
+        raise SourceError(
+            f"{path}: line {line_no} (offset {offset}): {reason}. Expected one JSON object per "
+            f'line like {{"table": "t", "op": "c", "key": {{"id": 1}}, "after": {{"id": 1}}}}; '
+            f"fix or remove the line, then run again (nothing after it was delivered)"
+        )
+
+    # --------------------------------------------------------- logwriter
+    def _read_logwriter(
+        self, stream: Stream, handle: BinaryIO, size: int, rolled: bool
+    ) -> list[Update] | None:
+        want = int(self.options.batch_bytes)
+        path = str(stream.directory / (stream.file or ""))
+        pid = stream.publisher_id or ""
+        seen = self.seen.get(pid, 0)
+        out: list[Update] = []
+        consumed = 0
+        read_any = False
+        try:
+            for record in read_records(handle, path, stream.offset, size):
+                read_any = True
+                stream.offset = record.end
+                consumed += len(record.payload)
+                if record.kind != KIND_MESSAGES:
+                    continue
+                last = record.first + record.count - 1
+                if last > seen:
+                    out.extend(self._messages(stream, pid, record.first, record.offset,
+                                              record.payload, seen))
+                    seen = last
+                if consumed >= want:
+                    break
+        except TornTail:
+            pass  # a record still being written (or, in a rolled file, skipped by the caller)
+        except LogCorruptError as exc:
+            raise SourceError(
+                f"{exc}. The LogWriter file is damaged; nothing after offset {exc.offset} "
+                f"was delivered"
+            ) from exc
+        if not read_any:
+            return None
+        if pid:
+            self.seen[pid] = max(seen, self.seen.get(pid, 0))
+        return out
+
+    def _messages(
+        self, stream: Stream, pid: str, first: int, offset: int, payload: bytes, seen: int
+    ) -> list[Update]:
+        try:
+            updates = _batch_decoder.decode(payload)
+        except msgspec.DecodeError as exc:
+            raise SourceError(
+                f"{stream.directory / (stream.file or '')}: record at offset {offset} has an "
+                f"undecodable payload ({exc})"
+            ) from exc
+        if first <= seen:
+            updates = updates[seen - first + 1 :]
+            first = seen + 1
+        position = f"{stream.prefix}{offset}"
+        default_table = self.options.table or stream.directory.name
+        for i, u in enumerate(updates):
+            u.connector = "filelog"
+            u.position = position
+            u.logical = f"{pid}:{first + i}"
+            if not u.table:
+                u.table = default_table
+            if u.op == "d" and u.before is NULL:
+                u.before = msgspec.Raw(_encode(u.key))
+        return updates
+
+    # ------------------------------------------------------------- --once
+    def capture_end(self) -> Any:
+        self._discover()
+        end = {}
+        for stream in self.streams.values():
+            files = stream.list_files()
+            if files:
+                last = files[-1]
+                try:
+                    end[stream.id] = [last, (stream.directory / last).stat().st_size]
+                except FileNotFoundError:
+                    continue
+        return end
+
+    def reached(self, end: Any) -> bool:
+        for stream_id, (name, size) in end.items():
+            stream = self.streams.get(stream_id)
+            if stream is None or stream.file is None:
+                return False
+            here, there = natural_key(stream.file), natural_key(name)
+            if here > there or (here == there and stream.offset >= size):
+                continue
+            if here == there and self._incomplete_tail(stream, size):
+                continue
+            return False
+        return True
+
+    def _incomplete_tail(self, stream: Stream, size: int) -> bool:
+        """Bytes between the position and ``size`` that are not (yet) a whole update."""
+        path = stream.directory / (stream.file or "")
+        with open(path, "rb") as f:
+            f.seek(stream.offset)
+            rest = f.read(size - stream.offset)
+        if stream.kind == "logwriter":
+            complete = len(rest) >= 24 and rest[:2] == FILE_MAGIC
+            try:
+                complete = complete and (24 + int.from_bytes(rest[4:8], "little")) <= len(rest)
+            except ValueError:  # pragma: no cover
+                complete = False
+        else:
+            complete = b"\n" in rest or _is_complete_line(rest)
+        if complete:
+            return False
+        if str(path) not in self._warned_tail:
+            self._warned_tail.add(str(path))
+            log.warning(
+                "%s: %d bytes at offset %d are not a complete update yet; left for a later run",
+                path, len(rest), stream.offset,
+            )
+        return True
+
+    def confirm(self, checkpoint: Any) -> None:
+        """Files are the producer's: nothing to release."""
+
+    def close(self) -> None:
+        for stream in self.streams.values():
+            stream.close()
+
+
+_encode = msgspec.json.Encoder().encode
+
+
+def _later(files: list[str], name: str) -> list[str]:
+    key = natural_key(name)
+    return [f for f in files if natural_key(f) > key]
+
+
+def _is_complete_line(data: bytes) -> bool:
+    stripped = data.strip()
+    if not stripped.startswith(b"{") or not stripped.endswith(b"}"):
+        return False
+    try:
+        msgspec.json.decode(stripped)
+    except msgspec.DecodeError:
+        return False
+    return True
+
+
+def _line_number(path: Path, offset: int) -> int:
+    try:
+        with open(path, "rb") as f:
+            return f.read(offset).count(b"\n") + 1
+    except OSError:
+        return 0
+
+
+@hookimpl
+def wormhole_sources() -> list[ComponentSpec]:
+    return [
+        ComponentSpec(
+            kind="source",
+            name="filelog",
+            factory=FilelogSource,
+            options=FilelogOptions,
+            description="Tail JSON-lines files or LogWriter logs (deduplicated by publisher seq).",
+        )
+    ]

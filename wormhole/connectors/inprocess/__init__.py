@@ -1,0 +1,74 @@
+"""The ``inprocess`` transport: subscribers run as threads of the publisher's process.
+
+Each application gets ``subscribers`` instances, each with its own sink and a
+bounded frame queue; shards are divided among them as they would be among
+remote subscribers.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from pydantic import Field
+
+from wormhole.core.hub import Hub
+from wormhole.core.subscriber import LocalSubscriber
+from wormhole.plugins.components import ComponentSpec, Options, SinkContext
+from wormhole.plugins.hookspecs import hookimpl
+
+
+class InprocessOptions(Options):
+    """Run subscribers inside the publisher process."""
+
+    queue_frames: int = Field(8, ge=1, description="frames buffered per subscriber")
+
+
+class InprocessTransport:
+    def __init__(self, options: InprocessOptions) -> None:
+        self.options = options
+        self.subscribers: list[LocalSubscriber] = []
+        self.context: dict[str, Any] = {}
+
+    def start(self, hub: Hub) -> None:
+        pipeline = hub.pipeline
+        for app in hub.applications.values():
+            n = app.config.subscribers
+            for index in range(n):
+                sink = app.config.sink.create()
+                sink.open(
+                    SinkContext(
+                        pipeline=pipeline.name,
+                        application=app.name,
+                        subscriber=index,
+                        subscribers=n,
+                        state_dir=pipeline.state_dir,
+                        log=logging.getLogger(f"wormhole.sink.{app.name}"),
+                    )
+                )
+                subscriber = LocalSubscriber(
+                    hub, app.name, index, sink, max_frames=self.options.queue_frames
+                )
+                self.subscribers.append(subscriber)
+                hub.attach(app.name, subscriber)
+                subscriber.start()
+
+    def stop(self, drain: bool = True) -> None:
+        for subscriber in self.subscribers:
+            subscriber.stop(drain=drain)
+        for subscriber in self.subscribers:
+            subscriber.sink.close()
+        self.subscribers.clear()
+
+
+@hookimpl
+def wormhole_transports() -> list[ComponentSpec]:
+    return [
+        ComponentSpec(
+            kind="transport",
+            name="inprocess",
+            factory=InprocessTransport,
+            options=InprocessOptions,
+            description="Subscribers as threads of the publisher process (embedded default).",
+        )
+    ]

@@ -1,0 +1,109 @@
+"""The ``jsonl`` sink: the update envelope, one JSON object per line, fsynced before ack."""
+
+from __future__ import annotations
+
+import os
+import threading
+from pathlib import Path
+
+from pydantic import Field
+
+from wormhole.core.errors import SinkError
+from wormhole.core.update import Update, encode_envelopes
+from wormhole.plugins.components import ComponentSpec, Options, SinkContext
+from wormhole.plugins.hookspecs import hookimpl
+
+
+class JsonlOptions(Options):
+    """Append the update envelope of every update to a file."""
+
+    path: str = Field(
+        description="output file; may contain {application} and {subscriber} (0-based)"
+    )
+    fsync: bool = Field(True, description="fsync each batch before acknowledging it")
+
+
+class _SharedFile:
+    """One append-only descriptor per file, shared by the subscribers of this process."""
+
+    files: dict[str, _SharedFile] = {}
+    registry_lock = threading.Lock()
+
+    def __init__(self, path: str, fd: int) -> None:
+        self.path = path
+        self.fd = fd
+        self.lock = threading.Lock()
+        self.users = 0
+
+    @classmethod
+    def acquire(cls, path: str) -> _SharedFile:
+        key = os.path.realpath(path)
+        with cls.registry_lock:
+            shared = cls.files.get(key)
+            if shared is None:
+                Path(path).parent.mkdir(parents=True, exist_ok=True)
+                fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+                shared = cls.files[key] = cls(key, fd)
+            shared.users += 1
+            return shared
+
+    def release(self) -> None:
+        with self.registry_lock:
+            self.users -= 1
+            if self.users == 0:
+                del self.files[self.path]
+                os.close(self.fd)
+
+
+class JsonlSink:
+    def __init__(self, options: JsonlOptions) -> None:
+        self.options = options
+        self.file: _SharedFile | None = None
+
+    def open(self, context: SinkContext) -> None:
+        path = self.options.path.format(
+            application=context.application, subscriber=context.subscriber
+        )
+        try:
+            self.file = _SharedFile.acquire(path)
+        except (OSError, KeyError, IndexError) as exc:
+            raise SinkError(
+                f"applications.{context.application}.sink.path: cannot open {path!r} for "
+                f"appending ({exc}); fix the path or its permissions"
+            ) from exc
+
+    def write(self, updates: list[Update]) -> None:
+        if not updates or self.file is None:
+            return
+        data = encode_envelopes(updates)
+        shared = self.file
+        with shared.lock:
+            size = os.fstat(shared.fd).st_size
+            try:
+                view = memoryview(data)
+                while view:
+                    view = view[os.write(shared.fd, view) :]
+                if self.options.fsync:
+                    os.fdatasync(shared.fd)
+            except OSError:
+                # Leave no partial line behind: the retry writes the whole batch again.
+                os.ftruncate(shared.fd, size)
+                raise
+
+    def close(self) -> None:
+        if self.file is not None:
+            self.file.release()
+            self.file = None
+
+
+@hookimpl
+def wormhole_sinks() -> list[ComponentSpec]:
+    return [
+        ComponentSpec(
+            kind="sink",
+            name="jsonl",
+            factory=JsonlSink,
+            options=JsonlOptions,
+            description="Append update envelopes to a JSON-lines file (fsync before ack).",
+        )
+    ]

@@ -1,0 +1,109 @@
+"""Datamarkers persisted in SQLite in the state dir (single-copy reliable delivery)."""
+
+from __future__ import annotations
+
+import sqlite3
+import time
+from collections.abc import Iterable
+from pathlib import Path
+
+from wormhole.core.errors import StateError
+from wormhole.plugins.components import Datamarker
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS datamarkers (
+    application TEXT NOT NULL,
+    shard INTEGER NOT NULL,
+    position INTEGER NOT NULL,
+    logical TEXT NOT NULL DEFAULT '',
+    updated_ms INTEGER NOT NULL,
+    PRIMARY KEY (application, shard)
+);
+CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+"""
+
+
+class SqliteDatamarkerStore:
+    """``<state_dir>/state.db``: one row per flow, written in one transaction per save."""
+
+    def __init__(self, filename: str = "state.db") -> None:
+        self.filename = filename
+        self.db: sqlite3.Connection | None = None
+        self.path: Path | None = None
+
+    def open(self, pipeline: str, state_dir: Path) -> None:
+        self.path = state_dir / self.filename
+        try:
+            state_dir.mkdir(parents=True, exist_ok=True)
+            db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
+            db.execute("PRAGMA journal_mode=WAL")
+            db.execute("PRAGMA synchronous=FULL")
+            db.execute("PRAGMA busy_timeout=10000")
+            db.executescript(SCHEMA)
+        except (OSError, sqlite3.Error) as exc:
+            raise StateError(
+                f"cannot open the datamarker store {self.path}: {exc}; "
+                f"make the state_dir writable or choose another"
+            ) from exc
+        self.db = db
+
+    def _conn(self) -> sqlite3.Connection:
+        if self.db is None:
+            raise RuntimeError("datamarker store is not open")
+        return self.db
+
+    def load(self) -> dict[tuple[str, int], Datamarker]:
+        rows = self._conn().execute(
+            "SELECT application, shard, position, logical FROM datamarkers"
+        )
+        return {(a, s): Datamarker(a, s, p, lg) for a, s, p, lg in rows}
+
+    def save(self, datamarkers: Iterable[Datamarker]) -> None:
+        now = int(time.time() * 1000)
+        rows = [(d.application, d.shard, d.position, d.logical, now) for d in datamarkers]
+        if not rows:
+            return
+        db = self._conn()
+        try:
+            db.execute("BEGIN IMMEDIATE")
+            db.executemany(
+                "INSERT INTO datamarkers (application, shard, position, logical, updated_ms) "
+                "VALUES (?, ?, ?, ?, ?) ON CONFLICT (application, shard) DO UPDATE SET "
+                "position = excluded.position, logical = excluded.logical, "
+                "updated_ms = excluded.updated_ms",
+                rows,
+            )
+            db.execute("COMMIT")
+        except sqlite3.Error as exc:
+            if db.in_transaction:
+                db.execute("ROLLBACK")
+            raise StateError(f"cannot save datamarkers to {self.path}: {exc}") from exc
+
+    def get_meta(self, key: str) -> str | None:
+        row = self._conn().execute("SELECT value FROM meta WHERE key = ?", (key,)).fetchone()
+        return None if row is None else str(row[0])
+
+    def set_meta(self, key: str, value: str) -> None:
+        self._conn().execute(
+            "INSERT INTO meta (key, value) VALUES (?, ?) "
+            "ON CONFLICT (key) DO UPDATE SET value = excluded.value",
+            (key, value),
+        )
+
+    def close(self) -> None:
+        if self.db is not None:
+            self.db.close()
+            self.db = None
+
+
+def read_datamarkers(state_dir: Path) -> dict[tuple[str, int], Datamarker]:
+    """Datamarkers of a state dir, read-only (for ``wormhole status``)."""
+    path = state_dir / "state.db"
+    if not path.exists():
+        return {}
+    db = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+    try:
+        rows = db.execute("SELECT application, shard, position, logical FROM datamarkers")
+        return {(a, s): Datamarker(a, s, p, lg) for a, s, p, lg in rows}
+    finally:
+        db.close()

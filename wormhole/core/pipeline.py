@@ -1,0 +1,428 @@
+"""The pipeline file: parsing, environment interpolation and validation.
+
+Validation runs in two passes and reports every problem at once, each named by
+its path in the file (``applications.search.sink.index: field required``):
+first the pipeline's own structure, then each component's options against the
+options model its plugin declares.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import types
+import typing
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal, Union
+
+import yaml
+from pydantic import BaseModel, ByteSize, Field, ValidationError, field_validator
+
+from wormhole.core.errors import ConfigError
+from wormhole.plugins.components import Kind, Options, Registered
+
+if typing.TYPE_CHECKING:
+    from wormhole.plugins.manager import Registry
+
+NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]*$"
+OPS = Literal["c", "u", "d", "r"]
+
+
+class DatasetConfig(Options):
+    """The dataset the source's changes belong to."""
+
+    shards: int = Field(16, ge=1, le=65536, description="number of shards (flows per application)")
+
+
+class LogConfig(Options):
+    """The publisher log (spool) in ``<state_dir>/log``."""
+
+    roll_size: ByteSize = Field(
+        ByteSize(1 << 30), description="roll a segment past this size (e.g. 1GiB, 64MiB)"
+    )
+    fsync: bool = Field(True, description="fsync every batch before confirming the source")
+    keep_rolled: int = Field(
+        0, ge=0, description="rolled segments to keep after every flow has passed them"
+    )
+    tail_updates: int = Field(
+        262_144, ge=1, description="recent updates kept in memory for the lead caravan"
+    )
+
+    @field_validator("roll_size")
+    @classmethod
+    def _roll_size_floor(cls, value: ByteSize) -> ByteSize:
+        if value < 4096:
+            raise ValueError("must be at least 4KiB")
+        return value
+
+
+class DeliveryConfig(Options):
+    """How datamarkers are kept."""
+
+    mode: Literal["single-copy", "multiple-copy"] = "single-copy"
+    datamarker_interval_ms: int = Field(
+        1000, ge=10, description="how often acknowledged datamarkers are persisted"
+    )
+    store: dict[str, Any] = Field(
+        default_factory=lambda: {"type": "sqlite"}, description="datamarker store component"
+    )
+
+
+class FilterConfig(Options):
+    """Publisher-side filter of one application."""
+
+    tables: list[str] | None = Field(None, description="table names or globs to keep")
+    ops: list[OPS] | None = Field(None, description="ops to keep: c, u, d, r")
+    plugins: list[dict[str, Any]] = Field(
+        default_factory=list, description="filter plugins, applied after tables and ops"
+    )
+
+
+class ApplicationConfig(Options):
+    """One application: its start point, filter, sink and number of subscribers."""
+
+    start: Any = Field("earliest", description="earliest | latest | {position: SEQ}")
+    filter: FilterConfig = Field(default_factory=FilterConfig)
+    sink: dict[str, Any] = Field(description="sink component: {type: NAME, ...options}")
+    subscribers: int = Field(1, ge=1, le=1024, description="subscriber instances")
+
+    @field_validator("start")
+    @classmethod
+    def _start(cls, value: Any) -> Any:
+        if value in ("earliest", "latest"):
+            return value
+        if isinstance(value, Mapping) and set(value) == {"position"}:
+            position = value["position"]
+            if isinstance(position, str) and position.isdigit():
+                position = int(position)
+            if isinstance(position, int) and not isinstance(position, bool) and position >= 0:
+                return {"position": position}
+        raise ValueError("must be earliest, latest or {position: SEQ} with SEQ >= 0")
+
+
+class PipelineModel(Options):
+    """The pipeline file."""
+
+    pipeline: str = Field(pattern=NAME_PATTERN, description="pipeline name")
+    state_dir: str | None = Field(None, description="default .wormhole/<pipeline>")
+    dataset: DatasetConfig = Field(default_factory=DatasetConfig)
+    source: dict[str, Any] = Field(description="source component: {type: NAME, ...options}")
+    transport: dict[str, Any] = Field(
+        default_factory=lambda: {"type": "inprocess"}, description="transport component"
+    )
+    delivery: DeliveryConfig = Field(default_factory=DeliveryConfig)
+    log: LogConfig = Field(default_factory=LogConfig)
+    applications: dict[str, ApplicationConfig] = Field(min_length=1)
+
+    @field_validator("applications")
+    @classmethod
+    def _app_names(cls, value: dict[str, ApplicationConfig]) -> dict[str, ApplicationConfig]:
+        for name in value:
+            if not re.match(NAME_PATTERN, name):
+                raise ValueError(f"application name {name!r} must match {NAME_PATTERN}")
+        return value
+
+
+@dataclass
+class Component:
+    """A component named in the pipeline file, with its validated options."""
+
+    kind: Kind
+    type: str
+    options: Any
+    path: str
+    registered: Registered
+
+    def create(self) -> Any:
+        return self.registered.spec.factory(self.options)
+
+
+@dataclass
+class Application:
+    name: str
+    start: Any
+    tables: list[str] | None
+    ops: list[str] | None
+    filters: list[Component]
+    sink: Component
+    subscribers: int
+
+
+@dataclass
+class Pipeline:
+    """A validated pipeline, its components resolved through the plugin registry."""
+
+    name: str
+    file: str
+    state_dir: Path
+    shards: int
+    source: Component
+    transport: Component
+    datamarker_store: Component
+    mode: str
+    datamarker_interval: float
+    log: LogConfig
+    applications: dict[str, Application]
+    registry: Registry
+    raw: dict[str, Any] = field(default_factory=dict)
+
+
+# ---------------------------------------------------------------- interpolation
+_VAR = re.compile(r"\$(\$|\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\})")
+
+
+def interpolate(value: Any, env: Mapping[str, str], path: str, problems: list[str]) -> Any:
+    """Replace ``${VAR}`` / ``${VAR:-default}`` in every string; ``$$`` is a literal ``$``."""
+    if isinstance(value, str):
+        if "$" not in value:
+            return value
+
+        def sub(m: re.Match[str]) -> str:
+            if m.group(1) == "$":
+                return "$"
+            name, default = m.group(2), m.group(3)
+            if name in env and (env[name] != "" or default is None):
+                return env[name]
+            if default is not None:
+                return default
+            problems.append(
+                f"{path or '<root>'}: environment variable {name} is not set "
+                f"(set it, or write ${{{name}:-default}})"
+            )
+            return ""
+
+        return _VAR.sub(sub, value)
+    if isinstance(value, dict):
+        return {
+            k: interpolate(v, env, f"{path}.{k}" if path else str(k), problems)
+            for k, v in value.items()
+        }
+    if isinstance(value, list):
+        return [interpolate(v, env, f"{path}[{i}]", problems) for i, v in enumerate(value)]
+    return value
+
+
+# ------------------------------------------------------------- error formatting
+def _path(loc: tuple[Any, ...]) -> str:
+    out = ""
+    for part in loc:
+        if isinstance(part, int):
+            out += f"[{part}]"
+        else:
+            out += f".{part}" if out else str(part)
+    return out or "<root>"
+
+
+def _unwrap(annotation: Any) -> Any:
+    origin = typing.get_origin(annotation)
+    if origin in (Union, types.UnionType):
+        args = [a for a in typing.get_args(annotation) if a is not type(None)]
+        return _unwrap(args[0]) if len(args) == 1 else annotation
+    return annotation
+
+
+def _known_keys(model: type[BaseModel], loc: tuple[Any, ...]) -> list[str] | None:
+    current: Any = model
+    i = 0
+    while i < len(loc):
+        if not (isinstance(current, type) and issubclass(current, BaseModel)):
+            return None
+        info = current.model_fields.get(str(loc[i]))
+        if info is None:
+            return None
+        annotation = _unwrap(info.annotation)
+        i += 1
+        while typing.get_origin(annotation) in (dict, list):
+            args = typing.get_args(annotation)
+            annotation = _unwrap(args[-1])
+            i += 1
+        current = annotation
+    if isinstance(current, type) and issubclass(current, BaseModel):
+        return list(current.model_fields)
+    return None
+
+
+def format_validation_error(
+    exc: ValidationError, model: type[BaseModel], prefix: tuple[Any, ...] = ()
+) -> list[str]:
+    problems = []
+    for error in exc.errors():
+        loc = tuple(error["loc"])
+        kind = error["type"]
+        if kind == "missing":
+            message = "field required"
+        elif kind == "extra_forbidden":
+            known = _known_keys(model, loc[:-1])
+            message = "unknown option" + (f" (known: {', '.join(known)})" if known else "")
+        else:
+            message = str(error["msg"])
+            message = message.removeprefix("Value error, ")
+            message = message[:1].lower() + message[1:]
+        problems.append(f"{_path(prefix + loc)}: {message}")
+    return problems
+
+
+# ------------------------------------------------------------------- loading
+def load_yaml(text: str, source: str) -> Any:
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark else ""
+        problem = getattr(exc, "problem", None) or str(exc)
+        raise ConfigError(f"malformed YAML: {where}{problem}", source) from exc
+
+
+def load_pipeline(
+    path: str | os.PathLike[str],
+    registry: Registry | None = None,
+    env: Mapping[str, str] | None = None,
+) -> Pipeline:
+    """Read and validate a pipeline file; raises ConfigError listing every problem."""
+    name = str(path)
+    try:
+        text = Path(path).read_text()
+    except FileNotFoundError:
+        raise ConfigError(f"file not found: {name}", name) from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"cannot read {name}: {exc}", name) from None
+    return parse_pipeline(text, name, registry, env)
+
+
+def parse_pipeline(
+    text: str,
+    source: str = "<pipeline>",
+    registry: Registry | None = None,
+    env: Mapping[str, str] | None = None,
+) -> Pipeline:
+    if registry is None:
+        from wormhole.plugins.manager import default_registry
+
+        registry = default_registry()
+    env = os.environ if env is None else env
+    data = load_yaml(text, source)
+    if not isinstance(data, dict):
+        raise ConfigError(
+            "the pipeline file must be a mapping with at least pipeline, source and applications",
+            source,
+        )
+    problems: list[str] = []
+    data = interpolate(data, env, "", problems)
+    if problems:
+        raise ConfigError(problems, source)
+    try:
+        model = PipelineModel.model_validate(data)
+    except ValidationError as exc:
+        problems.extend(format_validation_error(exc, PipelineModel))
+        model = None
+    # Component options are checked even when the structure has problems, so one
+    # run of `wormhole validate` shows everything.
+    source_c = _component(registry, "source", data.get("source"), "source", problems)
+    transport_c = _component(
+        registry, "transport", data.get("transport", {"type": "inprocess"}), "transport", problems
+    )
+    delivery = data.get("delivery") if isinstance(data.get("delivery"), dict) else {}
+    store_c = _component(
+        registry,
+        "datamarker_store",
+        delivery.get("store", {"type": "sqlite"}),
+        "delivery.store",
+        problems,
+    )
+    apps: dict[str, Application] = {}
+    raw_apps = data.get("applications")
+    if isinstance(raw_apps, dict):
+        for app_name, raw_app in raw_apps.items():
+            if not isinstance(raw_app, dict):
+                continue
+            base = f"applications.{app_name}"
+            sink_c = _component(registry, "sink", raw_app.get("sink"), f"{base}.sink", problems)
+            filters = []
+            raw_filter = raw_app.get("filter")
+            if isinstance(raw_filter, dict) and isinstance(raw_filter.get("plugins"), list):
+                for i, raw_plugin in enumerate(raw_filter["plugins"]):
+                    fc = _component(
+                        registry, "filter", raw_plugin, f"{base}.filter.plugins[{i}]", problems
+                    )
+                    if fc is not None:
+                        filters.append(fc)
+            if model is not None and sink_c is not None:
+                app = model.applications[app_name]
+                apps[app_name] = Application(
+                    name=app_name,
+                    start=app.start,
+                    tables=app.filter.tables,
+                    ops=list(app.filter.ops) if app.filter.ops else None,
+                    filters=filters,
+                    sink=sink_c,
+                    subscribers=app.subscribers,
+                )
+    if model is not None and model.delivery.mode == "multiple-copy" and store_c is not None:
+        if store_c.type == "sqlite":
+            problems.append(
+                "delivery.mode: multiple-copy keeps datamarkers as logical positions in a shared "
+                "store; set delivery.store to one (known stores: "
+                f"{', '.join(n for n in registry.names('datamarker_store') if n != 'sqlite') or 'none installed'})"
+            )
+    if problems or model is None:
+        raise ConfigError(problems, source)
+    assert source_c is not None and transport_c is not None and store_c is not None
+    state_dir = Path(model.state_dir or f".wormhole/{model.pipeline}")
+    return Pipeline(
+        name=model.pipeline,
+        file=source,
+        state_dir=state_dir,
+        shards=model.dataset.shards,
+        source=source_c,
+        transport=transport_c,
+        datamarker_store=store_c,
+        mode=model.delivery.mode,
+        datamarker_interval=model.delivery.datamarker_interval_ms / 1000.0,
+        log=model.log,
+        applications=apps,
+        registry=registry,
+        raw=data,
+    )
+
+
+def _component(
+    registry: Registry, kind: Kind, raw: Any, path: str, problems: list[str]
+) -> Component | None:
+    if raw is None:
+        return None  # reported as "field required" by the structural pass
+    if not isinstance(raw, dict):
+        problems.append(f"{path}: must be a mapping with a type, e.g. {{type: NAME, ...}}")
+        return None
+    type_name = raw.get("type")
+    if type_name is None:
+        problems.append(f"{path}.type: field required")
+        return None
+    if not isinstance(type_name, str):
+        problems.append(f"{path}.type: must be a string")
+        return None
+    try:
+        registered = registry.get(kind, type_name, f"{path}.type")
+    except ConfigError as exc:
+        problems.extend(exc.problems)
+        return None
+    options_model = registered.spec.options
+    fields = {k: v for k, v in raw.items() if k != "type"}
+    try:
+        options = options_model.model_validate(fields)
+    except ValidationError as exc:
+        problems.extend(format_validation_error(exc, options_model, _split_path(path)))
+        return None
+    return Component(kind, type_name, options, path, registered)
+
+
+def _split_path(path: str) -> tuple[Any, ...]:
+    parts: list[Any] = []
+    for piece in path.split("."):
+        m = re.fullmatch(r"(.*?)((?:\[\d+\])*)", piece)
+        assert m is not None
+        if m.group(1):
+            parts.append(m.group(1))
+        parts.extend(int(i) for i in re.findall(r"\[(\d+)\]", m.group(2)))
+    return tuple(parts)

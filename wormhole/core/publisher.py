@@ -1,0 +1,324 @@
+"""The publisher: tailer -> publisher log -> caravan -> flows -> transport.
+
+``Publisher(pipeline).run()`` owns one run of a pipeline: it recovers the state
+dir, resumes the source from the checkpoint stored in the publisher log, resumes
+every flow from its datamarker, and keeps persisting datamarkers and collecting
+rolled segments that every flow has passed, until stopped (or, with ``once``,
+until everything the source held at start has been acknowledged).
+"""
+
+from __future__ import annotations
+
+import errno
+import gc
+import logging
+import threading
+import time
+import zlib
+from dataclasses import dataclass, field
+from typing import Any
+
+import msgspec
+
+from wormhole.core.caravan import Caravan
+from wormhole.core.errors import StateError, WormholeError
+from wormhole.core.hub import ApplicationRuntime, Flow, Hub
+from wormhole.core.pipeline import Pipeline
+from wormhole.core.publisher_log import PublisherLog
+from wormhole.plugins.components import Datamarker, SourceBatch, SourceContext
+from wormhole.plugins.filters import compile_filter
+
+log = logging.getLogger("wormhole.publisher")
+
+_canonical = msgspec.json.Encoder(order="sorted").encode
+
+
+@dataclass
+class ApplicationSummary:
+    name: str
+    updates: int
+    datamarker: int
+    lag: int
+
+
+@dataclass
+class RunSummary:
+    pipeline: str
+    elapsed: float
+    source_updates: int
+    log_end: int
+    applications: dict[str, ApplicationSummary] = field(default_factory=dict)
+    truncated: list[str] = field(default_factory=list)
+    removed_segments: list[str] = field(default_factory=list)
+
+    @property
+    def rate(self) -> float:
+        return self.source_updates / self.elapsed if self.elapsed > 0 else 0.0
+
+
+class Publisher:
+    def __init__(self, pipeline: Pipeline, once: bool = False) -> None:
+        self.pipeline = pipeline
+        self.once = once
+        self.stop_requested = threading.Event()
+        self.tail_stop = threading.Event()
+        self.delivery_stop = threading.Event()
+        self.tail_done = threading.Event()
+        self.source_updates = 0
+        self.failure: BaseException | None = None
+        self.hub: Hub | None = None
+        self.log: PublisherLog | None = None
+        self.removed: list[str] = []
+
+    def request_stop(self) -> None:
+        """Stop gracefully: stop reading, drain what subscribers hold, persist datamarkers."""
+        self.stop_requested.set()
+
+    # ------------------------------------------------------------------ run
+    def run(self) -> RunSummary:
+        pipeline = self.pipeline
+        started = time.monotonic()
+        state_dir = pipeline.state_dir
+        try:
+            state_dir.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise StateError(
+                f"state_dir: cannot create {state_dir} ({exc.strerror}); choose a writable "
+                f"directory"
+            ) from exc
+        store = pipeline.datamarker_store.create()
+        store.open(pipeline.name, state_dir)
+        plog: PublisherLog | None = None
+        source = None
+        transport = None
+        caravan = None
+        tailer = None
+        try:
+            self._check_meta(store)
+            plog = self.log = PublisherLog(
+                state_dir / "log",
+                roll_size=int(pipeline.log.roll_size),
+                fsync=pipeline.log.fsync,
+                tail_updates=pipeline.log.tail_updates,
+            )
+            recovery = plog.open()
+            source = pipeline.source.create()
+            source.open(
+                SourceContext(
+                    pipeline=pipeline.name,
+                    state_dir=state_dir,
+                    shards=pipeline.shards,
+                    stop=self.tail_stop,
+                    log=logging.getLogger(f"wormhole.source.{pipeline.source.type}"),
+                ),
+                recovery.checkpoint,
+            )
+            end = source.capture_end() if self.once else None
+            hub = self.hub = Hub(pipeline, self._applications(store, plog))
+            transport = pipeline.transport.create()
+            transport.start(hub)
+            pipeline.registry.pm.hook.wormhole_pipeline_started(pipeline=pipeline)
+            caravan = Caravan(hub, plog, self.delivery_stop)
+            caravan.start()
+            tailer = threading.Thread(
+                target=self._tail, args=(source, plog, end), name="tailer", daemon=True
+            )
+            tailer.start()
+            self._supervise(store, plog, hub)
+            # Graceful stop: no more reading; subscribers finish what they hold.
+            self.tail_stop.set()
+            tailer.join()
+            self.delivery_stop.set()
+            caravan.join()
+            transport.stop()
+            transport = None
+            self._persist(store, plog, hub)
+            if self.failure is None and hub.failure is not None:
+                self.failure = hub.failure
+            if self.failure is not None:
+                raise self.failure
+            summary = self._summary(started, plog, hub, recovery.truncated)
+            pipeline.registry.pm.hook.wormhole_pipeline_stopped(
+                pipeline=pipeline, summary=summary
+            )
+            return summary
+        finally:
+            self.tail_stop.set()
+            self.delivery_stop.set()
+            if tailer is not None:
+                tailer.join(10)
+            if caravan is not None:
+                caravan.join(10)
+            if transport is not None:
+                try:
+                    transport.stop(drain=False)
+                except Exception:  # pragma: no cover - already failing
+                    log.exception("transport did not stop cleanly")
+            if source is not None:
+                source.close()
+            if plog is not None:
+                plog.close()
+            store.close()
+
+    def _check_meta(self, store: Any) -> None:
+        shards = store.get_meta("shards")
+        if shards is not None and int(shards) != self.pipeline.shards:
+            raise StateError(
+                f"dataset.shards is {self.pipeline.shards} but the state in "
+                f"{self.pipeline.state_dir} was built with {shards} shards; datamarkers are per "
+                f"shard, so the count cannot change in place: set it back to {shards}, or use a "
+                f"new state_dir"
+            )
+        store.set_meta("shards", str(self.pipeline.shards))
+        store.set_meta("pipeline", self.pipeline.name)
+
+    def _applications(self, store: Any, plog: PublisherLog) -> dict[str, ApplicationRuntime]:
+        stored = store.load()
+        first, end = plog.first_seq, plog.next_seq
+        apps = {}
+        new: list[Datamarker] = []
+        for name, config in self.pipeline.applications.items():
+            flows = []
+            for shard in range(self.pipeline.shards):
+                marker = stored.get((name, shard))
+                if marker is not None:
+                    position = marker.position
+                    where = f"the datamarker of application {name} shard {shard}"
+                else:
+                    position = self._start_position(config.start, first, end, name)
+                    new.append(Datamarker(name, shard, position))
+                    where = f"applications.{name}.start"
+                if position < first or position > end:
+                    raise StateError(
+                        f"{where} is position {position}, outside the retained publisher log "
+                        f"({first} to {end}): the oldest retained position is {first}. Start the "
+                        f"application at earliest, latest or a position in that range"
+                    )
+                flows.append(Flow(name, shard, position, position, position))
+            plugins = [component.create() for component in config.filters]
+            apps[name] = ApplicationRuntime(
+                config=config,
+                flows=flows,
+                filter=compile_filter(config.tables, config.ops, plugins),
+            )
+        store.save(new)
+        return apps
+
+    @staticmethod
+    def _start_position(start: Any, first: int, end: int, name: str) -> int:
+        if start == "earliest":
+            return first
+        if start == "latest":
+            return end
+        return int(start["position"])
+
+    # --------------------------------------------------------------- tailer
+    def _tail(self, source: Any, plog: PublisherLog, end: Any) -> None:
+        try:
+            self._tail_loop(source, plog, end)
+        except BaseException as exc:
+            self.failure = exc
+            self.stop_requested.set()
+        finally:
+            self.tail_done.set()
+
+    def _tail_loop(self, source: Any, plog: PublisherLog, end: Any) -> None:
+        shards = self.pipeline.shards
+        crc = zlib.crc32
+        canonical = _canonical
+        once = self.once
+        if once and source.reached(end):
+            return
+        while not self.tail_stop.is_set():
+            batch: SourceBatch | None = source.read(0.2)
+            if batch is None:
+                if once and source.reached(end):
+                    return
+                continue
+            updates = batch.updates
+            for u in updates:
+                u.shard = crc(canonical(u.key)) % shards
+            if not self._append(plog, batch):
+                return
+            self.source_updates += len(updates)
+            source.confirm(batch.checkpoint)
+            if once and source.reached(end):
+                return
+
+    def _append(self, plog: PublisherLog, batch: SourceBatch) -> bool:
+        delay = 0.1
+        while True:
+            try:
+                plog.append(batch.updates, batch.checkpoint)
+                return True
+            except OSError as exc:
+                if exc.errno not in (errno.ENOSPC, errno.EDQUOT, errno.EIO, errno.EAGAIN):
+                    raise StateError(
+                        f"cannot write the publisher log in {plog.directory}: {exc}"
+                    ) from exc
+                log.error(
+                    "cannot append to the publisher log in %s (%s); nothing was lost, "
+                    "retrying in %.1fs: free space on that disk",
+                    plog.directory, exc.strerror, delay,
+                )
+                if self.tail_stop.wait(delay):
+                    return False
+                delay = min(delay * 2, 30.0)
+
+    # ------------------------------------------------------------ supervise
+    def _supervise(self, store: Any, plog: PublisherLog, hub: Hub) -> None:
+        interval = self.pipeline.datamarker_interval
+        next_persist = time.monotonic() + interval
+        target: int | None = None
+        while True:
+            if self.stop_requested.is_set() or hub.failure is not None or self.failure:
+                return
+            if self.once and self.tail_done.is_set():
+                if target is None:
+                    target = plog.next_seq
+                if hub.all_acknowledged(target):
+                    return
+            with hub.lock:
+                hub.changed.wait(min(interval, 0.05 if self.once else interval))
+            if time.monotonic() >= next_persist:
+                self._persist(store, plog, hub)
+                next_persist = time.monotonic() + interval
+
+    def _persist(self, store: Any, plog: PublisherLog, hub: Hub) -> None:
+        changed = hub.unpersisted()
+        if changed:
+            store.save(changed)
+            hub.mark_persisted(changed)
+        # Only datamarkers already on disk may free segments: after a crash, flows
+        # resume from the persisted ones.
+        upto = hub.min_persisted()
+        if upto is not None:
+            self.removed += plog.collect_garbage(upto, self.pipeline.log.keep_rolled)
+
+    def _summary(
+        self, started: float, plog: PublisherLog, hub: Hub, truncated: list[str]
+    ) -> RunSummary:
+        summary = RunSummary(
+            pipeline=self.pipeline.name,
+            elapsed=time.monotonic() - started,
+            source_updates=self.source_updates,
+            log_end=plog.next_seq,
+            truncated=truncated,
+            removed_segments=self.removed,
+        )
+        for name, app in hub.applications.items():
+            marker = app.min_datamarker()
+            summary.applications[name] = ApplicationSummary(
+                name, app.acknowledged_updates, marker, plog.next_seq - marker
+            )
+        return summary
+
+
+def tune_gc() -> None:
+    """The hot path allocates many short-lived objects and no cycles: collect less often."""
+    gc.collect()
+    gc.freeze()
+    gc.set_threshold(100_000, 50, 100)
+
+
+__all__ = ["Publisher", "RunSummary", "WormholeError", "tune_gc"]

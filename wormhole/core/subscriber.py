@@ -1,0 +1,102 @@
+"""The subscriber loop: hand frames to a sink, acknowledge once the sink made them durable."""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+
+from wormhole.core.errors import WormholeError
+from wormhole.core.hub import Frame, Hub
+from wormhole.plugins.components import Sink
+
+log = logging.getLogger("wormhole.subscriber")
+
+MAX_BACKOFF = 30.0
+
+
+class LocalSubscriber:
+    """A subscriber running in the publisher's process, on its own thread.
+
+    Frames wait in a bounded queue, so a slow sink pushes back on the caravan
+    instead of growing memory without bound.
+    """
+
+    def __init__(
+        self, hub: Hub, application: str, index: int, sink: Sink, max_frames: int = 8
+    ) -> None:
+        self.hub = hub
+        self.application = application
+        self.index = index
+        self.name = f"{application}/{index}"
+        self.sink = sink
+        self.shards: set[int] = set()
+        self.frames: queue.Queue[Frame | None] = queue.Queue(maxsize=max_frames)
+        self.abort = threading.Event()
+        self.written = 0
+        self.thread = threading.Thread(target=self._run, name=f"subscriber {self.name}", daemon=True)
+
+    def start(self) -> None:
+        self.thread.start()
+
+    # ----------------------------------------------------- SubscriberSession
+    def notice(self, assigned: list[int], revoked: list[int]) -> None:
+        self.shards.update(assigned)
+        self.shards.difference_update(revoked)
+        log.debug("%s: assigned %s, revoked %s", self.name, assigned, revoked)
+
+    def deliver(self, frame: Frame, stop: threading.Event) -> bool:
+        while True:
+            try:
+                self.frames.put(frame, timeout=0.2)
+                return True
+            except queue.Full:
+                if stop.is_set() or self.abort.is_set():
+                    return False
+
+    # ---------------------------------------------------------------- loop
+    def _run(self) -> None:
+        while True:
+            frame = self.frames.get()
+            if frame is None:
+                return
+            if frame.updates and not self._write(frame):
+                return
+            self.hub.acknowledge(self.application, frame.datamarkers, len(frame.updates))
+
+    def _write(self, frame: Frame) -> bool:
+        delay = 0.05
+        while True:
+            try:
+                self.sink.write(frame.updates)
+                self.written += len(frame.updates)
+                return True
+            except WormholeError as exc:
+                # SinkError and friends: retrying cannot help (a bad path, say).
+                self.hub.fail(exc)
+                return False
+            except Exception as exc:
+                log.warning(
+                    "%s: sink failed to write %d updates (%s: %s); retrying in %.2fs",
+                    self.name, len(frame.updates), type(exc).__name__, exc, delay,
+                )
+                if self.abort.wait(delay):
+                    return False
+                delay = min(delay * 2, MAX_BACKOFF)
+
+    def stop(self, drain: bool = True, timeout: float | None = None) -> None:
+        """Finish queued frames (``drain``) or abandon them, then stop."""
+        if not drain:
+            self.abort.set()
+            while True:
+                try:
+                    self.frames.get_nowait()
+                except queue.Empty:
+                    break
+        while self.thread.is_alive():
+            try:
+                self.frames.put(None, timeout=0.2)
+                break
+            except queue.Full:
+                continue
+        self.thread.join(timeout)

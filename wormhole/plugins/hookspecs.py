@@ -1,0 +1,102 @@
+"""The Wormhole plugin hooks: the whole extension surface, in one module.
+
+A plugin is a module (or object) with functions decorated ``@hookimpl`` whose
+names are the hooks below. Built-in connectors are plugins like any other: they
+register through these same hooks. Third-party plugins are found through the
+``wormhole`` entry-point group::
+
+    [project.entry-points.wormhole]
+    myplugin = "myplugin.wormhole_plugin"
+
+Each ``wormhole_<kind>s`` hook returns a list of
+:class:`wormhole.plugins.components.ComponentSpec` of that kind; the registry
+collects them from every plugin. Two plugins that declare the same kind and name
+are an error naming both distributions.
+
+Set ``WORMHOLE_DISABLE_PLUGIN_AUTOLOAD=1`` to load no entry points (built-ins
+still load) and ``WORMHOLE_PLUGINS=mod1,mod2`` to load plugin modules by name.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import pluggy
+
+if TYPE_CHECKING:
+    from wormhole.plugins.components import ComponentSpec
+
+PROJECT = "wormhole"
+hookspec = pluggy.HookspecMarker(PROJECT)
+hookimpl = pluggy.HookimplMarker(PROJECT)
+
+
+@hookspec
+def wormhole_sources() -> list[ComponentSpec]:
+    """Sources (tailers) this plugin provides: readers of a datastore log.
+
+    Called once when the registry is built. Return ``ComponentSpec(kind="source", ...)``
+    entries whose factory builds an object following
+    :class:`wormhole.plugins.components.Source`.
+    """
+    return []
+
+
+@hookspec
+def wormhole_sinks() -> list[ComponentSpec]:
+    """Sinks this plugin provides: subscriber-side writers.
+
+    The factory builds a :class:`wormhole.plugins.components.Sink`; it is called
+    once per subscriber of each application that names it.
+    """
+    return []
+
+
+@hookspec
+def wormhole_filters() -> list[ComponentSpec]:
+    """Publisher-side filters this plugin provides.
+
+    Used from an application's ``filter: {plugins: [{type: NAME, ...}]}``. The
+    factory builds a callable ``(list[Update]) -> list[Update]``
+    (:class:`wormhole.plugins.components.Filter`).
+    """
+    return []
+
+
+@hookspec
+def wormhole_transports() -> list[ComponentSpec]:
+    """Transports this plugin provides: how flows reach subscribers."""
+    return []
+
+
+@hookspec
+def wormhole_position_mappers() -> list[ComponentSpec]:
+    """Position mappers: native <-> logical positions for one kind of datastore.
+
+    The spec's ``name`` is the connector name whose positions it maps
+    (``update.connector``).
+    """
+    return []
+
+
+@hookspec
+def wormhole_datamarker_stores() -> list[ComponentSpec]:
+    """Datamarker stores: where flows' acknowledged positions are persisted."""
+    return []
+
+
+@hookspec
+def wormhole_pipeline_started(pipeline: Any) -> None:
+    """Called after the publisher opened its state and source, before delivery starts.
+
+    ``pipeline`` is the validated :class:`wormhole.core.pipeline.Pipeline`.
+    Return value ignored.
+    """
+
+
+@hookspec
+def wormhole_pipeline_stopped(pipeline: Any, summary: Any) -> None:
+    """Called after a run ended cleanly and datamarkers were persisted.
+
+    ``summary`` is the :class:`wormhole.core.publisher.RunSummary`. Return value ignored.
+    """

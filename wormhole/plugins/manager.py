@@ -1,0 +1,156 @@
+"""The plugin manager and the component registry built from it."""
+
+from __future__ import annotations
+
+import importlib
+import importlib.metadata
+import logging
+import os
+from collections.abc import Iterable
+from typing import Any
+
+import pluggy
+
+from wormhole.core.errors import ConfigError, WormholeError
+from wormhole.plugins import hookspecs
+from wormhole.plugins.components import KINDS, ComponentSpec, Kind, Registered
+
+log = logging.getLogger("wormhole.plugins")
+
+BUILTIN_PLUGINS = (
+    "wormhole.connectors.filelog",
+    "wormhole.connectors.jsonl",
+    "wormhole.connectors.null",
+    "wormhole.connectors.latest",
+    "wormhole.connectors.inprocess",
+    "wormhole.connectors.sqlite",
+    "wormhole.plugins.filters",
+)
+
+_HOOK_BY_KIND: dict[Kind, str] = {
+    "source": "wormhole_sources",
+    "sink": "wormhole_sinks",
+    "filter": "wormhole_filters",
+    "transport": "wormhole_transports",
+    "position_mapper": "wormhole_position_mappers",
+    "datamarker_store": "wormhole_datamarker_stores",
+}
+
+
+class PluginError(WormholeError):
+    """A plugin could not be loaded or declares something invalid."""
+
+
+def _builtin_version() -> str:
+    try:
+        return importlib.metadata.version("wormhole")
+    except importlib.metadata.PackageNotFoundError:  # pragma: no cover - source checkout
+        return "0+unknown"
+
+
+def create_plugin_manager(
+    autoload: bool | None = None, extra_plugins: Iterable[Any] = ()
+) -> pluggy.PluginManager:
+    """A plugin manager with the built-ins, entry-point plugins and ``WORMHOLE_PLUGINS``."""
+    pm = pluggy.PluginManager(hookspecs.PROJECT)
+    pm.add_hookspecs(hookspecs)
+    for name in BUILTIN_PLUGINS:
+        pm.register(importlib.import_module(name), name=name)
+    if autoload is None:
+        autoload = not os.environ.get("WORMHOLE_DISABLE_PLUGIN_AUTOLOAD")
+    if autoload:
+        try:
+            pm.load_setuptools_entrypoints(hookspecs.PROJECT)
+        except Exception as exc:
+            raise PluginError(
+                f"a plugin in the 'wormhole' entry-point group failed to load: {exc!r}; "
+                f"uninstall or fix it, or set WORMHOLE_DISABLE_PLUGIN_AUTOLOAD=1"
+            ) from exc
+    for name in filter(None, os.environ.get("WORMHOLE_PLUGINS", "").split(",")):
+        name = name.strip()
+        if pm.get_plugin(name) is None:
+            try:
+                pm.register(importlib.import_module(name), name=name)
+            except ImportError as exc:
+                raise PluginError(
+                    f"WORMHOLE_PLUGINS names {name!r}, which cannot be imported: {exc}"
+                ) from exc
+    for plugin in extra_plugins:
+        pm.register(plugin)
+    return pm
+
+
+class Registry:
+    """Every component, by kind and name, with the distribution that provides it."""
+
+    def __init__(self, pm: pluggy.PluginManager) -> None:
+        self.pm = pm
+        self.components: dict[Kind, dict[str, Registered]] = {kind: {} for kind in KINDS}
+        dists: dict[int, tuple[str, str]] = {}
+        for plugin, dist in pm.list_plugin_distinfo():
+            dists[id(plugin)] = (dist.project_name, dist.version)
+        builtin = ("wormhole", _builtin_version())
+        for kind in KINDS:
+            hook = getattr(pm.hook, _HOOK_BY_KIND[kind])
+            for impl in hook.get_hookimpls():
+                plugin_name = pm.get_name(impl.plugin) or repr(impl.plugin)
+                if plugin_name in BUILTIN_PLUGINS:
+                    dist = builtin
+                else:
+                    dist = dists.get(id(impl.plugin), (plugin_name, ""))
+                try:
+                    specs = impl.function()
+                except Exception as exc:
+                    raise PluginError(
+                        f"plugin {plugin_name} ({dist[0]}) failed in {impl.function.__name__}: "
+                        f"{exc!r}"
+                    ) from exc
+                for spec in specs or []:
+                    self._add(kind, spec, plugin_name, dist)
+
+    def _add(self, kind: Kind, spec: ComponentSpec, plugin: str, dist: tuple[str, str]) -> None:
+        if not isinstance(spec, ComponentSpec) or spec.kind != kind:
+            raise PluginError(
+                f"plugin {plugin} ({dist[0]}) returned {spec!r} from its {kind} hook; "
+                f"expected ComponentSpec(kind={kind!r}, ...)"
+            )
+        existing = self.components[kind].get(spec.name)
+        if existing is not None:
+            raise PluginError(
+                f"{kind} {spec.name!r} is provided twice: by {existing.distribution} and by "
+                f"{dist[0]}; uninstall one of them"
+            )
+        self.components[kind][spec.name] = Registered(spec, dist[0], dist[1], plugin)
+
+    def names(self, kind: Kind) -> list[str]:
+        return sorted(self.components[kind])
+
+    def get(self, kind: Kind, name: str, path: str = "") -> Registered:
+        try:
+            return self.components[kind][name]
+        except KeyError:
+            known = ", ".join(self.names(kind)) or "none"
+            where = f"{path}: " if path else ""
+            raise ConfigError(
+                f"{where}unknown {kind.replace('_', ' ')} type {name!r} (known: {known})"
+            ) from None
+
+    def create(self, kind: Kind, name: str, options: Any) -> Any:
+        return self.get(kind, name).spec.factory(options)
+
+
+_default: Registry | None = None
+
+
+def default_registry() -> Registry:
+    """The process-wide registry (built on first use)."""
+    global _default
+    if _default is None:
+        _default = Registry(create_plugin_manager())
+    return _default
+
+
+def reset_default_registry() -> None:
+    """Forget the process-wide registry (tests that install plugins call this)."""
+    global _default
+    _default = None
