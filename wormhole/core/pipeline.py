@@ -397,7 +397,13 @@ def _component(
         return None
     type_name = raw.get("type")
     if type_name is None:
-        problems.append(f"{path}.type: field required")
+        if "type" in raw:
+            problems.append(
+                f"{path}.type: empty (YAML reads an unquoted null or ~ as no value; "
+                f'for the null component write type: "null")'
+            )
+        else:
+            problems.append(f"{path}.type: field required")
         return None
     if not isinstance(type_name, str):
         problems.append(f"{path}.type: must be a string")

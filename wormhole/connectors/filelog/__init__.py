@@ -474,6 +474,8 @@ class FilelogSource:
 
     def _incomplete_tail(self, stream: Stream, size: int) -> bool:
         """Bytes between the position and ``size`` that are not (yet) a whole update."""
+        if size - stream.offset > int(self.options.batch_bytes):
+            return False  # more than one batch left: the reader is not done yet
         path = stream.directory / (stream.file or "")
         with open(path, "rb") as f:
             f.seek(stream.offset)
