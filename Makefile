@@ -1,0 +1,38 @@
+# Wormhole: `make run` for the quickstart demo, `make test` for the whole suite.
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed-dev
+
+.PHONY: run test lint bench install services clean
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --disable-pip-version-check -e '.[dev]'
+	touch $(STAMP)
+
+install: $(STAMP)
+
+## The quickstart: produce rider positions into a file log, deliver them to two applications.
+run: $(STAMP)
+	$(BIN)/python -m wormhole.demo produce --out data/quickstart/rider-gps --riders 5000 --seconds 20
+	$(BIN)/wormhole run pipelines/quickstart.yml --once
+	$(BIN)/python -m wormhole.demo show pipelines/quickstart.yml
+
+## System services the tests need (none yet beyond Python; later connectors add theirs).
+services:
+	bash scripts/install-services.sh
+
+lint: $(STAMP)
+	$(BIN)/ruff check wormhole tests bench
+	$(BIN)/ruff format --check wormhole tests bench
+	$(BIN)/mypy wormhole
+
+test: $(STAMP) services lint
+	$(BIN)/python -m pytest
+
+bench: $(STAMP)
+	$(BIN)/python bench/filelog_throughput.py
+
+clean:
+	rm -rf .wormhole out data/quickstart

@@ -1,0 +1,27 @@
+"""Test helpers for Wormhole and for plugin authors.
+
+Installed as a pytest plugin (entry point ``pytest11``), so its fixtures are
+available in any project that installs Wormhole:
+
+* ``wormhole_cli`` runs the ``wormhole`` command in a subprocess;
+* ``pipeline_file`` writes a pipeline (a dict) to a YAML file;
+* ``free_port`` returns a free loopback TCP port;
+* :func:`read_envelopes` parses a ``jsonl`` sink's output.
+
+Fixtures that start real services (PostgreSQL, MariaDB, ZooKeeper, memcached,
+a Kafka-protocol broker) live here as connectors arrive. When a service cannot
+be started, :func:`require` skips the test, except under ``CI=true``, where it fails.
+"""
+
+from __future__ import annotations
+
+from wormhole.testing.helpers import (
+    CliResult,
+    free_port,
+    read_envelopes,
+    require,
+    run_cli,
+    write_pipeline,
+)
+
+__all__ = ["CliResult", "free_port", "read_envelopes", "require", "run_cli", "write_pipeline"]

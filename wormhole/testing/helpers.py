@@ -1,0 +1,103 @@
+"""Plain helpers behind the pytest fixtures (usable without pytest, too)."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import msgspec
+import pytest
+import yaml
+
+from wormhole.core.update import Envelope
+
+
+def in_ci() -> bool:
+    return os.environ.get("CI", "").lower() in ("1", "true", "yes")
+
+
+def require(condition: bool, what: str) -> None:
+    """Skip the calling test when ``what`` is missing; under CI=true, fail instead."""
+    if condition:
+        return
+    if in_ci():
+        pytest.fail(f"{what} is required in CI but is not available", pytrace=False)
+    pytest.skip(f"{what} is not available")
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that was free a moment ago."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+def write_pipeline(path: str | os.PathLike[str], pipeline: dict[str, Any]) -> Path:
+    """Write a pipeline dict as YAML; returns the path."""
+    target = Path(path)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    target.write_text(yaml.safe_dump(pipeline, sort_keys=False))
+    return target
+
+
+@dataclass
+class CliResult:
+    args: list[str]
+    returncode: int
+    stdout: str
+    stderr: str
+
+    def __str__(self) -> str:
+        return (
+            f"wormhole {' '.join(self.args)} -> exit {self.returncode}\n"
+            f"--- stdout\n{self.stdout}\n--- stderr\n{self.stderr}"
+        )
+
+
+def cli_command(*args: str) -> list[str]:
+    return [sys.executable, "-m", "wormhole.cli", *args]
+
+
+def run_cli(
+    *args: str,
+    cwd: str | os.PathLike[str] | None = None,
+    env: dict[str, str] | None = None,
+    timeout: float = 300,
+) -> CliResult:
+    """Run ``wormhole ARGS`` in a subprocess and capture its output."""
+    full_env = dict(os.environ)
+    full_env.update(env or {})
+    proc = subprocess.run(
+        cli_command(*args),
+        cwd=cwd,
+        env=full_env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+    return CliResult(list(args), proc.returncode, proc.stdout, proc.stderr)
+
+
+_envelope_decoder = msgspec.json.Decoder(Envelope)
+
+
+def read_envelopes(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
+    """Every envelope in a jsonl sink's file, as dicts (``[]`` if it does not exist).
+
+    Each line is checked against the envelope contract on the way.
+    """
+    out = []
+    try:
+        with open(path, "rb") as f:
+            for line in f:
+                _envelope_decoder.decode(line)  # raises if a line breaks the contract
+                out.append(msgspec.json.decode(line))
+    except FileNotFoundError:
+        return []
+    return out

@@ -1,0 +1,37 @@
+"""The ``wormhole`` pytest plugin: fixtures for pipelines and (as they arrive) real services."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from wormhole.testing.helpers import CliResult, free_port, run_cli, write_pipeline
+
+
+@pytest.fixture
+def wormhole_cli(tmp_path: Path) -> Callable[..., CliResult]:
+    """Run ``wormhole ARGS`` in a subprocess with the test's temp dir as working directory."""
+
+    def run(*args: str, env: dict[str, str] | None = None, timeout: float = 300) -> CliResult:
+        return run_cli(*args, cwd=tmp_path, env=env, timeout=timeout)
+
+    return run
+
+
+@pytest.fixture
+def pipeline_file(tmp_path: Path) -> Callable[..., Path]:
+    """Write a pipeline dict to ``<tmp>/<name>.yml``; returns its path."""
+
+    def write(pipeline: dict[str, Any], name: str = "pipeline") -> Path:
+        return write_pipeline(tmp_path / f"{name}.yml", pipeline)
+
+    return write
+
+
+@pytest.fixture(name="free_port")
+def free_port_fixture() -> int:
+    """A free TCP port on 127.0.0.1."""
+    return free_port()
