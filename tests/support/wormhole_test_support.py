@@ -1,0 +1,77 @@
+"""Sinks that misbehave on purpose, loaded by tests through WORMHOLE_PLUGINS.
+
+* ``gate``: writes nothing until the file named by ``gate`` exists (an application
+  that falls behind).
+* ``flaky``: fails its first ``failures`` writes with an OSError, then appends
+  envelopes to ``path`` like jsonl (retry with backoff).
+* ``broken``: raises SinkError on open (a fatal sink problem).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+from wormhole.connectors.jsonl import JsonlOptions, JsonlSink
+from wormhole.core.errors import SinkError
+from wormhole.core.update import Update
+from wormhole.plugins.components import ComponentSpec, Options, SinkContext
+from wormhole.plugins.hookspecs import hookimpl
+
+
+class GateOptions(Options):
+    gate: str
+
+
+class GateSink:
+    def __init__(self, options: GateOptions) -> None:
+        self.options = options
+
+    def open(self, context: SinkContext) -> None:
+        pass
+
+    def write(self, updates: list[Update]) -> None:
+        while not os.path.exists(self.options.gate):
+            time.sleep(0.02)
+
+    def close(self) -> None:
+        pass
+
+
+class FlakyOptions(JsonlOptions):
+    failures: int = 2
+
+
+class FlakySink(JsonlSink):
+    def __init__(self, options: FlakyOptions) -> None:
+        super().__init__(options)
+        self.remaining = options.failures
+
+    def write(self, updates: list[Update]) -> None:
+        if self.remaining > 0:
+            self.remaining -= 1
+            raise OSError("simulated outage of the sink's storage")
+        super().write(updates)
+
+
+class BrokenSink:
+    def __init__(self, options: Options) -> None:
+        pass
+
+    def open(self, context: SinkContext) -> None:
+        raise SinkError(f"applications.{context.application}.sink: broken on purpose")
+
+    def write(self, updates: list[Update]) -> None:
+        raise AssertionError("never opened")
+
+    def close(self) -> None:
+        pass
+
+
+@hookimpl
+def wormhole_sinks() -> list[ComponentSpec]:
+    return [
+        ComponentSpec("sink", "gate", GateSink, GateOptions, "holds every write until a file exists"),
+        ComponentSpec("sink", "flaky", FlakySink, FlakyOptions, "fails its first writes"),
+        ComponentSpec("sink", "broken", BrokenSink, Options, "fails to open"),
+    ]
