@@ -55,7 +55,9 @@ def test_segments_roll_at_size_and_every_start_opens_a_new_session(tmp_path: Pat
     again.close()
 
 
-def test_torn_tail_is_truncated_and_logged(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+def test_torn_tail_is_truncated_and_logged(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     plog = PublisherLog(tmp_path)
     plog.open()
     plog.append(updates(0, 10), {"pos": 1})

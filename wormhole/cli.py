@@ -172,9 +172,9 @@ def cmd_status(args: argparse.Namespace) -> int:
     )
     print(f"  {'application':<16} {'shard':>5} {'datamarker':>12} {'lag':>10}")
     for flow in flows:
-        dm = "-" if flow["datamarker"] is None else f"{flow['datamarker']:,}"
-        lag = "-" if flow["lag"] is None else f"{flow['lag']:,}"
-        print(f"  {flow['application']:<16} {flow['shard']:>5} {dm:>12} {lag:>10}")
+        marker_text = "-" if flow["datamarker"] is None else f"{flow['datamarker']:,}"
+        lag_text = "-" if flow["lag"] is None else f"{flow['lag']:,}"
+        print(f"  {flow['application']:<16} {flow['shard']:>5} {marker_text:>12} {lag_text:>10}")
     return EXIT_OK
 
 

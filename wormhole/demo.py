@@ -69,15 +69,16 @@ def show(pipeline_path: str) -> None:
         options = app.sink.options
         if app.sink.type == "jsonl":
             path = Path(options.path.format(application=app.name, subscriber=0))
-            lines = sum(1 for _ in open(path, "rb")) if path.exists() else 0
+            lines = 0
+            if path.exists():
+                with open(path, "rb") as f:
+                    lines = sum(1 for _ in f)
             print(f"  {app.name}: {lines:,} events kept in {path}")
         elif app.sink.type == "latest":
             path = Path(options.path.format(application=app.name))
             db = sqlite3.connect(path)
             (count,) = db.execute("SELECT count(*) FROM latest").fetchone()
-            row = db.execute(
-                "SELECT row FROM latest ORDER BY key LIMIT 1"
-            ).fetchone()
+            row = db.execute("SELECT row FROM latest ORDER BY key LIMIT 1").fetchone()
             db.close()
             sample = json.loads(row[0]) if row else None
             print(f"  {app.name}: latest position of {count:,} riders in {path}")

@@ -29,6 +29,7 @@ messages with consecutive sequence numbers.
 
 from __future__ import annotations
 
+import contextlib
 import os
 from pathlib import Path
 from types import TracebackType
@@ -124,10 +125,8 @@ class LogWriter:
     def _next_session(self) -> int:
         marker = self.directory / ".session"
         sessions = [k[0] for p in self.directory.iterdir() if (k := log_file_key(p.name))]
-        try:
+        with contextlib.suppress(FileNotFoundError, ValueError):
             sessions.append(int(marker.read_text().strip()))
-        except (FileNotFoundError, ValueError):
-            pass
         session = max(sessions, default=-1) + 1
         tmp = marker.with_suffix(".tmp")
         tmp.write_text(f"{session}\n")

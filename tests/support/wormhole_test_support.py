@@ -71,7 +71,9 @@ class BrokenSink:
 @hookimpl
 def wormhole_sinks() -> list[ComponentSpec]:
     return [
-        ComponentSpec("sink", "gate", GateSink, GateOptions, "holds every write until a file exists"),
+        ComponentSpec(
+            "sink", "gate", GateSink, GateOptions, "holds every write until a file exists"
+        ),
         ComponentSpec("sink", "flaky", FlakySink, FlakyOptions, "fails its first writes"),
         ComponentSpec("sink", "broken", BrokenSink, Options, "fails to open"),
     ]

@@ -53,9 +53,7 @@ class SqliteDatamarkerStore:
         return self.db
 
     def load(self) -> dict[tuple[str, int], Datamarker]:
-        rows = self._conn().execute(
-            "SELECT application, shard, position, logical FROM datamarkers"
-        )
+        rows = self._conn().execute("SELECT application, shard, position, logical FROM datamarkers")
         return {(a, s): Datamarker(a, s, p, lg) for a, s, p, lg in rows}
 
     def save(self, datamarkers: Iterable[Datamarker]) -> None:

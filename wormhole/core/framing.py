@@ -119,7 +119,9 @@ def read_records(
         offset = record.end
 
 
-def scan_headers(f: BinaryIO, path: str, start: int = 0, stop: int | None = None) -> Iterator[Record]:
+def scan_headers(
+    f: BinaryIO, path: str, start: int = 0, stop: int | None = None
+) -> Iterator[Record]:
     """Record headers only (payload left empty, CRC not checked): a cheap index build.
 
     Payloads are verified when they are read.

@@ -359,13 +359,18 @@ def parse_pipeline(
                     sink=sink_c,
                     subscribers=app.subscribers,
                 )
-    if model is not None and model.delivery.mode == "multiple-copy" and store_c is not None:
-        if store_c.type == "sqlite":
-            problems.append(
-                "delivery.mode: multiple-copy keeps datamarkers as logical positions in a shared "
-                "store; set delivery.store to one (known stores: "
-                f"{', '.join(n for n in registry.names('datamarker_store') if n != 'sqlite') or 'none installed'})"
-            )
+    if (
+        model is not None
+        and model.delivery.mode == "multiple-copy"
+        and store_c is not None
+        and store_c.type == "sqlite"
+    ):
+        shared = [n for n in registry.names("datamarker_store") if n != "sqlite"]
+        problems.append(
+            "delivery.mode: multiple-copy keeps datamarkers as logical positions in a shared "
+            f"store; set delivery.store to one (known stores: "
+            f"{', '.join(shared) or 'none installed'})"
+        )
     if problems or model is None:
         raise ConfigError(problems, source)
     assert source_c is not None and transport_c is not None and store_c is not None

@@ -138,9 +138,7 @@ class Publisher:
             if self.failure is not None:
                 raise self.failure
             summary = self._summary(started, plog, hub, recovery.truncated)
-            pipeline.registry.pm.hook.wormhole_pipeline_stopped(
-                pipeline=pipeline, summary=summary
-            )
+            pipeline.registry.pm.hook.wormhole_pipeline_stopped(pipeline=pipeline, summary=summary)
             return summary
         finally:
             self.tail_stop.set()
@@ -188,7 +186,14 @@ class Publisher:
                     position = self._start_position(config.start, first, end, name)
                     new.append(Datamarker(name, shard, position))
                     where = f"applications.{name}.start"
-                if position < first or position > end:
+                if position > end:
+                    raise StateError(
+                        f"{where} is position {position}, past the end of the publisher log "
+                        f"({end}) in {plog.directory}: updates that were acknowledged are "
+                        f"missing from the log (was the state_dir replaced or damaged?). "
+                        f"Restore it, or start over with a new state_dir"
+                    )
+                if position < first:
                     raise StateError(
                         f"{where} is position {position}, outside the retained publisher log "
                         f"({first} to {end}): the oldest retained position is {first}. Start the "
@@ -259,7 +264,9 @@ class Publisher:
                 log.error(
                     "cannot append to the publisher log in %s (%s); nothing was lost, "
                     "retrying in %.1fs: free space on that disk",
-                    plog.directory, exc.strerror, delay,
+                    plog.directory,
+                    exc.strerror,
+                    delay,
                 )
                 if self.tail_stop.wait(delay):
                     return False

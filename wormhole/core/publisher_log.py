@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import bisect
 import errno
+import itertools
 import logging
 import os
 import threading
@@ -183,9 +184,11 @@ class PublisherLog:
         for (session, roll), path in reversed(found):
             last_session = max(last_session, session)
             header = self._read_header(path)
-            segments.append(Segment(session, roll, path, header.first_seq, size=path.stat().st_size))
+            segments.append(
+                Segment(session, roll, path, header.first_seq, size=path.stat().st_size)
+            )
         segments.reverse()
-        for older, newer in zip(segments, segments[1:], strict=False):
+        for older, newer in itertools.pairwise(segments):
             older.end_seq = newer.first_seq
         self.segments = segments
         self.next_seq = next_seq
@@ -242,14 +245,17 @@ class PublisherLog:
                 for record in read_records(f, str(path)):
                     if header is None:
                         if record.kind != KIND_SEGMENT:
-                            raise LogCorruptError(str(path), 0, "segment does not start with its header")
+                            raise LogCorruptError(
+                                str(path), 0, "segment does not start with its header"
+                            )
                         header = _header_decoder.decode(record.payload)
                         checkpoint = bytes(header.checkpoint)
                         next_seq = header.first_seq
                     elif record.kind == KIND_BATCH:
                         if record.first != next_seq:
                             raise LogCorruptError(
-                                str(path), record.offset,
+                                str(path),
+                                record.offset,
                                 f"batch starts at seq {record.first}, expected {next_seq}",
                             )
                         raw_checkpoint, _ = _batch_decoder.decode(record.payload)
@@ -262,7 +268,10 @@ class PublisherLog:
                 log.warning(
                     "%s: torn tail at offset %d (%s); truncating %d bytes left by an "
                     "interrupted write",
-                    path, torn.offset, torn.reason, size - torn.offset,
+                    path,
+                    torn.offset,
+                    torn.reason,
+                    size - torn.offset,
                 )
                 f.truncate(torn.offset)
                 f.flush()
@@ -404,11 +413,7 @@ class PublisherLog:
         segments that qualify are retained anyway (for replay).
         """
         with self._lock:
-            done = [
-                s
-                for s in self.segments[:-1]
-                if s.end_seq is not None and s.end_seq <= upto
-            ]
+            done = [s for s in self.segments[:-1] if s.end_seq is not None and s.end_seq <= upto]
             if keep:
                 done = done[: max(0, len(done) - keep)]
             for segment in done:
@@ -533,9 +538,11 @@ class LogInfo:
 def inspect_log(directory: str | os.PathLike[str]) -> LogInfo:
     """Read a publisher log's extent without recovering or locking it (it may be live)."""
     root = Path(directory)
-    found = sorted(
-        (key, p) for p in root.glob("log.*") if (key := log_file_key(p.name)) is not None
-    ) if root.is_dir() else []
+    found = (
+        sorted((key, p) for p in root.glob("log.*") if (key := log_file_key(p.name)) is not None)
+        if root.is_dir()
+        else []
+    )
     segments: list[tuple[str, int, int]] = []
     next_seq = 0
     for _, path in found:

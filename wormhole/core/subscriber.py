@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import queue
 import threading
+import time
 
 from wormhole.core.errors import WormholeError
 from wormhole.core.hub import Frame, Hub
@@ -34,7 +35,9 @@ class LocalSubscriber:
         self.frames: queue.Queue[Frame | None] = queue.Queue(maxsize=max_frames)
         self.abort = threading.Event()
         self.written = 0
-        self.thread = threading.Thread(target=self._run, name=f"subscriber {self.name}", daemon=True)
+        self.thread = threading.Thread(
+            target=self._run, name=f"subscriber {self.name}", daemon=True
+        )
 
     def start(self) -> None:
         self.thread.start()
@@ -78,14 +81,24 @@ class LocalSubscriber:
             except Exception as exc:
                 log.warning(
                     "%s: sink failed to write %d updates (%s: %s); retrying in %.2fs",
-                    self.name, len(frame.updates), type(exc).__name__, exc, delay,
+                    self.name,
+                    len(frame.updates),
+                    type(exc).__name__,
+                    exc,
+                    delay,
                 )
                 if self.abort.wait(delay):
                     return False
                 delay = min(delay * 2, MAX_BACKOFF)
 
-    def stop(self, drain: bool = True, timeout: float | None = None) -> None:
-        """Finish queued frames (``drain``) or abandon them, then stop."""
+    def stop(self, drain: bool = True, timeout: float = 10.0) -> bool:
+        """Finish queued frames (``drain``) or abandon them, then stop.
+
+        Returns False if the sink did not finish within ``timeout`` seconds: its
+        unacknowledged frames are abandoned and will be delivered again after a
+        restart (datamarkers never moved past them).
+        """
+        deadline = time.monotonic() + timeout
         if not drain:
             self.abort.set()
             while True:
@@ -95,8 +108,19 @@ class LocalSubscriber:
                     break
         while self.thread.is_alive():
             try:
-                self.frames.put(None, timeout=0.2)
+                self.frames.put(None, timeout=0.1)
                 break
             except queue.Full:
-                continue
-        self.thread.join(timeout)
+                if time.monotonic() > deadline:
+                    break
+        self.thread.join(max(0.0, deadline - time.monotonic()))
+        if self.thread.is_alive():
+            self.abort.set()
+            log.warning(
+                "%s: the sink did not finish its queued batches within %.0fs; stopping "
+                "without them (they are delivered again on the next run)",
+                self.name,
+                timeout,
+            )
+            return False
+        return True

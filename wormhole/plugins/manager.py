@@ -87,8 +87,8 @@ class Registry:
         self.pm = pm
         self.components: dict[Kind, dict[str, Registered]] = {kind: {} for kind in KINDS}
         dists: dict[int, tuple[str, str]] = {}
-        for plugin, dist in pm.list_plugin_distinfo():
-            dists[id(plugin)] = (dist.project_name, dist.version)
+        for plugin, distinfo in pm.list_plugin_distinfo():
+            dists[id(plugin)] = (distinfo.project_name, distinfo.version)
         builtin = ("wormhole", _builtin_version())
         for kind in KINDS:
             hook = getattr(pm.hook, _HOOK_BY_KIND[kind])

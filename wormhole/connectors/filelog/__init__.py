@@ -54,9 +54,7 @@ class FilelogOptions(Options):
     table: str | None = Field(
         None, description="table for lines that name none (default: the file's directory name)"
     )
-    batch_bytes: ByteSize = Field(
-        ByteSize(1 << 20), description="read at most this much per batch"
-    )
+    batch_bytes: ByteSize = Field(ByteSize(1 << 20), description="read at most this much per batch")
     poll_interval_ms: int = Field(100, ge=1, description="how often to look for new data")
 
 
@@ -167,7 +165,8 @@ class FilelogSource:
             if dirs and self.stream_mode is None:
                 log.warning(
                     "%s holds files and subdirectories; reading the files, ignoring %s",
-                    root, ", ".join(dirs),
+                    root,
+                    ", ".join(dirs),
                 )
             self.stream_mode = False
             if "" not in self.streams:
@@ -248,7 +247,9 @@ class FilelogSource:
                 log.warning(
                     "%s: skipping %d bytes of incomplete data at offset %d at the end of a "
                     "rolled file",
-                    stream.directory / name, size - stream.offset, stream.offset,
+                    stream.directory / name,
+                    size - stream.offset,
+                    stream.offset,
                 )
                 self._advance(stream, later)
                 continue
@@ -318,8 +319,8 @@ class FilelogSource:
             # No newline before the end of the file: take the tail as a line only if
             # it is complete (the file was rolled past, or it parses as an object).
             if rolled or _is_complete_line(data):
-                end = len(data) - 1
                 data += b"\n"
+                end = len(data) - 1
             else:
                 return None
         data = data[: end + 1]
@@ -402,8 +403,11 @@ class FilelogSource:
                     continue
                 last = record.first + record.count - 1
                 if last > seen:
-                    out.extend(self._messages(stream, pid, record.first, record.offset,
-                                              record.payload, seen))
+                    out.extend(
+                        self._messages(
+                            stream, pid, record.first, record.offset, record.payload, seen
+                        )
+                    )
                     seen = last
                 if consumed >= want:
                     break
@@ -494,7 +498,9 @@ class FilelogSource:
             self._warned_tail.add(str(path))
             log.warning(
                 "%s: %d bytes at offset %d are not a complete update yet; left for a later run",
-                path, len(rest), stream.offset,
+                path,
+                len(rest),
+                stream.offset,
             )
         return True
 

@@ -22,6 +22,9 @@ class InprocessOptions(Options):
     """Run subscribers inside the publisher process."""
 
     queue_frames: int = Field(8, ge=1, description="frames buffered per subscriber")
+    drain_timeout_s: float = Field(
+        10.0, ge=0, description="on stop, how long subscribers may take to finish queued frames"
+    )
 
 
 class InprocessTransport:
@@ -55,7 +58,7 @@ class InprocessTransport:
 
     def stop(self, drain: bool = True) -> None:
         for subscriber in self.subscribers:
-            subscriber.stop(drain=drain)
+            subscriber.stop(drain=drain, timeout=self.options.drain_timeout_s if drain else 1.0)
         for subscriber in self.subscribers:
             subscriber.sink.close()
         self.subscribers.clear()

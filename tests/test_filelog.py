@@ -1,0 +1,167 @@
+from __future__ import annotations
+
+import json
+import logging
+import threading
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from wormhole.connectors.filelog import FilelogOptions, FilelogSource
+from wormhole.core.errors import SourceError
+from wormhole.plugins.components import SourceContext
+from wormhole.publish import LogWriter
+
+
+def open_source(path: Path, checkpoint: Any = None, **options: Any) -> FilelogSource:
+    source = FilelogSource(FilelogOptions(path=str(path), poll_interval_ms=5, **options))
+    source.open(
+        SourceContext("t", path, 16, threading.Event(), logging.getLogger("test")), checkpoint
+    )
+    return source
+
+
+def read_all(source: FilelogSource) -> tuple[list[Any], Any]:
+    updates: list[Any] = []
+    checkpoint = None
+    while (batch := source.read(0.05)) is not None:
+        updates += batch.updates
+        checkpoint = batch.checkpoint
+    return updates, checkpoint
+
+
+def line(**fields: Any) -> str:
+    return json.dumps(fields) + "\n"
+
+
+def test_files_are_read_in_natural_name_order_with_table_from_directory(tmp_path: Path) -> None:
+    riders = tmp_path / "riders"
+    riders.mkdir()
+    for n in (10, 2, 1):
+        (riders / f"{n}.jsonl").write_text(line(key={"id": n}, after={"id": n}))
+    source = open_source(riders)
+    updates, checkpoint = read_all(source)
+    assert [u.key["id"] for u in updates] == [1, 2, 10]
+    assert {u.table for u in updates} == {"riders"}
+    assert updates[0].position == "1.jsonl:0" and updates[0].connector == "filelog"
+    assert checkpoint["streams"][""] == ["10.jsonl", len(line(key={"id": 10}, after={"id": 10}))]
+
+
+def test_the_last_file_is_tailed_and_a_partial_line_waits(tmp_path: Path) -> None:
+    path = tmp_path / "events.jsonl"
+    first = line(table="t", key={"id": 1}, after={"id": 1})
+    path.write_text(first + '{"table": "t", "key": {"id": 2}, "af')
+    source = open_source(path)
+    updates, _ = read_all(source)
+    assert [u.key["id"] for u in updates] == [1]
+    with open(path, "a") as f:
+        f.write('ter": {"id": 2}}\n' + line(table="t", op="d", key={"id": 1}))
+    updates, checkpoint = read_all(source)
+    assert [(u.op, u.key["id"]) for u in updates] == [("c", 2), ("d", 1)]
+    # A delete without a before image carries the key columns, per the envelope contract.
+    assert updates[1].before_row() == {"id": 1}
+    # A restart from the checkpoint reads nothing again.
+    again = open_source(path, checkpoint)
+    assert read_all(again)[0] == []
+
+
+def test_a_complete_last_line_without_newline_is_read(tmp_path: Path) -> None:
+    path = tmp_path / "events.jsonl"
+    path.write_text(
+        line(key={"id": 1}, after={"id": 1}) + json.dumps({"key": {"id": 2}, "after": {"id": 2}})
+    )
+    source = open_source(path)
+    end = source.capture_end()
+    updates, _ = read_all(source)
+    assert [u.key["id"] for u in updates] == [1, 2]
+    assert source.reached(end)
+
+
+def test_a_malformed_line_stops_with_file_and_line(tmp_path: Path) -> None:
+    path = tmp_path / "events.jsonl"
+    path.write_text(
+        line(key={"id": 1}, after={"id": 1}) + "\n" + '{"key": {"id": 2}, "after": [1}\n'
+    )
+    source = open_source(path)
+    with pytest.raises(SourceError) as err:
+        read_all(source)
+    message = str(err.value)
+    assert f"{path}: line 3 (offset" in message
+    assert "not a valid update line" in message
+
+
+def test_an_update_without_after_is_rejected(tmp_path: Path) -> None:
+    path = tmp_path / "events.jsonl"
+    path.write_text(line(op="u", key={"id": 1}))
+    with pytest.raises(SourceError, match=r"line 1 .*op 'u' needs 'after'"):
+        read_all(open_source(path))
+
+
+def test_a_missing_path_is_a_clear_error(tmp_path: Path) -> None:
+    with pytest.raises(SourceError, match="does not exist; create it"):
+        open_source(tmp_path / "nowhere")
+
+
+def test_logwriter_messages_carry_publisher_id_and_sequence(tmp_path: Path) -> None:
+    with LogWriter(tmp_path / "pub", publisher_id="gps", roll_size=2048, batch_size=7) as w:
+        for i in range(100):
+            assert w.publish("rider_location", {"rider": i}, {"rider": i, "seq": 0}) == i + 1
+    names = sorted(p.name for p in (tmp_path / "pub").glob("log.*"))
+    assert len(names) > 1 and all(n.startswith("log.0.") for n in names), "rolled by size"
+    updates, _ = read_all(open_source(tmp_path))
+    assert [u.key["rider"] for u in updates] == list(range(100))
+    assert updates[0].logical == "gps:1" and updates[-1].logical == "gps:100"
+    assert updates[0].table == "rider_location"
+
+
+def test_a_publisher_restarted_from_its_checkpoint_is_delivered_once(tmp_path: Path) -> None:
+    pub = tmp_path / "streams" / "pub"
+    with LogWriter(pub, publisher_id="gps") as w:
+        for i in range(50):
+            w.publish("t", {"id": i}, {"id": i})
+    # The application's last checkpoint was seq 30: it re-publishes 31.. on restart.
+    with LogWriter(pub, publisher_id="gps", start_seq=31) as w:
+        assert w.session == 1
+        for i in range(30, 80):
+            w.publish("t", {"id": i}, {"id": i})
+    assert sorted(p.name for p in pub.glob("log.*")) == ["log.0.0", "log.1.0"]
+    updates, _ = read_all(open_source(tmp_path / "streams"))
+    assert [u.key["id"] for u in updates] == list(range(80))
+
+
+def test_two_publishers_writing_the_same_stream_deliver_each_message_once(tmp_path: Path) -> None:
+    streams = tmp_path / "streams"
+    a = LogWriter(streams / "host-a", publisher_id="gps", batch_size=10)
+    b = LogWriter(streams / "host-b", publisher_id="gps", batch_size=13)
+    for i in range(200):
+        a.publish("t", {"id": i}, {"id": i})
+        if i < 150:  # host b falls behind, then dies
+            b.publish("t", {"id": i}, {"id": i})
+    a.close()
+    b.close()
+    source = open_source(streams)
+    updates, checkpoint = read_all(source)
+    assert [u.key["id"] for u in updates] == list(range(200))
+    assert checkpoint["seen"] == {"gps": 200}
+    # After a restart from the checkpoint, new messages (from either host) continue once.
+    with LogWriter(streams / "host-b", publisher_id="gps", start_seq=151) as w:
+        for i in range(150, 220):
+            w.publish("t", {"id": i}, {"id": i})
+    updates, _ = read_all(open_source(streams, checkpoint))
+    assert [u.key["id"] for u in updates] == list(range(200, 220))
+
+
+def test_a_torn_logwriter_tail_waits_then_is_skipped_once_rolled(tmp_path: Path) -> None:
+    pub = tmp_path / "s" / "pub"
+    with LogWriter(pub, publisher_id="p") as w:
+        for i in range(10):
+            w.publish("t", {"id": i}, {"id": i})
+    with open(pub / "log.0.0", "ab") as f:
+        f.write(b"WH\x01\x04\xff\xff")  # the writer died mid-record
+    source = open_source(tmp_path / "s")
+    assert [u.key["id"] for u in read_all(source)[0]] == list(range(10))
+    with LogWriter(pub, publisher_id="p") as w:  # the publisher comes back: new session
+        assert w.next_seq == 11
+        w.publish("t", {"id": 10}, {"id": 10})
+    assert [u.key["id"] for u in read_all(source)[0]] == [10]
