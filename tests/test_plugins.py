@@ -1,0 +1,150 @@
+from __future__ import annotations
+
+import csv
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from wormhole.testing import run_cli, write_pipeline
+
+EXAMPLE = Path(__file__).parent / "plugin_example"
+
+
+@pytest.fixture(scope="module")
+def example_plugin_site(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The example third-party plugin package, really installed (pip) into a site dir."""
+    site = tmp_path_factory.mktemp("site")
+    build = tmp_path_factory.mktemp("build")
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "install",
+            "--quiet",
+            "--no-deps",
+            "--no-build-isolation",
+            "--disable-pip-version-check",
+            "--target",
+            str(site),
+            str(EXAMPLE),
+        ],
+        check=True,
+        capture_output=True,
+        cwd=build,
+    )
+    assert list(site.glob("wormhole_example_plugin-0.1.0.dist-info"))
+    return site
+
+
+def site_env(site: Path) -> dict[str, str]:
+    return {"PYTHONPATH": os.pathsep.join(filter(None, [str(site), os.environ.get("PYTHONPATH")]))}
+
+
+def test_plugins_lists_built_ins_by_kind_with_their_distribution() -> None:
+    result = run_cli("plugins", env={"WORMHOLE_DISABLE_PLUGIN_AUTOLOAD": "1"})
+    assert result.returncode == 0, result
+    out = result.stdout
+    for kind in (
+        "sources:",
+        "sinks:",
+        "filters:",
+        "transports:",
+        "position mappers:",
+        "datamarker stores:",
+    ):
+        assert kind in out
+    sinks = out.split("sinks:")[1].split("filters:")[0]
+    assert "jsonl" in sinks and "[wormhole 0.1.0]" in sinks
+    listing = json.loads(run_cli("plugins", "--json").stdout)
+    assert listing["source"]["filelog"]["distribution"] == "wormhole"
+    assert "path" in listing["source"]["filelog"]["options"]["properties"]
+
+
+def test_a_third_party_plugin_package_runs_from_a_pipeline_file(
+    tmp_path: Path, example_plugin_site: Path
+) -> None:
+    env = site_env(example_plugin_site)
+    listed = run_cli("plugins", env=env)
+    assert listed.returncode == 0, listed
+    assert "csv" in listed.stdout and "[wormhole-example-plugin 0.1.0]" in listed.stdout
+    assert "key-range" in listed.stdout
+
+    data = tmp_path / "data" / "users"
+    data.mkdir(parents=True)
+    (data / "1.jsonl").write_text(
+        "".join(
+            json.dumps({"key": {"id": i}, "after": {"id": i, "name": f"u{i}"}}) + "\n"
+            for i in range(20)
+        )
+    )
+    pipeline = write_pipeline(
+        tmp_path / "p.yml",
+        {
+            "pipeline": "plug",
+            "state_dir": str(tmp_path / "state"),
+            "source": {"type": "filelog", "path": str(tmp_path / "data" / "users")},
+            "applications": {
+                "export": {
+                    "filter": {
+                        "plugins": [{"type": "key-range", "column": "id", "low": 5, "high": 9}]
+                    },
+                    "sink": {"type": "csv", "path": str(tmp_path / "export.csv")},
+                }
+            },
+        },
+    )
+    result = run_cli("run", str(pipeline), "--once", cwd=tmp_path, env=env)
+    assert result.returncode == 0, result
+    with open(tmp_path / "export.csv", newline="") as f:
+        rows = list(csv.DictReader(f))
+    assert [r["key"] for r in rows] == [f"id={i}" for i in range(5, 10)]
+    assert json.loads(rows[0]["after"]) == {"id": 5, "name": "u5"}
+    assert {r["table"] for r in rows} == {"users"}
+
+    # The plugin's options are validated like the built-ins'.
+    bad = write_pipeline(
+        tmp_path / "bad.yml",
+        {
+            "pipeline": "plug",
+            "source": {"type": "filelog", "path": "x"},
+            "applications": {"export": {"sink": {"type": "csv", "path": "x.csv", "quote": "all"}}},
+        },
+    )
+    result = run_cli("validate", str(bad), env=env)
+    assert result.returncode == 2
+    assert "applications.export.sink.quote: unknown option (known: path, header)" in result.stderr
+
+    # With autoload off, the entry point is not loaded and the type is unknown.
+    result = run_cli(
+        "validate", str(pipeline), env={**env, "WORMHOLE_DISABLE_PLUGIN_AUTOLOAD": "1"}
+    )
+    assert result.returncode == 2
+    assert "unknown sink type 'csv' (known: jsonl, latest, null)" in result.stderr
+
+
+def test_two_plugins_claiming_one_name_is_an_error_naming_both(tmp_path: Path) -> None:
+    (tmp_path / "clash.py").write_text(
+        "from wormhole.plugins.components import ComponentSpec\n"
+        "from wormhole.plugins.hookspecs import hookimpl\n"
+        "from wormhole.connectors.null import NullSink\n"
+        "@hookimpl\n"
+        "def wormhole_sinks():\n"
+        "    return [ComponentSpec('sink', 'jsonl', NullSink)]\n"
+    )
+    result = run_cli(
+        "plugins",
+        env={"PYTHONPATH": str(tmp_path), "WORMHOLE_PLUGINS": "clash"},
+    )
+    assert result.returncode == 2, result
+    assert "sink 'jsonl' is provided twice: by wormhole and by clash" in result.stderr
+
+
+def test_an_unimportable_plugin_module_is_named(tmp_path: Path) -> None:
+    result = run_cli("plugins", env={"WORMHOLE_PLUGINS": "no_such_module_here"})
+    assert result.returncode == 2
+    assert "WORMHOLE_PLUGINS names 'no_such_module_here', which cannot be imported" in result.stderr
