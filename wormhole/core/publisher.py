@@ -12,6 +12,7 @@ from __future__ import annotations
 import errno
 import gc
 import logging
+import queue
 import threading
 import time
 import zlib
@@ -24,7 +25,7 @@ from wormhole.core.caravan import Caravan
 from wormhole.core.errors import StateError, WormholeError
 from wormhole.core.hub import ApplicationRuntime, Flow, Hub
 from wormhole.core.pipeline import Pipeline
-from wormhole.core.publisher_log import PublisherLog
+from wormhole.core.publisher_log import PreparedBatch, PublisherLog
 from wormhole.plugins.components import Datamarker, SourceBatch, SourceContext
 from wormhole.plugins.filters import compile_filter
 
@@ -69,6 +70,7 @@ class Publisher:
         self.hub: Hub | None = None
         self.log: PublisherLog | None = None
         self.removed: list[str] = []
+        self._appender_alive = True
 
     def request_stop(self) -> None:
         """Stop gracefully: stop reading, drain what subscribers hold, persist datamarkers."""
@@ -218,23 +220,51 @@ class Publisher:
         return int(start["position"])
 
     # --------------------------------------------------------------- tailer
+    # Two threads: the tailer reads, shards and encodes; the appender writes,
+    # fsyncs and confirms. Writing and fsync release the GIL, so the next batch
+    # is parsed while this one reaches the disk.
     def _tail(self, source: Any, plog: PublisherLog, end: Any) -> None:
+        prepared: queue.Queue[PreparedBatch | None] = queue.Queue(maxsize=2)
+        appender = threading.Thread(
+            target=self._append_loop, args=(source, plog, prepared), name="appender", daemon=True
+        )
+        appender.start()
         try:
-            self._tail_loop(source, plog, end)
+            self._tail_loop(source, plog, end, prepared)
         except BaseException as exc:
             self.failure = exc
             self.stop_requested.set()
         finally:
+            self._put(prepared, None, force=True)
+            appender.join()
             self.tail_done.set()
 
-    def _tail_loop(self, source: Any, plog: PublisherLog, end: Any) -> None:
+    def _put(
+        self,
+        prepared: queue.Queue[PreparedBatch | None],
+        item: PreparedBatch | None,
+        force: bool = False,
+    ) -> bool:
+        while True:
+            try:
+                prepared.put(item, timeout=0.1)
+                return True
+            except queue.Full:
+                if self.tail_stop.is_set() and not force:
+                    return False
+                if force and not self._appender_alive:
+                    return False
+
+    def _tail_loop(
+        self, source: Any, plog: PublisherLog, end: Any, prepared: queue.Queue[Any]
+    ) -> None:
         shards = self.pipeline.shards
         crc = zlib.crc32
         canonical = _canonical
         once = self.once
         if once and source.reached(end):
             return
-        while not self.tail_stop.is_set():
+        while not self.tail_stop.is_set() and self._appender_alive:
             batch: SourceBatch | None = source.read(0.2)
             if batch is None:
                 if once and source.reached(end):
@@ -243,18 +273,38 @@ class Publisher:
             updates = batch.updates
             for u in updates:
                 u.shard = crc(canonical(u.key)) % shards
-            if not self._append(plog, batch):
+            if not self._put(prepared, plog.prepare(updates, batch.checkpoint)):
                 return
-            self.source_updates += len(updates)
-            source.confirm(batch.checkpoint)
             if once and source.reached(end):
                 return
 
-    def _append(self, plog: PublisherLog, batch: SourceBatch) -> bool:
+    def _append_loop(
+        self, source: Any, plog: PublisherLog, prepared: queue.Queue[PreparedBatch | None]
+    ) -> None:
+        try:
+            while (item := prepared.get()) is not None:
+                if not self._commit(plog, item):
+                    break
+                self.source_updates += len(item.updates)
+                source.confirm(item.checkpoint)
+        except BaseException as exc:
+            self.failure = exc
+            self.stop_requested.set()
+        finally:
+            self._appender_alive = False
+            plog.discard_prepared()
+            # Unblock a tailer waiting to hand over a batch.
+            while True:
+                try:
+                    prepared.get_nowait()
+                except queue.Empty:
+                    break
+
+    def _commit(self, plog: PublisherLog, prepared: PreparedBatch) -> bool:
         delay = 0.1
         while True:
             try:
-                plog.append(batch.updates, batch.checkpoint)
+                plog.commit(prepared)
                 return True
             except OSError as exc:
                 if exc.errno not in (errno.ENOSPC, errno.EDQUOT, errno.EIO, errno.EAGAIN):

@@ -85,6 +85,17 @@ class Batch:
 
 
 @dataclass(slots=True)
+class PreparedBatch:
+    """A batch encoded and framed, its seqs reserved, not yet written."""
+
+    first_seq: int
+    updates: list[Update]
+    checkpoint: Any
+    checkpoint_raw: bytes
+    record: bytes
+
+
+@dataclass(slots=True)
 class Segment:
     session: int
     roll: int
@@ -129,6 +140,7 @@ class PublisherLog:
         self.tail_updates = tail_updates
         self.segments: list[Segment] = []
         self.next_seq = 0
+        self._reserved = 0
         self.session = 0
         self.checkpoint: Any = None
         self.bytes_written = 0
@@ -192,6 +204,7 @@ class PublisherLog:
             older.end_seq = newer.first_seq
         self.segments = segments
         self.next_seq = next_seq
+        self._reserved = next_seq
         self._checkpoint_raw = checkpoint_raw
         self.checkpoint = msgspec.json.decode(checkpoint_raw)
         if segments:
@@ -286,9 +299,6 @@ class PublisherLog:
         return segment, checkpoint, next_seq
 
     def _start_segment(self, session: int, roll: int) -> None:
-        if self._fd is not None:
-            os.close(self._fd)
-            self._fd = None
         if self.segments:
             self.segments[-1].end_seq = self.next_seq
         path = self.directory / f"log.{session}.{roll}"
@@ -305,24 +315,46 @@ class PublisherLog:
             raise StateError(
                 f"cannot write the publisher log segment {path}: {exc.strerror}"
             ) from exc
-        self._fd = fd
+        old, self._fd = self._fd, fd
+        if old is not None:
+            os.close(old)
         with self._lock:
             self.segments.append(
                 Segment(session, roll, path, self.next_seq, None, len(record), index=[])
             )
 
     # ---------------------------------------------------------------- append
-    def append(self, updates: list[Update], checkpoint: Any) -> Batch:
-        """Append a batch and the source checkpoint after it; durable on return (per fsync).
+    def prepare(self, updates: list[Update], checkpoint: Any) -> PreparedBatch:
+        """Encode a batch and reserve its seqs, without writing it.
 
-        On a write error the segment is cut back to its last good record, so a
-        retry appends cleanly; the error propagates to the caller.
+        Encoding holds the GIL and writing does not, so one thread can prepare
+        the next batch while another commits this one. Batches must be committed
+        in the order they were prepared.
         """
-        assert self._fd is not None, "open() the log first"
-        first = self.next_seq
+        first = self._reserved
+        self._reserved += len(updates)
         checkpoint_raw = _encoder.encode(checkpoint)
         payload = _encoder.encode((Raw(checkpoint_raw), updates))
         record = make_frame(KIND_BATCH, first, len(updates), payload)
+        return PreparedBatch(first, updates, checkpoint, checkpoint_raw, record)
+
+    def discard_prepared(self) -> None:
+        """Forget batches prepared but not committed (the writer gave up on them)."""
+        self._reserved = self.next_seq
+
+    def commit(self, prepared: PreparedBatch) -> Batch:
+        """Write a prepared batch; durable on return (per fsync).
+
+        On a write error the segment is cut back to its last good record, so
+        committing the same batch again appends cleanly; the error propagates.
+        """
+        assert self._fd is not None, "open() the log first"
+        if prepared.first_seq != self.next_seq:
+            raise RuntimeError(
+                f"batch prepared at seq {prepared.first_seq} committed at {self.next_seq}"
+            )
+        updates = prepared.updates
+        record = prepared.record
         segment = self.segments[-1]
         try:
             _write_all(self._fd, record)
@@ -334,14 +366,15 @@ class PublisherLog:
             except OSError as exc:  # pragma: no cover - the disk refuses even to shrink
                 log.error("cannot cut %s back to %d bytes: %s", segment.path, segment.size, exc)
             raise
+        first = prepared.first_seq
         batch = Batch.of(first, updates)
         with self._lock:
             assert segment.index is not None
             segment.index.append((first, len(updates), segment.size))
             segment.size += len(record)
             self.next_seq = batch.end_seq
-            self.checkpoint = checkpoint
-            self._checkpoint_raw = checkpoint_raw
+            self.checkpoint = prepared.checkpoint
+            self._checkpoint_raw = prepared.checkpoint_raw
             self.bytes_written += len(record)
             if updates:
                 self._tail.append(batch)
@@ -355,6 +388,15 @@ class PublisherLog:
         if segment.size >= self.roll_size:
             self._start_segment(self.session, segment.roll + 1)
         return batch
+
+    def append(self, updates: list[Update], checkpoint: Any) -> Batch:
+        """Append a batch and the source checkpoint after it; durable on return (per fsync)."""
+        prepared = self.prepare(updates, checkpoint)
+        try:
+            return self.commit(prepared)
+        except OSError:
+            self.discard_prepared()
+            raise
 
     def sync(self) -> None:
         if self._fd is not None:
