@@ -165,3 +165,13 @@ def test_a_torn_logwriter_tail_waits_then_is_skipped_once_rolled(tmp_path: Path)
         assert w.next_seq == 11
         w.publish("t", {"id": 10}, {"id": 10})
     assert [u.key["id"] for u in read_all(source)[0]] == [10]
+
+
+def test_a_delete_has_no_after_image(tmp_path: Path) -> None:
+    path = tmp_path / "events.jsonl"
+    path.write_text(line(op="d", key={"id": 1}, after={"id": 1, "name": "old"}))
+    (update,) = read_all(open_source(path))[0]
+    assert update.after_row() is None
+    assert update.before_row() == {"id": 1, "name": "old"}
+    with pytest.raises(ValueError, match="a delete has no row after the change"):
+        LogWriter(tmp_path / "pub", publisher_id="p").publish("t", {"id": 1}, {"id": 1}, op="d")

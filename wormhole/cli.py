@@ -11,7 +11,6 @@ import sys
 from types import FrameType
 from typing import Any
 
-from wormhole.core.datamarkers import read_datamarkers
 from wormhole.core.errors import ConfigError, WormholeError
 from wormhole.core.pipeline import Pipeline, load_pipeline
 from wormhole.core.publisher import Publisher, RunSummary, tune_gc
@@ -139,7 +138,15 @@ def cmd_plugins(args: argparse.Namespace) -> int:
 def cmd_status(args: argparse.Namespace) -> int:
     pipeline = _load(args.pipeline)
     info = inspect_log(pipeline.state_dir / "log")
-    markers = read_datamarkers(pipeline.state_dir)
+    markers = {}
+    if pipeline.state_dir.is_dir():
+        # The pipeline's own datamarker store, whichever it is.
+        store = pipeline.datamarker_store.create()
+        store.open(pipeline.name, pipeline.state_dir)
+        try:
+            markers = store.load()
+        finally:
+            store.close()
     flows = []
     for name in pipeline.applications:
         for shard in range(pipeline.shards):

@@ -181,6 +181,8 @@ class LogWriter:
             raise ValueError("key must be a non-empty dict of key columns")
         if op != "d" and after is None:
             raise ValueError(f"op {op!r} needs the row after the change (after=...)")
+        if op == "d" and after is not None:
+            raise ValueError("a delete has no row after the change: pass the old row as before=")
         self._buffer.append(
             Message(table=table, op=op, key=key, after=after, before=before, ts_ms=ts_ms)
         )

@@ -205,9 +205,12 @@ class Transport(Protocol):
     caravan calls with frames, and reports acknowledgements with ``hub.acknowledge``.
     """
 
-    def start(self, hub: Any) -> None: ...
+    def start(self, hub: Any) -> None:
+        """Attach subscriber sessions to the hub and start moving frames."""
 
-    def stop(self) -> None: ...
+    def stop(self, drain: bool = True) -> None:
+        """Stop. With ``drain``, let subscribers finish (and acknowledge) what they hold;
+        without it (the run is failing), stop at once."""
 
 
 @dataclass

@@ -57,7 +57,8 @@ def create_plugin_manager(
     for name in BUILTIN_PLUGINS:
         pm.register(importlib.import_module(name), name=name)
     if autoload is None:
-        autoload = not os.environ.get("WORMHOLE_DISABLE_PLUGIN_AUTOLOAD")
+        switch = os.environ.get("WORMHOLE_DISABLE_PLUGIN_AUTOLOAD", "").strip().lower()
+        autoload = switch in ("", "0", "false", "no")
     if autoload:
         try:
             pm.load_setuptools_entrypoints(hookspecs.PROJECT)
@@ -68,13 +69,14 @@ def create_plugin_manager(
             ) from exc
     for name in filter(None, os.environ.get("WORMHOLE_PLUGINS", "").split(",")):
         name = name.strip()
-        if pm.get_plugin(name) is None:
-            try:
-                pm.register(importlib.import_module(name), name=name)
-            except ImportError as exc:
-                raise PluginError(
-                    f"WORMHOLE_PLUGINS names {name!r}, which cannot be imported: {exc}"
-                ) from exc
+        try:
+            module = importlib.import_module(name)
+        except ImportError as exc:
+            raise PluginError(
+                f"WORMHOLE_PLUGINS names {name!r}, which cannot be imported: {exc}"
+            ) from exc
+        if not pm.is_registered(module) and pm.get_plugin(name) is None:
+            pm.register(module, name=name)
     for plugin in extra_plugins:
         pm.register(plugin)
     return pm

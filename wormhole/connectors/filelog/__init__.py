@@ -354,8 +354,11 @@ class FilelogSource:
                 self._bad(stream, off, f"op must be one of c, u, d, r, not {op!r}")
             after = u.after
             if op == "d":
+                # The envelope contract: a delete has no after image; before is the
+                # old row where the line gives one, else the key columns.
                 if u.before is NULL:
                     u.before = after if after is not NULL else msgspec.Raw(_encode(u.key))
+                u.after = NULL
             elif after is NULL or memoryview(after)[0] != _OPEN_BRACE:
                 self._bad(stream, off, f"op {op!r} needs 'after', the row as a JSON object")
             if not u.table:
@@ -445,8 +448,10 @@ class FilelogSource:
             u.logical = f"{pid}:{first + i}"
             if not u.table:
                 u.table = default_table
-            if u.op == "d" and u.before is NULL:
-                u.before = msgspec.Raw(_encode(u.key))
+            if u.op == "d":
+                if u.before is NULL:
+                    u.before = msgspec.Raw(_encode(u.key))
+                u.after = NULL
         return updates
 
     # ------------------------------------------------------------- --once

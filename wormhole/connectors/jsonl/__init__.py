@@ -61,12 +61,18 @@ class JsonlSink:
         self.file: _SharedFile | None = None
 
     def open(self, context: SinkContext) -> None:
-        path = self.options.path.format(
-            application=context.application, subscriber=context.subscriber
-        )
+        try:
+            path = self.options.path.format(
+                application=context.application, subscriber=context.subscriber
+            )
+        except (KeyError, IndexError, ValueError) as exc:
+            raise SinkError(
+                f"applications.{context.application}.sink.path: {self.options.path!r} has an "
+                f"unknown placeholder ({exc}); use {{application}} or {{subscriber}}"
+            ) from exc
         try:
             self.file = _SharedFile.acquire(path)
-        except (OSError, KeyError, IndexError) as exc:
+        except OSError as exc:
             raise SinkError(
                 f"applications.{context.application}.sink.path: cannot open {path!r} for "
                 f"appending ({exc}); fix the path or its permissions"

@@ -44,7 +44,13 @@ class LatestSink:
         self.db: sqlite3.Connection | None = None
 
     def open(self, context: SinkContext) -> None:
-        path = self.options.path.format(application=context.application)
+        try:
+            path = self.options.path.format(application=context.application)
+        except (KeyError, IndexError, ValueError) as exc:
+            raise SinkError(
+                f"applications.{context.application}.sink.path: {self.options.path!r} has an "
+                f"unknown placeholder ({exc}); only {{application}} is available"
+            ) from exc
         try:
             Path(path).parent.mkdir(parents=True, exist_ok=True)
             db = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
