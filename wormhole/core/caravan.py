@@ -21,11 +21,25 @@ log = logging.getLogger("wormhole.caravan")
 
 
 class Caravan:
-    def __init__(self, hub: Hub, plog: PublisherLog, stop: threading.Event) -> None:
+    """A reader of the publisher log serving the flows of some applications.
+
+    Each application currently gets its own caravan, so one whose subscribers
+    are slow falls behind (reading from disk) without holding the others back.
+    """
+
+    def __init__(
+        self,
+        hub: Hub,
+        plog: PublisherLog,
+        stop: threading.Event,
+        applications: list[ApplicationRuntime],
+    ) -> None:
         self.hub = hub
         self.log = plog
         self.stop = stop
-        self.thread = threading.Thread(target=self._run, name="caravan", daemon=True)
+        self.applications = applications
+        names = ",".join(a.name for a in applications)
+        self.thread = threading.Thread(target=self._run, name=f"caravan {names}", daemon=True)
         self.position = 0
         self.batches = 0
 
@@ -42,16 +56,27 @@ class Caravan:
             log.exception("caravan failed")
             self.hub.fail(exc)
 
+    def _start_position(self) -> tuple[int, int]:
+        with self.hub.lock:
+            rewinds = sum(a.rewind for a in self.applications)
+            start = min(f.delivered for a in self.applications for f in a.flows)
+        return start, rewinds
+
     def _loop(self) -> None:
-        apps = list(self.hub.applications.values())
+        apps = self.applications
         for app in apps:
             if not self.hub.wait_for_sessions(app, self.stop):
                 return
-        start = min((f.delivered for app in apps for f in app.flows), default=self.log.next_seq)
+        start, rewinds = self._start_position()
         reader = self.log.reader(start)
         self.position = start
         try:
             while not self.stop.is_set():
+                if sum(a.rewind for a in apps) != rewinds:
+                    start, rewinds = self._start_position()
+                    if start < reader.position:
+                        reader.close()
+                        reader = self.log.reader(start)
                 batch = reader.read()
                 if batch is None:
                     self.log.wait_for(reader.position, 0.2)
@@ -69,46 +94,49 @@ class Caravan:
         end = batch.end_seq
         first = batch.first_seq
         updates: list[Update] = batch.updates
-        lowest = min(f.delivered for f in flows)
-        if lowest >= end:
-            return True
-        if max(f.delivered for f in flows) > first:
-            # Some flows already have part of this batch (they were acknowledged
-            # further before a restart): drop what each one has.
-            delivered = [f.delivered for f in flows]
-            updates = [u for i, u in enumerate(updates) if first + i >= delivered[u.shard]]
-        if app.filter is not None and updates:
-            updates = app.filter(updates)
         hub = self.hub
         with hub.lock:
             sessions = list(app.sessions)
             owner = list(app.owner)
-            owned = {id(s): list(app.owned.get(id(s), [])) for s in sessions}
+            delivered = [f.delivered for f in flows]
         if not sessions:
             if not hub.wait_for_sessions(app, self.stop):
                 return False
             return self._dispatch(app, batch)
-        frames: dict[int, list[Update]]
-        if len(sessions) == 1:
-            frames = {id(sessions[0]): updates}
+        if min(delivered) >= end:
+            return True
+        if max(delivered) > first:
+            # Some flows already have part of this batch (acknowledged further
+            # before a restart, or not moved back by a reassignment): drop what
+            # each one has.
+            updates = [u for i, u in enumerate(updates) if first + i >= delivered[u.shard]]
+        if app.filter is not None and updates:
+            updates = app.filter(updates)
+        frames: dict[int, list[Update]] = {id(s): [] for s in sessions}
+        if len(sessions) == 1 and all(o is sessions[0] for o in owner):
+            frames[id(sessions[0])] = updates
         else:
-            frames = {id(s): [] for s in sessions}
             for u in updates:
                 target = owner[u.shard]
                 if target is not None:
                     frames[id(target)].append(u)
         for session in sessions:
-            mine = frames[id(session)]
             datamarkers = {
-                shard: end for shard in owned[id(session)] if flows[shard].delivered < end
+                shard: end
+                for shard, o in enumerate(owner)
+                if o is session and delivered[shard] < end
             }
             if not datamarkers:
                 continue
-            frame = Frame(app.name, mine, datamarkers, first, end)
+            mine = frames[id(session)]
+            frame = Frame(app.name, mine, datamarkers, first, end, batch.appended_ns)
             if not session.deliver(frame, self.stop):
                 return False
-            for shard in datamarkers:
-                flows[shard].delivered = end
+            with hub.lock:
+                for shard in datamarkers:
+                    # A reassignment meanwhile moved the flow back: keep its reset.
+                    if app.owner[shard] is session and flows[shard].delivered < end:
+                        flows[shard].delivered = end
             app.delivered_updates += len(mine)
         return True
 

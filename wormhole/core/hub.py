@@ -51,6 +51,8 @@ class Frame:
     datamarkers: dict[int, int]
     first_seq: int
     end_seq: int
+    appended_ns: int = 0
+    """CLOCK_MONOTONIC time the batch was appended to the publisher log (0 if unknown)."""
 
 
 class SubscriberSession(Protocol):
@@ -58,8 +60,13 @@ class SubscriberSession(Protocol):
 
     name: str
 
-    def notice(self, assigned: list[int], revoked: list[int]) -> None:
-        """Shards this session now owns / no longer owns."""
+    def notice(self, assigned: list[int], revoked: list[int], datamarkers: dict[int, int]) -> None:
+        """Shards this session now owns (starting after ``datamarkers``) / must let go.
+
+        Must not block (the hub calls it holding its lock). A session confirms a
+        revoke with ``hub.revoked(application, session, shards)`` once it has
+        finished every frame it holds for those shards.
+        """
 
     def deliver(self, frame: Frame, stop: threading.Event) -> bool:
         """Queue a frame; block while the subscriber is behind (backpressure).
@@ -75,7 +82,10 @@ class ApplicationRuntime:
     filter: BatchFilter | None
     sessions: list[SubscriberSession] = field(default_factory=list)
     owner: list[SubscriberSession | None] = field(default_factory=list)
-    owned: dict[int, list[int]] = field(default_factory=dict)  # id(session) -> shards
+    # Shards a live session is giving up: they get their new owner once it confirms.
+    revoking: dict[int, SubscriberSession] = field(default_factory=dict)
+    rewind: int = 0
+    """Bumped when flows move back to their datamarkers: the caravan re-reads from there."""
     delivered_updates: int = 0
     acknowledged_updates: int = 0
 
@@ -85,6 +95,9 @@ class ApplicationRuntime:
 
     def min_datamarker(self) -> int:
         return min(f.datamarker for f in self.flows)
+
+    def owned(self, session: SubscriberSession) -> list[int]:
+        return [shard for shard, owner in enumerate(self.owner) if owner is session]
 
 
 class Hub:
@@ -105,33 +118,89 @@ class Hub:
             app.sessions.append(session)
             self._assign(app)
             self.changed.notify_all()
+        log.info(
+            "%s joined application %s (%d subscribers)",
+            session.name,
+            application,
+            len(app.sessions),
+        )
 
-    def detach(self, session: SubscriberSession) -> None:
+    def detach(self, session: SubscriberSession, reason: str = "") -> None:
+        """A session is gone (clean leave, lost connection, missed heartbeats)."""
         with self.lock:
             for app in self.applications.values():
-                if session in app.sessions:
-                    app.sessions.remove(session)
-                    app.owned.pop(id(session), None)
-                    self._assign(app)
+                if session not in app.sessions:
+                    continue
+                app.sessions.remove(session)
+                moved = False
+                for shard, owner in enumerate(app.owner):
+                    if owner is session:
+                        app.owner[shard] = None
+                        moved = True
+                for shard, giver in list(app.revoking.items()):
+                    if giver is session:
+                        del app.revoking[shard]
+                if moved:
+                    self._reset_unowned(app)
+                self._assign(app)
+                log.info(
+                    "%s left application %s%s (%d subscribers)",
+                    session.name,
+                    app.name,
+                    f": {reason}" if reason else "",
+                    len(app.sessions),
+                )
             self.changed.notify_all()
 
+    def revoked(self, application: str, session: SubscriberSession, shards: list[int]) -> None:
+        """The session finished every frame it held for ``shards`` and let them go."""
+        app = self.applications[application]
+        with self.lock:
+            for shard in shards:
+                if app.revoking.get(shard) is session:
+                    del app.revoking[shard]
+            self._assign(app)
+            self.changed.notify_all()
+
+    def _reset_unowned(self, app: ApplicationRuntime) -> None:
+        # Frames in flight to a lost owner are gone: its flows restart from the
+        # datamarker at their next owner, which means re-reading from there.
+        for shard, owner in enumerate(app.owner):
+            flow = app.flows[shard]
+            if owner is None and shard not in app.revoking and flow.delivered != flow.datamarker:
+                flow.delivered = flow.datamarker
+                app.rewind += 1
+
     def _assign(self, app: ApplicationRuntime) -> None:
-        # Caller holds the lock. Shard s goes to session s % n: a stable, even split.
+        # Caller holds the lock. Shard s belongs to session s % n (in joining order):
+        # a stable, even split. A shard changes hands in two steps: the old owner is
+        # told to let go, and only once it confirms does the new owner get it, from
+        # the flow's datamarker -- so two subscribers never hold one flow at once.
         sessions = app.sessions
-        new_owned: dict[int, list[int]] = {id(s): [] for s in sessions}
+        assigned: dict[int, list[int]] = {}
+        revoked: dict[int, list[int]] = {}
+        by_id = {id(s): s for s in sessions}
         for shard in range(self.shards):
-            owner = sessions[shard % len(sessions)] if sessions else None
-            app.owner[shard] = owner
-            if owner is not None:
-                new_owned[id(owner)].append(shard)
-        for session in sessions:
-            before = set(app.owned.get(id(session), []))
-            after = new_owned[id(session)]
-            assigned = [s for s in after if s not in before]
-            revoked = sorted(before - set(after))
-            if assigned or revoked:
-                session.notice(assigned, revoked)
-        app.owned = new_owned
+            wanted = sessions[shard % len(sessions)] if sessions else None
+            current = app.owner[shard]
+            if current is wanted or shard in app.revoking:
+                continue
+            if current is not None:
+                app.owner[shard] = None
+                app.revoking[shard] = current
+                revoked.setdefault(id(current), []).append(shard)
+                by_id[id(current)] = current
+            elif wanted is not None:
+                flow = app.flows[shard]
+                if flow.delivered != flow.datamarker:
+                    flow.delivered = flow.datamarker
+                    app.rewind += 1
+                app.owner[shard] = wanted
+                assigned.setdefault(id(wanted), []).append(shard)
+        for key in set(assigned) | set(revoked):
+            session = by_id[key]
+            datamarkers = {s: app.flows[s].datamarker for s in assigned.get(key, [])}
+            session.notice(assigned.get(key, []), revoked.get(key, []), datamarkers)
 
     def wait_for_sessions(self, app: ApplicationRuntime, stop: threading.Event) -> bool:
         with self.lock:

@@ -93,7 +93,7 @@ class Publisher:
         plog: PublisherLog | None = None
         source = None
         transport = None
-        caravan = None
+        caravans: list[Caravan] = []
         tailer = None
         try:
             self._check_meta(store)
@@ -120,8 +120,11 @@ class Publisher:
             transport = pipeline.transport.create()
             transport.start(hub)
             pipeline.registry.pm.hook.wormhole_pipeline_started(pipeline=pipeline)
-            caravan = Caravan(hub, plog, self.delivery_stop)
-            caravan.start()
+            caravans = [
+                Caravan(hub, plog, self.delivery_stop, [app]) for app in hub.applications.values()
+            ]
+            for caravan in caravans:
+                caravan.start()
             tailer = threading.Thread(
                 target=self._tail, args=(source, plog, end), name="tailer", daemon=True
             )
@@ -131,7 +134,8 @@ class Publisher:
             self.tail_stop.set()
             tailer.join()
             self.delivery_stop.set()
-            caravan.join()
+            for caravan in caravans:
+                caravan.join()
             transport.stop()
             transport = None
             self._persist(store, plog, hub)
@@ -147,7 +151,7 @@ class Publisher:
             self.delivery_stop.set()
             if tailer is not None:
                 tailer.join(10)
-            if caravan is not None:
+            for caravan in caravans:
                 caravan.join(10)
             if transport is not None:
                 try:

@@ -26,6 +26,7 @@ import itertools
 import logging
 import os
 import threading
+import time
 from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -78,10 +79,12 @@ class Batch:
     first_seq: int
     updates: list[Update]
     end_seq: int
+    appended_ns: int = 0
+    """When the batch was appended (CLOCK_MONOTONIC ns); 0 when read back from disk."""
 
     @classmethod
-    def of(cls, first_seq: int, updates: list[Update]) -> Batch:
-        return cls(first_seq, updates, first_seq + len(updates))
+    def of(cls, first_seq: int, updates: list[Update], appended_ns: int = 0) -> Batch:
+        return cls(first_seq, updates, first_seq + len(updates), appended_ns)
 
 
 @dataclass(slots=True)
@@ -367,7 +370,7 @@ class PublisherLog:
                 log.error("cannot cut %s back to %d bytes: %s", segment.path, segment.size, exc)
             raise
         first = prepared.first_seq
-        batch = Batch.of(first, updates)
+        batch = Batch.of(first, updates, time.monotonic_ns())
         with self._lock:
             assert segment.index is not None
             segment.index.append((first, len(updates), segment.size))
@@ -510,7 +513,7 @@ class LogReader:
             batch = self._read_disk(segment, index, self.position)
         if batch.first_seq < self.position:
             cut = self.position - batch.first_seq
-            batch = Batch(self.position, batch.updates[cut:], batch.end_seq)
+            batch = Batch(self.position, batch.updates[cut:], batch.end_seq, batch.appended_ns)
         self.position = batch.end_seq
         return batch
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 import logging
 import queue
 import threading
-import time
 
 from wormhole.core.errors import WormholeError
 from wormhole.core.hub import Frame, Hub
@@ -16,11 +15,18 @@ log = logging.getLogger("wormhole.subscriber")
 MAX_BACKOFF = 30.0
 
 
+class _Revoke:
+    __slots__ = ("shards",)
+
+    def __init__(self, shards: list[int]) -> None:
+        self.shards = shards
+
+
 class LocalSubscriber:
     """A subscriber running in the publisher's process, on its own thread.
 
-    Frames wait in a bounded queue, so a slow sink pushes back on the caravan
-    instead of growing memory without bound.
+    At most ``max_frames`` frames wait for it, so a slow sink pushes back on the
+    caravan instead of growing memory without bound.
     """
 
     def __init__(
@@ -31,8 +37,9 @@ class LocalSubscriber:
         self.index = index
         self.name = f"{application}/{index}"
         self.sink = sink
+        self.max_frames = max_frames
         self.shards: set[int] = set()
-        self.frames: queue.Queue[Frame | None] = queue.Queue(maxsize=max_frames)
+        self.frames: queue.Queue[Frame | _Revoke | None] = queue.Queue()
         self.abort = threading.Event()
         self.written = 0
         self.thread = threading.Thread(
@@ -43,19 +50,20 @@ class LocalSubscriber:
         self.thread.start()
 
     # ----------------------------------------------------- SubscriberSession
-    def notice(self, assigned: list[int], revoked: list[int]) -> None:
+    def notice(self, assigned: list[int], revoked: list[int], datamarkers: dict[int, int]) -> None:
         self.shards.update(assigned)
         self.shards.difference_update(revoked)
+        if revoked:
+            # Confirmed once the frames queued before it are done.
+            self.frames.put(_Revoke(revoked))
         log.debug("%s: assigned %s, revoked %s", self.name, assigned, revoked)
 
     def deliver(self, frame: Frame, stop: threading.Event) -> bool:
-        while True:
-            try:
-                self.frames.put(frame, timeout=0.2)
-                return True
-            except queue.Full:
-                if stop.is_set() or self.abort.is_set():
-                    return False
+        while self.frames.qsize() >= self.max_frames:
+            if stop.wait(0.005) or self.abort.is_set():
+                return False
+        self.frames.put(frame)
+        return True
 
     # ---------------------------------------------------------------- loop
     def _run(self) -> None:
@@ -63,6 +71,9 @@ class LocalSubscriber:
             frame = self.frames.get()
             if frame is None:
                 return
+            if isinstance(frame, _Revoke):
+                self.hub.revoked(self.application, self, frame.shards)
+                continue
             if frame.updates and not self._write(frame):
                 return
             self.hub.acknowledge(self.application, frame.datamarkers, len(frame.updates))
@@ -98,7 +109,6 @@ class LocalSubscriber:
         unacknowledged frames are abandoned and will be delivered again after a
         restart (datamarkers never moved past them).
         """
-        deadline = time.monotonic() + timeout
         if not drain:
             self.abort.set()
             while True:
@@ -106,14 +116,8 @@ class LocalSubscriber:
                     self.frames.get_nowait()
                 except queue.Empty:
                     break
-        while self.thread.is_alive():
-            try:
-                self.frames.put(None, timeout=0.1)
-                break
-            except queue.Full:
-                if time.monotonic() > deadline:
-                    break
-        self.thread.join(max(0.0, deadline - time.monotonic()))
+        self.frames.put(None)
+        self.thread.join(timeout)
         if self.thread.is_alive():
             self.abort.set()
             log.warning(

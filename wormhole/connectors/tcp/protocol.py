@@ -1,0 +1,178 @@
+"""The Wormhole subscriber protocol, version 1 (documented in docs/protocol.md).
+
+A connection opens with a preamble from the subscriber, ``b"WORMHOLE"`` and the
+protocol version as u16 big-endian, then carries frames both ways::
+
+    frame := length u32 BE   type u8   body (length - 1 bytes)
+
+Bodies are JSON (msgspec); update rows inside batches are the rows' raw JSON.
+"""
+
+from __future__ import annotations
+
+import socket
+import ssl
+import struct
+from typing import Any
+
+import msgspec
+
+from wormhole.core.update import Update
+
+PREAMBLE = b"WORMHOLE"
+VERSION = 1
+_PREAMBLE_SIZE = len(PREAMBLE) + 2
+_LENGTH = struct.Struct(">IB")
+
+HELLO = 1
+WELCOME = 2
+REFUSE = 3
+NOTICE = 4
+NOTICE_ACK = 5
+BATCH = 6
+ACK = 7
+HEARTBEAT = 8
+BYE = 9
+
+NAMES = {
+    HELLO: "hello",
+    WELCOME: "welcome",
+    REFUSE: "refuse",
+    NOTICE: "notice",
+    NOTICE_ACK: "notice-ack",
+    BATCH: "batch",
+    ACK: "ack",
+    HEARTBEAT: "heartbeat",
+    BYE: "bye",
+}
+
+
+class Hello(msgspec.Struct, kw_only=True):
+    version: int
+    application: str
+    instance: str
+    token: str = ""
+    credits: int = 8
+
+
+class Welcome(msgspec.Struct, kw_only=True):
+    version: int
+    publisher: str
+    pipeline: str
+    shards: int
+    heartbeat_ms: int
+
+
+class Refuse(msgspec.Struct, kw_only=True):
+    reason: str
+    fatal: bool = True
+
+
+class Notice(msgspec.Struct, kw_only=True):
+    id: int
+    assigned: list[int]
+    revoked: list[int]
+    datamarkers: dict[int, int] = {}
+
+
+class NoticeAck(msgspec.Struct, kw_only=True):
+    id: int
+
+
+class BatchFrame(msgspec.Struct, kw_only=True):
+    id: int
+    first: int
+    end: int
+    appended_ns: int
+    """CLOCK_MONOTONIC time the batch reached the publisher log (latency measurement)."""
+    datamarkers: dict[int, int]
+    updates: list[Update]
+
+
+class Ack(msgspec.Struct, kw_only=True):
+    id: int
+    datamarkers: dict[int, int]
+    credits: int = 1
+
+
+class Bye(msgspec.Struct, kw_only=True):
+    reason: str = ""
+
+
+BODY_TYPES: dict[int, type[Any]] = {
+    HELLO: Hello,
+    WELCOME: Welcome,
+    REFUSE: Refuse,
+    NOTICE: Notice,
+    NOTICE_ACK: NoticeAck,
+    BATCH: BatchFrame,
+    ACK: Ack,
+    BYE: Bye,
+}
+_decoders = {kind: msgspec.json.Decoder(t) for kind, t in BODY_TYPES.items()}
+_encode = msgspec.json.Encoder().encode
+
+
+class ProtocolError(Exception):
+    """The peer broke the protocol: close the connection with this reason."""
+
+
+class PeerClosed(Exception):
+    """The peer closed the connection."""
+
+
+def encode(kind: int, body: Any = None) -> bytes:
+    payload = b"" if body is None else _encode(body)
+    return _LENGTH.pack(len(payload) + 1, kind) + payload
+
+
+def preamble() -> bytes:
+    return PREAMBLE + struct.pack(">H", VERSION)
+
+
+def read_exactly(sock: socket.socket | ssl.SSLSocket, n: int) -> bytes:
+    chunks = []
+    while n:
+        chunk = sock.recv(min(n, 1 << 20))
+        if not chunk:
+            raise PeerClosed("connection closed by peer")
+        chunks.append(chunk)
+        n -= len(chunk)
+    return b"".join(chunks)
+
+
+def read_preamble(sock: socket.socket | ssl.SSLSocket) -> int:
+    """The subscriber's protocol version; ProtocolError if this is not a Wormhole client."""
+    data = read_exactly(sock, _PREAMBLE_SIZE)
+    if data[: len(PREAMBLE)] != PREAMBLE:
+        raise ProtocolError(f"not a Wormhole subscriber (first bytes {data[:8]!r})")
+    version: int = struct.unpack(">H", data[len(PREAMBLE) :])[0]
+    return version
+
+
+def read_frame(sock: socket.socket | ssl.SSLSocket, max_frame: int) -> tuple[int, Any]:
+    """One frame: (type, decoded body or None)."""
+    header = read_exactly(sock, _LENGTH.size)
+    length, kind = _LENGTH.unpack(header)
+    if length < 1:
+        raise ProtocolError("frame of length 0")
+    if length > max_frame:
+        raise ProtocolError(f"oversize frame: {length} bytes (limit {max_frame})")
+    body = read_exactly(sock, length - 1) if length > 1 else b""
+    if kind == HEARTBEAT:
+        return kind, None
+    decoder = _decoders.get(kind)
+    if decoder is None:
+        raise ProtocolError(f"unknown frame type {kind}")
+    try:
+        return kind, decoder.decode(body)
+    except msgspec.DecodeError as exc:
+        raise ProtocolError(f"malformed {NAMES[kind]} frame: {exc}") from exc
+
+
+def parse_address(address: str) -> tuple[str, int]:
+    """``host:port`` (``[v6]:port`` for IPv6) to a tuple; ValueError with a clear message."""
+    host, sep, port = address.rpartition(":")
+    if not sep or not port.isdigit() or not host:
+        raise ValueError(f"{address!r} is not host:port")
+    return host.strip("[]"), int(port)
