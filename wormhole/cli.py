@@ -47,7 +47,7 @@ def _print_summary(summary: RunSummary, out: Any = sys.stdout) -> None:
 
 def cmd_run(args: argparse.Namespace) -> int:
     pipeline = _load(args.pipeline)
-    publisher = Publisher(pipeline, once=args.once)
+    publisher = Publisher(pipeline, once=args.once, local_subscribers=args.command == "run")
     signals = {"count": 0}
 
     def on_signal(signum: int, frame: FrameType | None) -> None:
@@ -87,10 +87,90 @@ def _summary_json(summary: RunSummary) -> dict[str, Any]:
     }
 
 
+def cmd_subscribe(args: argparse.Namespace) -> int:
+    from wormhole.connectors.tcp.client import Subscriber
+    from wormhole.connectors.tcp.options import TcpOptions
+    from wormhole.connectors.tcp.server import read_address
+    from wormhole.plugins.components import SinkContext
+
+    pipeline = _load(args.pipeline)
+    options = pipeline.transport.options
+    if not isinstance(options, TcpOptions):
+        raise ConfigError(
+            f"transport.type: {pipeline.transport.type} has no separate subscribers; "
+            f"`wormhole subscribe` needs the tcp transport",
+            pipeline.file,
+        )
+    app = pipeline.applications.get(args.app)
+    if app is None:
+        known = ", ".join(sorted(pipeline.applications))
+        raise ConfigError(
+            f"--app: unknown application {args.app!r} (known: {known})", pipeline.file
+        )
+    if app.sink is None:
+        raise ConfigError(
+            f"applications.{args.app}.sink: none configured; this application's subscribers are "
+            f"programs using wormhole.Subscriber",
+            pipeline.file,
+        )
+    publishers = args.publisher or []
+    if not publishers:
+        from wormhole.connectors.tcp.protocol import parse_address
+
+        host, port = parse_address(options.listen)
+        if port:
+            publishers = [f"{'127.0.0.1' if host in ('0.0.0.0', '::') else host}:{port}"]
+        elif (address := read_address(pipeline.state_dir)) is not None:
+            publishers = [address]
+        else:
+            raise ConfigError(
+                "--publisher: the publisher listens on a port chosen at start "
+                f"(transport.listen {options.listen}) and no running publisher left its address "
+                f"in {pipeline.state_dir}; pass --publisher HOST:PORT or set a fixed port",
+                pipeline.file,
+            )
+    tls = options.tls.client_context() if options.tls is not None else None
+    sink = app.sink.create()
+    sink.open(
+        SinkContext(
+            pipeline=pipeline.name,
+            application=app.name,
+            subscriber=args.instance,
+            subscribers=app.subscribers,
+            state_dir=pipeline.state_dir,
+            log=logging.getLogger(f"wormhole.sink.{app.name}"),
+        )
+    )
+    subscriber = Subscriber(
+        app.name,
+        publishers,
+        options.token,
+        instance=str(args.instance),
+        tls=tls,
+        server_name=options.tls.server_name if options.tls else None,
+        credits=options.credits,
+        heartbeat_ms=options.heartbeat_ms,
+        heartbeat_timeout_ms=options.heartbeat_timeout_ms,
+    )
+    subscriber.on_batch(sink.write)
+
+    def on_signal(signum: int, frame: FrameType | None) -> None:
+        subscriber.stop()
+
+    signal.signal(signal.SIGINT, on_signal)
+    signal.signal(signal.SIGTERM, on_signal)
+    try:
+        subscriber.run()
+    finally:
+        sink.close()
+    return EXIT_OK
+
+
 def cmd_validate(args: argparse.Namespace) -> int:
     pipeline = _load(args.pipeline)
     apps = ", ".join(
-        f"{a.name} ({a.sink.type} x{a.subscribers})" for a in pipeline.applications.values()
+        f"{a.name} ({a.sink.type if a.sink else 'library'} x{a.subscribers})"
+        for a in pipeline.applications.values()
     )
     print(
         f"{args.pipeline}: valid. pipeline {pipeline.name}: source {pipeline.source.type}, "
@@ -204,6 +284,31 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("-q", "--quiet", action="store_true", help="no summary")
     run.add_argument("--json", action="store_true", help="print the summary as JSON")
     run.set_defaults(func=cmd_run)
+
+    publish = sub.add_parser(
+        "publish", help="run only the publisher; subscribers connect to it (tcp transport)"
+    )
+    publish.add_argument("pipeline", help="pipeline file (YAML)")
+    publish.add_argument("--once", action="store_true", help="as for run")
+    publish.add_argument("-q", "--quiet", action="store_true", help="no summary")
+    publish.add_argument("--json", action="store_true", help="print the summary as JSON")
+    publish.set_defaults(func=cmd_run)
+
+    subscribe = sub.add_parser(
+        "subscribe", help="run one subscriber of an application, with its sink, on any machine"
+    )
+    subscribe.add_argument("pipeline", help="pipeline file (YAML)")
+    subscribe.add_argument("--app", required=True, help="the application to subscribe as")
+    subscribe.add_argument(
+        "--publisher",
+        action="append",
+        metavar="HOST:PORT",
+        help="publisher address (repeat for several; default: from the pipeline or state dir)",
+    )
+    subscribe.add_argument(
+        "--instance", type=int, default=0, help="this subscriber's number (the sink's {subscriber})"
+    )
+    subscribe.set_defaults(func=cmd_subscribe)
 
     validate = sub.add_parser("validate", help="check a pipeline file")
     validate.add_argument("pipeline")

@@ -66,6 +66,8 @@ def _next_second(next_seq: int, riders: int) -> int:
 def show(pipeline_path: str) -> None:
     pipeline = load_pipeline(pipeline_path)
     for app in pipeline.applications.values():
+        if app.sink is None:
+            continue
         options = app.sink.options
         if app.sink.type == "jsonl":
             path = Path(options.path.format(application=app.name, subscriber=0))

@@ -108,6 +108,8 @@ class Hub:
         self.lock = threading.Lock()
         self.changed = threading.Condition(self.lock)
         self.failure: BaseException | None = None
+        self.local_subscribers = True
+        """Whether the transport runs the applications' sinks here (`wormhole run`)."""
         for app in applications.values():
             app.owner = [None] * self.shards
 
@@ -222,6 +224,19 @@ class Hub:
                     flow.datamarker = position
             app.acknowledged_updates += updates
             self.changed.notify_all()
+
+    def owned_by(
+        self, application: str, session: SubscriberSession, datamarkers: dict[int, int]
+    ) -> dict[int, int]:
+        """The datamarkers of flows the session holds (owns, or is still letting go of)."""
+        app = self.applications[application]
+        with self.lock:
+            return {
+                shard: position
+                for shard, position in datamarkers.items()
+                if 0 <= shard < self.shards
+                and (app.owner[shard] is session or app.revoking.get(shard) is session)
+            }
 
     def fail(self, error: BaseException) -> None:
         """A component hit an error that retrying cannot fix: stop the pipeline."""

@@ -85,7 +85,11 @@ class ApplicationConfig(Options):
 
     start: Any = Field("earliest", description="earliest | latest | {position: SEQ}")
     filter: FilterConfig = Field(default_factory=FilterConfig)
-    sink: dict[str, Any] = Field(description="sink component: {type: NAME, ...options}")
+    sink: dict[str, Any] | None = Field(
+        None,
+        description="sink component: {type: NAME, ...options}; without one, the application's "
+        "subscribers are programs using the subscriber library (tcp transport)",
+    )
     subscribers: int = Field(1, ge=1, le=1024, description="subscriber instances")
 
     @field_validator("start")
@@ -146,7 +150,7 @@ class Application:
     tables: list[str] | None
     ops: list[str] | None
     filters: list[Component]
-    sink: Component
+    sink: Component | None
     subscribers: int
 
 
@@ -323,6 +327,7 @@ def parse_pipeline(
     transport_c = _component(
         registry, "transport", data.get("transport", {"type": "inprocess"}), "transport", problems
     )
+    transport_type = transport_c.type if transport_c is not None else None
     delivery = data.get("delivery") if isinstance(data.get("delivery"), dict) else {}
     store_c = _component(
         registry,
@@ -338,7 +343,16 @@ def parse_pipeline(
             if not isinstance(raw_app, dict):
                 continue
             base = f"applications.{app_name}"
-            sink_c = _component(registry, "sink", raw_app.get("sink"), f"{base}.sink", problems)
+            sink_c = None
+            if raw_app.get("sink") is not None:
+                sink_c = _component(registry, "sink", raw_app.get("sink"), f"{base}.sink", problems)
+                if sink_c is None:
+                    continue
+            elif transport_type == "inprocess":
+                problems.append(
+                    f"{base}.sink: field required (the inprocess transport runs every "
+                    f"application's sink; use the tcp transport for library subscribers)"
+                )
             filters = []
             raw_filter = raw_app.get("filter")
             if isinstance(raw_filter, dict) and isinstance(raw_filter.get("plugins"), list):
@@ -348,7 +362,7 @@ def parse_pipeline(
                     )
                     if fc is not None:
                         filters.append(fc)
-            if model is not None and sink_c is not None:
+            if model is not None:
                 app = model.applications[app_name]
                 apps[app_name] = Application(
                     name=app_name,

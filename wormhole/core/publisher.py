@@ -58,9 +58,12 @@ class RunSummary:
 
 
 class Publisher:
-    def __init__(self, pipeline: Pipeline, once: bool = False) -> None:
+    def __init__(
+        self, pipeline: Pipeline, once: bool = False, local_subscribers: bool = True
+    ) -> None:
         self.pipeline = pipeline
         self.once = once
+        self.local_subscribers = local_subscribers
         self.stop_requested = threading.Event()
         self.tail_stop = threading.Event()
         self.delivery_stop = threading.Event()
@@ -117,6 +120,7 @@ class Publisher:
             )
             end = source.capture_end() if self.once else None
             hub = self.hub = Hub(pipeline, self._applications(store, plog))
+            hub.local_subscribers = self.local_subscribers
             transport = pipeline.transport.create()
             transport.start(hub)
             pipeline.registry.pm.hook.wormhole_pipeline_started(pipeline=pipeline)

@@ -23,6 +23,7 @@ BUILTIN_PLUGINS = (
     "wormhole.connectors.null",
     "wormhole.connectors.latest",
     "wormhole.connectors.inprocess",
+    "wormhole.connectors.tcp",
     "wormhole.connectors.sqlite",
     "wormhole.plugins.filters",
 )

@@ -12,6 +12,7 @@ from typing import Any
 
 from pydantic import Field
 
+from wormhole.core.errors import ConfigError
 from wormhole.core.hub import Hub
 from wormhole.core.subscriber import LocalSubscriber
 from wormhole.plugins.components import ComponentSpec, Options, SinkContext
@@ -35,10 +36,17 @@ class InprocessTransport:
 
     def start(self, hub: Hub) -> None:
         pipeline = hub.pipeline
+        if not hub.local_subscribers:
+            raise ConfigError(
+                "transport.type: inprocess runs subscribers inside the publisher; to run the "
+                "publisher alone (wormhole publish), use a network transport such as tcp"
+            )
         for app in hub.applications.values():
             n = app.config.subscribers
+            component = app.config.sink
+            assert component is not None, "validation requires a sink with this transport"
             for index in range(n):
-                sink = app.config.sink.create()
+                sink = component.create()
                 sink.open(
                     SinkContext(
                         pipeline=pipeline.name,

@@ -1,0 +1,37 @@
+"""The ``tcp`` transport: subscribers connect to the publisher over TCP (optionally TLS).
+
+Publisher side: :mod:`wormhole.connectors.tcp.server`. Subscriber side (the
+library applications embed): :mod:`wormhole.connectors.tcp.client`. The wire
+protocol: :mod:`wormhole.connectors.tcp.protocol` and docs/protocol.md.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from wormhole.connectors.tcp.options import TcpOptions, TlsOptions
+from wormhole.plugins.components import ComponentSpec
+from wormhole.plugins.hookspecs import hookimpl
+
+
+def _transport(options: TcpOptions) -> Any:
+    from wormhole.connectors.tcp.server import TcpTransport
+
+    return TcpTransport(options)
+
+
+@hookimpl
+def wormhole_transports() -> list[ComponentSpec]:
+    return [
+        ComponentSpec(
+            kind="transport",
+            name="tcp",
+            factory=_transport,
+            options=TcpOptions,
+            description="Subscribers connect over TCP/TLS: one connection per subscriber, "
+            "credits, heartbeats.",
+        )
+    ]
+
+
+__all__ = ["TcpOptions", "TlsOptions"]

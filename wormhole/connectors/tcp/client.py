@@ -1,0 +1,348 @@
+"""The subscriber library: an application's end of the TCP transport.
+
+::
+
+    import wormhole
+
+    sub = wormhole.Subscriber(app="search", publishers=["10.0.0.5:7070"], token="...")
+
+    @sub.on_shard_notice
+    def notice(assigned, revoked): ...
+
+    @sub.on_updates
+    def handle(flow, batch): ...   # returning acknowledges; raising retries the batch
+
+    sub.run()                      # or: await sub.run_async()
+
+One connection carries all of the subscriber's flows. A reader thread keeps the
+socket drained and answers heartbeats while handlers run; the publisher sends at
+most ``credits`` batches ahead of the acknowledgements, so memory stays bounded
+however slow the handlers are. A handler that raises gets the same batch again
+(with backoff) until it returns. Per flow (shard), batches arrive in order. If
+the connection drops, the subscriber reconnects (trying each publisher in turn)
+and resumes from its datamarkers; a refusal the publisher calls fatal (wrong
+token, unknown application, version mismatch) raises :class:`SubscriberRefused`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import queue
+import socket
+import ssl
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from typing import Any, NamedTuple
+
+from wormhole.connectors.tcp import protocol as p
+from wormhole.core.errors import WormholeError
+from wormhole.core.update import Update
+
+log = logging.getLogger("wormhole.subscriber")
+
+NoticeHandler = Callable[[list[int], list[int]], None]
+UpdatesHandler = Callable[["Flow", list[Update]], None]
+BatchHandler = Callable[[list[Update]], None]
+
+
+class Flow(NamedTuple):
+    """One shard of one application: the unit of order and of acknowledgement."""
+
+    application: str
+    shard: int
+
+
+class SubscriberRefused(WormholeError):
+    """The publisher refused this subscriber for a reason retrying cannot fix."""
+
+
+class _Closed(Exception):
+    pass
+
+
+class Subscriber:
+    def __init__(
+        self,
+        app: str,
+        publishers: list[str] | str,
+        token: str = "",
+        *,
+        instance: str | None = None,
+        tls: ssl.SSLContext | None = None,
+        server_name: str | None = None,
+        credits: int = 8,
+        heartbeat_ms: int = 1000,
+        heartbeat_timeout_ms: int = 3000,
+        reconnect: bool = True,
+        max_backoff: float = 10.0,
+        max_frame: int = 1 << 30,
+    ) -> None:
+        self.app = app
+        self.publishers = [publishers] if isinstance(publishers, str) else list(publishers)
+        if not self.publishers:
+            raise ValueError("publishers: give at least one host:port")
+        for address in self.publishers:
+            p.parse_address(address)
+        self.token = token
+        self.instance = instance or f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
+        self.tls = tls
+        self.server_name = server_name
+        self.credits = credits
+        self.heartbeat = heartbeat_ms / 1000.0
+        self.heartbeat_timeout = heartbeat_timeout_ms / 1000.0
+        self.reconnect = reconnect
+        self.max_backoff = max_backoff
+        self.max_frame = max_frame
+        self.assigned: set[int] = set()
+        self.publisher: str | None = None
+        self.processed = 0
+        self.frame_appended_ns = 0
+        """When the batch being handled reached the publisher log (CLOCK_MONOTONIC ns)."""
+        self._notice_handlers: list[NoticeHandler] = []
+        self._updates_handlers: list[UpdatesHandler] = []
+        self._batch_handlers: list[BatchHandler] = []
+        self._stop = threading.Event()
+        self._sock: socket.socket | None = None
+        self._send_lock = threading.Lock()
+
+    # ----------------------------------------------------------- handlers
+    def on_shard_notice(self, fn: NoticeHandler) -> NoticeHandler:
+        """``fn(assigned, revoked)``: shards this subscriber now owns / no longer owns."""
+        self._notice_handlers.append(fn)
+        return fn
+
+    def on_updates(self, fn: UpdatesHandler) -> UpdatesHandler:
+        """``fn(flow, updates)``: a batch of one flow, in order. Return to acknowledge."""
+        self._updates_handlers.append(fn)
+        return fn
+
+    def on_batch(self, fn: BatchHandler) -> BatchHandler:
+        """``fn(updates)``: everything one frame holds for this subscriber, in log order.
+
+        For sinks that make a whole batch durable at once (one fsync per frame).
+        """
+        self._batch_handlers.append(fn)
+        return fn
+
+    # --------------------------------------------------------------- run
+    def stop(self) -> None:
+        """Finish the batch in hand, acknowledge it, leave; ``run`` then returns."""
+        self._stop.set()
+
+    def run(self) -> None:
+        """Serve until ``stop()``; reconnects on connection loss (with backoff)."""
+        backoff = 0.2
+        attempt = 0
+        while not self._stop.is_set():
+            address = self.publishers[attempt % len(self.publishers)]
+            attempt += 1
+            try:
+                self._serve(address)
+                backoff = 0.2
+            except SubscriberRefused:
+                raise
+            except (OSError, p.PeerClosed, p.ProtocolError, _Closed) as exc:
+                self._lose_shards()
+                if self._stop.is_set():
+                    return
+                if not self.reconnect:
+                    raise
+                log.warning("publisher %s: %s; reconnecting in %.1fs", address, exc, backoff)
+                if self._stop.wait(backoff):
+                    return
+                backoff = min(backoff * 2, self.max_backoff)
+
+    async def run_async(self) -> None:
+        """``run`` in a worker thread; cancelling the task stops the subscriber."""
+        try:
+            await asyncio.to_thread(self.run)
+        except asyncio.CancelledError:
+            self.stop()
+            raise
+
+    def _lose_shards(self) -> None:
+        if self.assigned:
+            revoked = sorted(self.assigned)
+            self.assigned.clear()
+            for fn in self._notice_handlers:
+                fn([], revoked)
+
+    # ------------------------------------------------------------ session
+    def _connect(self, address: str) -> socket.socket:
+        host, port = p.parse_address(address)
+        raw = socket.create_connection((host, port), timeout=self.heartbeat_timeout)
+        raw.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        sock: socket.socket = raw
+        if self.tls is not None:
+            sock = self.tls.wrap_socket(raw, server_hostname=self.server_name or host)
+        sock.sendall(p.preamble())
+        sock.sendall(
+            p.encode(
+                p.HELLO,
+                p.Hello(
+                    version=p.VERSION,
+                    application=self.app,
+                    instance=self.instance,
+                    token=self.token,
+                    credits=self.credits,
+                ),
+            )
+        )
+        kind, body = p.read_frame(sock, 1 << 20)
+        if kind == p.REFUSE:
+            sock.close()
+            if body.fatal:
+                raise SubscriberRefused(f"publisher {address} refused {self.app}: {body.reason}")
+            raise _Closed(f"refused: {body.reason}")
+        if kind != p.WELCOME:
+            raise p.ProtocolError(f"expected welcome, got {p.NAMES.get(kind, kind)}")
+        self.publisher = address
+        log.info(
+            "connected to publisher %s (%s) as %s/%s",
+            address,
+            body.publisher,
+            self.app,
+            self.instance,
+        )
+        return sock
+
+    def _send(self, data: bytes) -> None:
+        sock = self._sock
+        if sock is None:
+            raise _Closed("not connected")
+        with self._send_lock:
+            sock.sendall(data)
+
+    def _serve(self, address: str) -> None:
+        sock = self._connect(address)
+        self._sock = sock
+        inbox: queue.Queue[tuple[int, Any]] = queue.Queue()
+        closed = threading.Event()
+        reader = threading.Thread(
+            target=self._read, args=(sock, inbox, closed), name="subscriber reader", daemon=True
+        )
+        beater = threading.Thread(
+            target=self._beat, args=(closed,), name="subscriber heartbeat", daemon=True
+        )
+        reader.start()
+        beater.start()
+        try:
+            while True:
+                try:
+                    kind, body = inbox.get(timeout=0.1)
+                except queue.Empty:
+                    if self._stop.is_set():
+                        # Everything received has been handled and acknowledged.
+                        self._leave("subscriber stopping")
+                        return
+                    continue
+                if kind == p.BATCH:
+                    self._batch(body)
+                elif kind == p.NOTICE:
+                    self._notice(body)
+                elif kind == p.REFUSE:
+                    if body.fatal:
+                        raise SubscriberRefused(f"publisher {address}: {body.reason}")
+                    raise _Closed(f"publisher closed the connection: {body.reason}")
+                elif kind == p.BYE:
+                    raise _Closed(f"publisher said goodbye: {body.reason}")
+                elif kind == -1:
+                    raise body
+        finally:
+            closed.set()
+            self._sock = None
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)
+            sock.close()
+
+    def _leave(self, reason: str) -> None:
+        with contextlib.suppress(OSError, _Closed):
+            self._send(p.encode(p.BYE, p.Bye(reason=reason)))
+
+    def _read(
+        self, sock: socket.socket, inbox: queue.Queue[tuple[int, Any]], closed: threading.Event
+    ) -> None:
+        sock.settimeout(self.heartbeat_timeout)
+        try:
+            while not closed.is_set():
+                kind, body = p.read_frame(sock, self.max_frame)
+                if kind != p.HEARTBEAT:
+                    inbox.put((kind, body))
+        except TimeoutError:
+            silent = f"{self.heartbeat_timeout:.1f}s"
+            inbox.put((-1, _Closed(f"missed heartbeats: nothing from the publisher for {silent}")))
+        except (OSError, p.PeerClosed, p.ProtocolError) as exc:
+            if not closed.is_set():
+                inbox.put((-1, exc if isinstance(exc, Exception) else _Closed(str(exc))))
+
+    def _beat(self, closed: threading.Event) -> None:
+        frame = p.encode(p.HEARTBEAT)
+        while not closed.wait(self.heartbeat):
+            try:
+                self._send(frame)
+            except (OSError, _Closed):
+                return
+
+    # -------------------------------------------------------- processing
+    def _notice(self, notice: p.Notice) -> None:
+        self.assigned.update(notice.assigned)
+        self.assigned.difference_update(notice.revoked)
+        for fn in self._notice_handlers:
+            fn(list(notice.assigned), list(notice.revoked))
+        # Frames are handled in order, so every batch sent before this notice is done.
+        self._send(p.encode(p.NOTICE_ACK, p.NoticeAck(id=notice.id)))
+
+    def _batch(self, frame: p.BatchFrame) -> None:
+        assigned = self.assigned
+        updates = frame.updates
+        if updates and any(u.shard not in assigned for u in updates):
+            # Only flows this subscriber owns: others are re-sent to their owner.
+            updates = [u for u in updates if u.shard in assigned]
+        self.frame_appended_ns = frame.appended_ns
+        if updates:
+            self._handle(updates)
+        self.processed += len(updates)
+        datamarkers = {s: pos for s, pos in frame.datamarkers.items() if s in assigned}
+        self._send(p.encode(p.ACK, p.Ack(id=frame.id, datamarkers=datamarkers, credits=1)))
+
+    def _handle(self, updates: list[Update]) -> None:
+        delay = 0.05
+        while True:
+            try:
+                for batch_fn in self._batch_handlers:
+                    batch_fn(updates)
+                if self._updates_handlers:
+                    flows: dict[int, list[Update]] = {}
+                    for u in updates:
+                        flows.setdefault(u.shard, []).append(u)
+                    for shard, flow_updates in flows.items():
+                        flow = Flow(self.app, shard)
+                        for fn in self._updates_handlers:
+                            fn(flow, flow_updates)
+                return
+            except WormholeError:
+                raise
+            except Exception as exc:
+                log.warning(
+                    "%s: handler failed on %d updates (%s: %s); retrying in %.2fs",
+                    self.app,
+                    len(updates),
+                    type(exc).__name__,
+                    exc,
+                    delay,
+                )
+                if self._stop.wait(delay):
+                    raise _Closed("stopped while retrying a batch") from exc
+                delay = min(delay * 2, 30.0)
+
+    def latency(self) -> float:
+        """Seconds since the batch being handled reached the publisher log.
+
+        Meaningful when subscriber and publisher share a machine (one monotonic clock).
+        """
+        return (time.monotonic_ns() - self.frame_appended_ns) / 1e9

@@ -1,0 +1,485 @@
+"""The publisher end of the TCP transport: a listener and one session per subscriber."""
+
+from __future__ import annotations
+
+import contextlib
+import hmac
+import logging
+import os
+import signal
+import socket
+import ssl
+import subprocess
+import sys
+import threading
+import time
+from collections import deque
+from pathlib import Path
+from typing import Any
+
+from wormhole.connectors.tcp import protocol as p
+from wormhole.connectors.tcp.options import TcpOptions
+from wormhole.core.errors import StateError, WormholeError
+from wormhole.core.hub import Frame, Hub
+
+log = logging.getLogger("wormhole.tcp")
+
+HANDSHAKE_TIMEOUT = 10.0
+ADDRESS_FILE = "publisher.addr"
+
+
+class _Notice:
+    __slots__ = ("body", "revoked")
+
+    def __init__(self, body: p.Notice) -> None:
+        self.body = body
+        self.revoked = body.revoked
+
+
+class TcpSession:
+    """One connected subscriber: frames go out in order, acks and heartbeats come in."""
+
+    def __init__(
+        self,
+        server: TcpTransport,
+        sock: socket.socket,
+        peer: str,
+        hello: p.Hello,
+    ) -> None:
+        self.server = server
+        self.hub = server.hub
+        self.options = server.options
+        self.sock = sock
+        self.peer = peer
+        self.application = hello.application
+        self.name = f"{hello.application}/{hello.instance}@{peer}"
+        self.credits = min(hello.credits, self.options.credits)
+        self.cond = threading.Condition()
+        self.outbox: deque[Frame | _Notice] = deque()
+        self.data_queued = 0
+        self.closed = False
+        self.close_reason = ""
+        self.next_frame_id = 1
+        self.inflight: deque[tuple[int, int]] = deque()  # (frame id, updates)
+        self.notices: dict[int, list[int]] = {}
+        self.next_notice_id = 1
+        self.pending_datamarkers: dict[int, int] = {}
+        self.updates_since_datamarker = 0
+        self.last_datamarker = time.monotonic()
+        self.send_lock = threading.Lock()
+        self.last_sent = time.monotonic()
+
+    def start(self) -> None:
+        threading.Thread(target=self._receive, name=f"recv {self.name}", daemon=True).start()
+        threading.Thread(target=self._send, name=f"send {self.name}", daemon=True).start()
+
+    # ----------------------------------------------------- SubscriberSession
+    def notice(self, assigned: list[int], revoked: list[int], datamarkers: dict[int, int]) -> None:
+        with self.cond:
+            if self.closed:
+                return
+            notice_id = self.next_notice_id
+            self.next_notice_id += 1
+            if revoked:
+                self.notices[notice_id] = revoked
+            self.outbox.append(
+                _Notice(
+                    p.Notice(
+                        id=notice_id, assigned=assigned, revoked=revoked, datamarkers=datamarkers
+                    )
+                )
+            )
+            self.cond.notify_all()
+
+    def deliver(self, frame: Frame, stop: threading.Event) -> bool:
+        with self.cond:
+            while self.data_queued >= self.options.credits and not self.closed:
+                if stop.is_set():
+                    return False
+                self.cond.wait(0.1)
+            if self.closed:
+                return True  # its flows were moved back to their datamarkers
+            self.outbox.append(frame)
+            self.data_queued += 1
+            self.cond.notify_all()
+        return True
+
+    # ------------------------------------------------------------- sending
+    def _write(self, data: bytes) -> None:
+        with self.send_lock:
+            self.sock.sendall(data)
+            self.last_sent = time.monotonic()
+
+    def _send(self) -> None:
+        heartbeat = self.options.heartbeat_ms / 1000.0
+        interval = self.options.datamarker_interval_ms / 1000.0
+        try:
+            while True:
+                with self.cond:
+                    while not self.closed:
+                        ready = self.outbox and (
+                            isinstance(self.outbox[0], _Notice) or self.credits > 0
+                        )
+                        if ready:
+                            break
+                        now = time.monotonic()
+                        idle_datamarkers = (
+                            self.pending_datamarkers
+                            and not self.outbox
+                            and self.credits > 0
+                            and now - self.last_datamarker >= interval
+                        )
+                        if idle_datamarkers:
+                            break
+                        if now - self.last_sent >= heartbeat:
+                            break
+                        self.cond.wait(min(heartbeat, interval) / 2)
+                    if self.closed:
+                        return
+                    item: Frame | _Notice | None = None
+                    if self.outbox and (isinstance(self.outbox[0], _Notice) or self.credits > 0):
+                        item = self.outbox.popleft()
+                        if not isinstance(item, _Notice):
+                            self.data_queued -= 1
+                            self.credits -= 1
+                        self.cond.notify_all()
+                    elif self.pending_datamarkers and not self.outbox and self.credits > 0:
+                        item = Frame(self.application, [], {}, 0, 0)
+                        self.credits -= 1
+                if item is None:
+                    self._write(p.encode(p.HEARTBEAT))
+                elif isinstance(item, _Notice):
+                    self._write(p.encode(p.NOTICE, item.body))
+                else:
+                    self._write(self._batch(item))
+        except OSError as exc:
+            self.close(f"send failed: {exc}")
+        except Exception as exc:  # pragma: no cover - a bug; keep serving the others
+            log.exception("%s: sender failed", self.name)
+            self.close(f"sender failed: {exc!r}")
+
+    def _batch(self, frame: Frame) -> bytes:
+        # Datamarkers go out every N updates or T ms per connection, not with every frame.
+        self.pending_datamarkers.update(frame.datamarkers)
+        self.updates_since_datamarker += len(frame.updates)
+        now = time.monotonic()
+        datamarkers: dict[int, int] = {}
+        if (
+            self.updates_since_datamarker >= self.options.datamarker_updates
+            or now - self.last_datamarker >= self.options.datamarker_interval_ms / 1000.0
+            or not frame.updates
+        ):
+            datamarkers = self.pending_datamarkers
+            self.pending_datamarkers = {}
+            self.updates_since_datamarker = 0
+            self.last_datamarker = now
+        frame_id = self.next_frame_id
+        self.next_frame_id += 1
+        with self.cond:
+            self.inflight.append((frame_id, len(frame.updates)))
+        return p.encode(
+            p.BATCH,
+            p.BatchFrame(
+                id=frame_id,
+                first=frame.first_seq,
+                end=frame.end_seq,
+                appended_ns=frame.appended_ns,
+                datamarkers=datamarkers,
+                updates=frame.updates,
+            ),
+        )
+
+    # ----------------------------------------------------------- receiving
+    def _receive(self) -> None:
+        max_frame = int(self.options.max_frame)
+        try:
+            while not self.closed:
+                kind, body = p.read_frame(self.sock, max_frame)
+                if kind == p.ACK:
+                    self._ack(body)
+                elif kind == p.NOTICE_ACK:
+                    with self.cond:
+                        shards = self.notices.pop(body.id, [])
+                    if shards:
+                        self.hub.revoked(self.application, self, shards)
+                elif kind == p.HEARTBEAT:
+                    pass
+                elif kind == p.BYE:
+                    self.close(f"left{': ' + body.reason if body.reason else ''}")
+                    return
+                else:
+                    raise p.ProtocolError(f"unexpected {p.NAMES.get(kind, kind)} frame")
+        except TimeoutError:
+            self.close(
+                f"missed heartbeats: nothing received for {self.options.heartbeat_timeout_ms} ms"
+            )
+        except p.PeerClosed:
+            self.close("connection closed by the subscriber")
+        except p.ProtocolError as exc:
+            log.warning("%s: %s; closing the connection", self.name, exc)
+            self._refuse(str(exc))
+            self.close(str(exc))
+        except OSError as exc:
+            self.close(f"connection lost: {exc}")
+
+    def _ack(self, ack: p.Ack) -> None:
+        updates = 0
+        with self.cond:
+            while self.inflight and self.inflight[0][0] <= ack.id:
+                updates += self.inflight.popleft()[1]
+            self.credits += ack.credits
+            self.cond.notify_all()
+        # The hub ignores datamarkers of flows this session no longer owns.
+        owned = self.hub.owned_by(self.application, self, ack.datamarkers)
+        self.hub.acknowledge(self.application, owned, updates)
+
+    def _refuse(self, reason: str) -> None:
+        with contextlib.suppress(OSError):
+            self._write(p.encode(p.REFUSE, p.Refuse(reason=reason, fatal=False)))
+
+    def close(self, reason: str) -> None:
+        with self.cond:
+            if self.closed:
+                return
+            self.closed = True
+            self.close_reason = reason
+            self.cond.notify_all()
+        with contextlib.suppress(OSError):
+            self.sock.shutdown(socket.SHUT_RDWR)
+        self.sock.close()
+        self.hub.detach(self, reason)
+        self.server.forget(self)
+
+    def bye(self, reason: str) -> None:
+        with contextlib.suppress(OSError):
+            self._write(p.encode(p.BYE, p.Bye(reason=reason)))
+        self.close(reason)
+
+
+class TcpTransport:
+    """Listens for subscribers; `wormhole run` also starts the applications' subscribers."""
+
+    def __init__(self, options: TcpOptions) -> None:
+        self.options = options
+        self.hub: Hub = None  # type: ignore[assignment]
+        self.listener: socket.socket | None = None
+        self.address = ""
+        self.sessions: set[TcpSession] = set()
+        self.sessions_lock = threading.Lock()
+        self.stopping = threading.Event()
+        self.tls: ssl.SSLContext | None = None
+        self.children: dict[tuple[str, int], subprocess.Popen[bytes]] = {}
+        self.spawn = options.spawn
+        self.publisher_id = f"{socket.gethostname()}:{os.getpid()}"
+
+    # ------------------------------------------------------------- start
+    def start(self, hub: Hub) -> None:
+        self.hub = hub
+        if self.options.tls is not None:
+            try:
+                self.tls = self.options.tls.server_context()
+            except (OSError, ssl.SSLError) as exc:
+                raise StateError(
+                    f"transport.tls: cannot load the certificate or key ({exc}); check the paths"
+                ) from exc
+        host, port = p.parse_address(self.options.listen)
+        try:
+            listener = socket.create_server(
+                (host, port),
+                family=socket.AF_INET6 if ":" in host else socket.AF_INET,
+                reuse_port=False,
+            )
+        except OSError as exc:
+            raise StateError(
+                f"transport.listen: cannot listen on {self.options.listen} ({exc.strerror}); "
+                f"choose another address or port"
+            ) from exc
+        self.listener = listener
+        bound = listener.getsockname()
+        self.address = (
+            f"{bound[0]}:{bound[1]}" if ":" not in bound[0] else f"[{bound[0]}]:{bound[1]}"
+        )
+        path = hub.pipeline.state_dir / ADDRESS_FILE
+        path.write_text(self.address + "\n")
+        log.info("listening for subscribers on %s%s", self.address, " (TLS)" if self.tls else "")
+        threading.Thread(target=self._accept, name="tcp accept", daemon=True).start()
+        if self.spawn and hub.local_subscribers:
+            for app in hub.applications.values():
+                if app.config.sink is None:
+                    continue
+                for index in range(app.config.subscribers):
+                    self._spawn(app.name, index)
+            threading.Thread(target=self._supervise, name="tcp children", daemon=True).start()
+
+    def _accept(self) -> None:
+        assert self.listener is not None
+        while not self.stopping.is_set():
+            try:
+                sock, addr = self.listener.accept()
+            except OSError:
+                return
+            peer = f"{addr[0]}:{addr[1]}"
+            threading.Thread(
+                target=self._handshake, args=(sock, peer), name=f"handshake {peer}", daemon=True
+            ).start()
+
+    def _handshake(self, raw: socket.socket, peer: str) -> None:
+        sock: socket.socket = raw
+        try:
+            raw.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            raw.settimeout(HANDSHAKE_TIMEOUT)
+            if self.tls is not None:
+                sock = self.tls.wrap_socket(raw, server_side=True)
+            version = p.read_preamble(sock)
+            if version != p.VERSION:
+                self._refuse(
+                    sock,
+                    peer,
+                    f"protocol version {version} is not supported; this "
+                    f"publisher speaks version {p.VERSION}",
+                )
+                return
+            kind, hello = p.read_frame(sock, 1 << 16)
+            if kind != p.HELLO:
+                raise p.ProtocolError(f"expected hello, got {p.NAMES.get(kind, kind)}")
+            token = self.options.token
+            if token and not hmac.compare_digest(hello.token.encode(), token.encode()):
+                self._refuse(sock, peer, "authentication failed: wrong token")
+                return
+            if hello.application not in self.hub.applications:
+                known = ", ".join(sorted(self.hub.applications))
+                self._refuse(
+                    sock,
+                    peer,
+                    f"unknown application {hello.application!r}; this pipeline has: {known}",
+                )
+                return
+            sock.sendall(
+                p.encode(
+                    p.WELCOME,
+                    p.Welcome(
+                        version=p.VERSION,
+                        publisher=self.publisher_id,
+                        pipeline=self.hub.pipeline.name,
+                        shards=self.hub.shards,
+                        heartbeat_ms=self.options.heartbeat_ms,
+                    ),
+                )
+            )
+            sock.settimeout(self.options.heartbeat_timeout_ms / 1000.0)
+        except (p.ProtocolError, p.PeerClosed, ssl.SSLError, OSError) as exc:
+            log.warning("closing connection from %s: %s", peer, exc)
+            _close(sock)
+            return
+        session = TcpSession(self, sock, peer, hello)
+        with self.sessions_lock:
+            if self.stopping.is_set():
+                _close(sock)
+                return
+            self.sessions.add(session)
+        self.hub.attach(hello.application, session)
+        session.start()
+
+    def _refuse(self, sock: socket.socket, peer: str, reason: str) -> None:
+        log.warning("refusing subscriber at %s: %s", peer, reason)
+        with contextlib.suppress(OSError):
+            sock.sendall(p.encode(p.REFUSE, p.Refuse(reason=reason, fatal=True)))
+        _close(sock)
+
+    def forget(self, session: TcpSession) -> None:
+        with self.sessions_lock:
+            self.sessions.discard(session)
+
+    # ----------------------------------------------------------- children
+    def _spawn(self, application: str, index: int) -> None:
+        pipeline = self.hub.pipeline
+        command = [
+            sys.executable,
+            "-m",
+            "wormhole.cli",
+            "subscribe",
+            pipeline.file,
+            "--app",
+            application,
+            "--instance",
+            str(index),
+            "--publisher",
+            self.address,
+        ]
+        self.children[(application, index)] = subprocess.Popen(command)
+
+    def _supervise(self) -> None:
+        backoff: dict[tuple[str, int], float] = {}
+        while not self.stopping.wait(0.2):
+            for key, child in list(self.children.items()):
+                code = child.poll()
+                if code is None or self.stopping.is_set():
+                    continue
+                if code == 2:
+                    self.hub.fail(
+                        WormholeError(
+                            f"subscriber {key[0]}/{key[1]} stopped with a fatal error (see above)"
+                        )
+                    )
+                    return
+                delay = backoff.get(key, 0.5)
+                log.warning(
+                    "subscriber %s/%d exited with code %s; restarting in %.1fs",
+                    key[0],
+                    key[1],
+                    code,
+                    delay,
+                )
+                if self.stopping.wait(delay):
+                    return
+                backoff[key] = min(delay * 2, 30.0)
+                self._spawn(*key)
+
+    # -------------------------------------------------------------- stop
+    def stop(self, drain: bool = True) -> None:
+        self.stopping.set()
+        deadline = time.monotonic() + (self.options.drain_timeout_s if drain else 1.0)
+        # Subscriber processes finish the frame they are on, acknowledge and leave.
+        for child in self.children.values():
+            if child.poll() is None:
+                child.send_signal(signal.SIGTERM)
+        for key, child in self.children.items():
+            try:
+                child.wait(max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                log.warning("subscriber %s/%d did not stop in time; killing it", *key)
+                child.kill()
+                child.wait()
+        if drain:
+            # External subscribers: wait for what they hold to be acknowledged.
+            while time.monotonic() < deadline:
+                with self.sessions_lock:
+                    busy = [s for s in self.sessions if s.inflight and not s.closed]
+                if not busy:
+                    break
+                time.sleep(0.02)
+        with self.sessions_lock:
+            sessions = list(self.sessions)
+        for session in sessions:
+            session.bye("publisher stopping")
+        if self.listener is not None:
+            self.listener.close()
+        with contextlib.suppress(FileNotFoundError, AttributeError):
+            (self.hub.pipeline.state_dir / ADDRESS_FILE).unlink()
+
+
+def _close(sock: socket.socket) -> None:
+    with contextlib.suppress(OSError):
+        sock.shutdown(socket.SHUT_RDWR)
+    sock.close()
+
+
+def read_address(state_dir: Path) -> str | None:
+    try:
+        return (state_dir / ADDRESS_FILE).read_text().strip() or None
+    except FileNotFoundError:
+        return None
+
+
+__all__ = ["TcpSession", "TcpTransport", "read_address"]
+_ = Any
