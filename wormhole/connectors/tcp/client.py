@@ -107,6 +107,7 @@ class Subscriber:
         self._updates_handlers: list[UpdatesHandler] = []
         self._batch_handlers: list[BatchHandler] = []
         self._stop = threading.Event()
+        self._beat_interval = self.heartbeat
         self._sock: socket.socket | None = None
         self._send_lock = threading.Lock()
 
@@ -202,6 +203,8 @@ class Subscriber:
         if kind != p.WELCOME:
             raise p.ProtocolError(f"expected welcome, got {p.NAMES.get(kind, kind)}")
         self.publisher = address
+        # Beat at least as often as the publisher asks, whatever this side was told.
+        self._beat_interval = min(self.heartbeat, body.heartbeat_ms / 1000.0)
         log.info(
             "connected to publisher %s (%s) as %s/%s",
             address,
@@ -256,6 +259,7 @@ class Subscriber:
         finally:
             closed.set()
             self._sock = None
+            self._lose_shards()
             with contextlib.suppress(OSError):
                 sock.shutdown(socket.SHUT_RDWR)
             sock.close()
@@ -282,7 +286,7 @@ class Subscriber:
 
     def _beat(self, closed: threading.Event) -> None:
         frame = p.encode(p.HEARTBEAT)
-        while not closed.wait(self.heartbeat):
+        while not closed.wait(self._beat_interval):
             try:
                 self._send(frame)
             except (OSError, _Closed):

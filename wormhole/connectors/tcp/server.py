@@ -82,6 +82,10 @@ class TcpSession:
             self.next_notice_id += 1
             if revoked:
                 self.notices[notice_id] = revoked
+                # Datamarkers still held back (sent every N updates or T ms) go out
+                # before the revoke, so the next owner starts exactly where this one stopped.
+                self.outbox.append(Frame(self.application, [], {}, 0, 0))
+                self.data_queued += 1
             self.outbox.append(
                 _Notice(
                     p.Notice(
@@ -367,7 +371,12 @@ class TcpTransport:
                 )
             )
             sock.settimeout(self.options.heartbeat_timeout_ms / 1000.0)
-        except (p.ProtocolError, p.PeerClosed, ssl.SSLError, OSError) as exc:
+        except p.PeerClosed:
+            # A port probe or health check: connected and left without a word.
+            log.debug("connection from %s closed before its hello", peer)
+            _close(sock)
+            return
+        except (p.ProtocolError, ssl.SSLError, OSError) as exc:
             log.warning("closing connection from %s: %s", peer, exc)
             _close(sock)
             return
