@@ -175,3 +175,24 @@ def test_a_delete_has_no_after_image(tmp_path: Path) -> None:
     assert update.before_row() == {"id": 1, "name": "old"}
     with pytest.raises(ValueError, match="a delete has no row after the change"):
         LogWriter(tmp_path / "pub", publisher_id="p").publish("t", {"id": 1}, {"id": 1}, op="d")
+
+
+def test_once_end_is_not_reached_before_a_resumed_logwriter_stream_is_read(
+    tmp_path: Path,
+) -> None:
+    pub = tmp_path / "s" / "pub"
+    with LogWriter(pub, publisher_id="p", batch_size=10) as w:
+        for i in range(50):
+            w.publish("t", {"id": i}, {"id": i})
+    source = open_source(tmp_path / "s", batch_bytes=512)
+    batch = source.read(0.1)
+    assert batch is not None and len(batch.updates) < 50
+    checkpoint = batch.checkpoint
+    # A new run resumes from that checkpoint: the end is not reached until the
+    # rest of the LogWriter file has been read (the stream is not open yet).
+    again = open_source(tmp_path / "s", checkpoint)
+    end = again.capture_end()
+    assert not again.reached(end)
+    rest, _ = read_all(again)
+    assert [u.key["id"] for u in batch.updates + rest] == list(range(50))
+    assert again.reached(end)

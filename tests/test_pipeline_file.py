@@ -30,7 +30,7 @@ def test_minimal_pipeline_gets_the_documented_defaults() -> None:
     assert p.state_dir == Path(".wormhole/riders")
     assert p.shards == 16
     assert p.mode == "single-copy"
-    assert p.transport.type == "inprocess"
+    assert p.transport.type == "tcp"
     assert p.datamarker_store.type == "sqlite"
     app = p.applications["history"]
     assert (app.start, app.subscribers, app.tables, app.ops) == ("earliest", 1, None, None)

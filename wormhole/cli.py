@@ -87,7 +87,35 @@ def _summary_json(summary: RunSummary) -> dict[str, Any]:
     }
 
 
+def _exit_with_parent(parent: int) -> None:
+    """Die at once when the publisher that started us dies (even by kill -9).
+
+    Anything this subscriber had not acknowledged is sent again to the next
+    owner; carrying on alone could only write it out of order with that owner.
+    """
+    import ctypes
+    import threading
+    import time
+
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG (Linux)
+    except (OSError, AttributeError):
+        pass
+    if os.getppid() != parent:
+        os._exit(1)
+
+    def watch() -> None:  # for systems without PR_SET_PDEATHSIG
+        while os.getppid() == parent:
+            time.sleep(0.5)
+        os._exit(1)
+
+    threading.Thread(target=watch, name="parent watch", daemon=True).start()
+
+
 def cmd_subscribe(args: argparse.Namespace) -> int:
+    if args.exit_with_parent:
+        _exit_with_parent(args.exit_with_parent)
     from wormhole.connectors.tcp.client import Subscriber
     from wormhole.connectors.tcp.options import TcpOptions
     from wormhole.connectors.tcp.server import read_address
@@ -308,6 +336,7 @@ def build_parser() -> argparse.ArgumentParser:
     subscribe.add_argument(
         "--instance", type=int, default=0, help="this subscriber's number (the sink's {subscriber})"
     )
+    subscribe.add_argument("--exit-with-parent", type=int, metavar="PID", help=argparse.SUPPRESS)
     subscribe.set_defaults(func=cmd_subscribe)
 
     validate = sub.add_parser("validate", help="check a pipeline file")

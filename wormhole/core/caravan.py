@@ -42,6 +42,7 @@ class Caravan:
         self.thread = threading.Thread(target=self._run, name=f"caravan {names}", daemon=True)
         self.position = 0
         self.batches = 0
+        self.behind = False
 
     def start(self) -> None:
         self.thread.start()
@@ -57,9 +58,17 @@ class Caravan:
             self.hub.fail(exc)
 
     def _start_position(self) -> tuple[int, int]:
+        # From the oldest position an owned flow needs; flows nobody owns wait
+        # (they trigger a rewind once they have an owner and are behind).
         with self.hub.lock:
             rewinds = sum(a.rewind for a in self.applications)
-            start = min(f.delivered for a in self.applications for f in a.flows)
+            owned = [
+                f.delivered
+                for a in self.applications
+                for f, o in zip(a.flows, a.owner, strict=True)
+                if o is not None
+            ]
+            start = min(owned or [f.delivered for a in self.applications for f in a.flows])
         return start, rewinds
 
     def _loop(self) -> None:
@@ -72,7 +81,8 @@ class Caravan:
         self.position = start
         try:
             while not self.stop.is_set():
-                if sum(a.rewind for a in apps) != rewinds:
+                if self.behind or sum(a.rewind for a in apps) != rewinds:
+                    self.behind = False
                     start, rewinds = self._start_position()
                     if start < reader.position:
                         reader.close()
@@ -105,11 +115,20 @@ class Caravan:
             return self._dispatch(app, batch)
         if min(delivered) >= end:
             return True
-        if max(delivered) > first:
-            # Some flows already have part of this batch (acknowledged further
-            # before a restart, or not moved back by a reassignment): drop what
-            # each one has.
-            updates = [u for i, u in enumerate(updates) if first + i >= delivered[u.shard]]
+        exact = all(d == first for d in delivered)
+        if not exact:
+            # A flow takes a batch only if it starts at or before the flow's position:
+            # it skips what it already has (acknowledged further before a restart)
+            # and never jumps a gap. A flow behind the batch (moved back to its
+            # datamarker by a reassignment) makes the caravan re-read from there.
+            eligible = [first <= d < end for d in delivered]
+            if any(d < first and o is not None for d, o in zip(delivered, owner, strict=True)):
+                self.behind = True
+            updates = [
+                u
+                for i, u in enumerate(updates)
+                if eligible[u.shard] and first + i >= delivered[u.shard]
+            ]
         if app.filter is not None and updates:
             updates = app.filter(updates)
         frames: dict[int, list[Update]] = {id(s): [] for s in sessions}
@@ -124,7 +143,7 @@ class Caravan:
             datamarkers = {
                 shard: end
                 for shard, o in enumerate(owner)
-                if o is session and delivered[shard] < end
+                if o is session and first <= delivered[shard] < end
             }
             if not datamarkers:
                 continue

@@ -193,10 +193,11 @@ class Hub:
                 revoked.setdefault(id(current), []).append(shard)
                 by_id[id(current)] = current
             elif wanted is not None:
+                # The caravan may have read past this flow while nobody owned it:
+                # its new owner starts at the datamarker, re-read from there.
                 flow = app.flows[shard]
-                if flow.delivered != flow.datamarker:
-                    flow.delivered = flow.datamarker
-                    app.rewind += 1
+                flow.delivered = flow.datamarker
+                app.rewind += 1
                 app.owner[shard] = wanted
                 assigned.setdefault(id(wanted), []).append(shard)
         for key in set(assigned) | set(revoked):
@@ -213,30 +214,31 @@ class Hub:
         return True
 
     # ---------------------------------------------------------------- acks
-    def acknowledge(self, application: str, datamarkers: dict[int, int], updates: int) -> None:
-        """A subscriber processed a frame: move its flows' datamarkers forward."""
+    def acknowledge(
+        self,
+        application: str,
+        session: SubscriberSession,
+        datamarkers: dict[int, int],
+        updates: int,
+    ) -> None:
+        """A subscriber processed a frame: move its flows' datamarkers forward.
+
+        Only flows the session holds (owns, or is still letting go of) move: a
+        late acknowledgement from a former owner never speaks for the new one.
+        """
         app = self.applications[application]
         flows = app.flows
         with self.lock:
             for shard, position in datamarkers.items():
+                if not 0 <= shard < self.shards:
+                    continue
+                if app.owner[shard] is not session and app.revoking.get(shard) is not session:
+                    continue
                 flow = flows[shard]
                 if position > flow.datamarker:
                     flow.datamarker = position
             app.acknowledged_updates += updates
             self.changed.notify_all()
-
-    def owned_by(
-        self, application: str, session: SubscriberSession, datamarkers: dict[int, int]
-    ) -> dict[int, int]:
-        """The datamarkers of flows the session holds (owns, or is still letting go of)."""
-        app = self.applications[application]
-        with self.lock:
-            return {
-                shard: position
-                for shard, position in datamarkers.items()
-                if 0 <= shard < self.shards
-                and (app.owner[shard] is session or app.revoking.get(shard) is session)
-            }
 
     def fail(self, error: BaseException) -> None:
         """A component hit an error that retrying cannot fix: stop the pipeline."""

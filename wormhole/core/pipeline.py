@@ -114,7 +114,7 @@ class PipelineModel(Options):
     dataset: DatasetConfig = Field(default_factory=DatasetConfig)
     source: dict[str, Any] = Field(description="source component: {type: NAME, ...options}")
     transport: dict[str, Any] = Field(
-        default_factory=lambda: {"type": "inprocess"}, description="transport component"
+        default_factory=lambda: {"type": "tcp"}, description="transport component"
     )
     delivery: DeliveryConfig = Field(default_factory=DeliveryConfig)
     log: LogConfig = Field(default_factory=LogConfig)
@@ -325,7 +325,7 @@ def parse_pipeline(
     # run of `wormhole validate` shows everything.
     source_c = _component(registry, "source", data.get("source"), "source", problems)
     transport_c = _component(
-        registry, "transport", data.get("transport", {"type": "inprocess"}), "transport", problems
+        registry, "transport", data.get("transport", {"type": "tcp"}), "transport", problems
     )
     transport_type = transport_c.type if transport_c is not None else None
     delivery = data.get("delivery") if isinstance(data.get("delivery"), dict) else {}

@@ -39,6 +39,7 @@ class LocalSubscriber:
         self.sink = sink
         self.max_frames = max_frames
         self.shards: set[int] = set()
+        self.order = threading.Lock()  # frames and revoke markers enter the queue in order
         self.frames: queue.Queue[Frame | _Revoke | None] = queue.Queue()
         self.abort = threading.Event()
         self.written = 0
@@ -51,18 +52,32 @@ class LocalSubscriber:
 
     # ----------------------------------------------------- SubscriberSession
     def notice(self, assigned: list[int], revoked: list[int], datamarkers: dict[int, int]) -> None:
-        self.shards.update(assigned)
-        self.shards.difference_update(revoked)
-        if revoked:
-            # Confirmed once the frames queued before it are done.
-            self.frames.put(_Revoke(revoked))
+        with self.order:
+            self.shards.update(assigned)
+            self.shards.difference_update(revoked)
+            if revoked:
+                # Confirmed once the frames queued before it are done.
+                self.frames.put(_Revoke(revoked))
         log.debug("%s: assigned %s, revoked %s", self.name, assigned, revoked)
 
     def deliver(self, frame: Frame, stop: threading.Event) -> bool:
         while self.frames.qsize() >= self.max_frames:
             if stop.wait(0.005) or self.abort.is_set():
                 return False
-        self.frames.put(frame)
+        with self.order:
+            # A revoke may have landed since the caravan routed this frame: never
+            # hand this subscriber a flow it has let go of.
+            shards = self.shards
+            if any(s not in shards for s in frame.datamarkers):
+                frame = Frame(
+                    frame.application,
+                    [u for u in frame.updates if u.shard in shards],
+                    {s: p for s, p in frame.datamarkers.items() if s in shards},
+                    frame.first_seq,
+                    frame.end_seq,
+                    frame.appended_ns,
+                )
+            self.frames.put(frame)
         return True
 
     # ---------------------------------------------------------------- loop
@@ -76,7 +91,7 @@ class LocalSubscriber:
                 continue
             if frame.updates and not self._write(frame):
                 return
-            self.hub.acknowledge(self.application, frame.datamarkers, len(frame.updates))
+            self.hub.acknowledge(self.application, self, frame.datamarkers, len(frame.updates))
 
     def _write(self, frame: Frame) -> bool:
         delay = 0.05

@@ -487,16 +487,24 @@ class FilelogSource:
             return False  # more than one batch left: the reader is not done yet
         path = stream.directory / (stream.file or "")
         with open(path, "rb") as f:
-            f.seek(stream.offset)
-            rest = f.read(size - stream.offset)
-        if stream.kind == "logwriter":
-            complete = len(rest) >= 24 and rest[:2] == FILE_MAGIC
-            try:
-                complete = complete and (24 + int.from_bytes(rest[4:8], "little")) <= len(rest)
-            except ValueError:  # pragma: no cover
-                complete = False
-        else:
-            complete = b"\n" in rest or _is_complete_line(rest)
+            kind = stream.kind
+            if kind is None:  # not opened by the reader yet: look at the file itself
+                head = f.read(len(FILE_MAGIC))
+                kind = "logwriter" if head == FILE_MAGIC else "jsonl"
+                if self.options.format != "auto":
+                    kind = self.options.format
+            if kind == "logwriter":
+                # Complete only if a whole record (CRC checked) starts at the position.
+                try:
+                    complete = any(True for _ in read_records(f, str(path), stream.offset, size))
+                except TornTail:
+                    complete = False
+                except LogCorruptError as exc:
+                    raise SourceError(str(exc)) from exc
+            else:
+                f.seek(stream.offset)
+                rest = f.read(size - stream.offset)
+                complete = b"\n" in rest or _is_complete_line(rest)
         if complete:
             return False
         if str(path) not in self._warned_tail:
@@ -504,7 +512,7 @@ class FilelogSource:
             log.warning(
                 "%s: %d bytes at offset %d are not a complete update yet; left for a later run",
                 path,
-                len(rest),
+                size - stream.offset,
                 stream.offset,
             )
         return True

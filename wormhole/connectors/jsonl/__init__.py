@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import fcntl
+import logging
 import os
 import threading
 from pathlib import Path
@@ -12,6 +14,8 @@ from wormhole.core.errors import SinkError
 from wormhole.core.update import Update, encode_envelopes
 from wormhole.plugins.components import ComponentSpec, Options, SinkContext
 from wormhole.plugins.hookspecs import hookimpl
+
+log = logging.getLogger("wormhole.jsonl")
 
 
 class JsonlOptions(Options):
@@ -41,11 +45,50 @@ class _SharedFile:
         with cls.registry_lock:
             shared = cls.files.get(key)
             if shared is None:
-                Path(path).parent.mkdir(parents=True, exist_ok=True)
-                fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+                parent = Path(path).parent
+                parent.mkdir(parents=True, exist_ok=True)
+                created = not os.path.exists(path)
+                fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_APPEND, 0o644)
+                if created:
+                    os.fsync(fd)
+                    fd_dir = os.open(parent, os.O_RDONLY)
+                    try:
+                        os.fsync(fd_dir)
+                    finally:
+                        os.close(fd_dir)
                 shared = cls.files[key] = cls(key, fd)
+                shared.repair_tail()
             shared.users += 1
             return shared
+
+    def repair_tail(self) -> None:
+        """Cut a partial last line: a write interrupted by a crash, never acknowledged."""
+        with self.lock:
+            fcntl.flock(self.fd, fcntl.LOCK_EX)
+            try:
+                size = os.fstat(self.fd).st_size
+                if size == 0 or os.pread(self.fd, 1, size - 1) == b"\n":
+                    return
+                end = size
+                keep = 0
+                while end > 0:
+                    start = max(0, end - (1 << 16))
+                    chunk = os.pread(self.fd, end - start, start)
+                    cut = chunk.rfind(b"\n")
+                    if cut >= 0:
+                        keep = start + cut + 1
+                        break
+                    end = start
+                os.ftruncate(self.fd, keep)
+                os.fsync(self.fd)
+                log.warning(
+                    "%s: removed a partial last line (%d bytes) left by an interrupted write; "
+                    "it was never acknowledged and is delivered again",
+                    self.path,
+                    size - keep,
+                )
+            finally:
+                fcntl.flock(self.fd, fcntl.LOCK_UN)
 
     def release(self) -> None:
         with self.registry_lock:
@@ -83,18 +126,23 @@ class JsonlSink:
             return
         data = encode_envelopes(updates)
         shared = self.file
+        # The file lock orders whole batches between processes sharing the file.
         with shared.lock:
-            size = os.fstat(shared.fd).st_size
+            fcntl.flock(shared.fd, fcntl.LOCK_EX)
             try:
-                view = memoryview(data)
-                while view:
-                    view = view[os.write(shared.fd, view) :]
-                if self.options.fsync:
-                    os.fdatasync(shared.fd)
-            except OSError:
-                # Leave no partial line behind: the retry writes the whole batch again.
-                os.ftruncate(shared.fd, size)
-                raise
+                size = os.fstat(shared.fd).st_size
+                try:
+                    view = memoryview(data)
+                    while view:
+                        view = view[os.write(shared.fd, view) :]
+                    if self.options.fsync:
+                        os.fdatasync(shared.fd)
+                except OSError:
+                    # Leave no partial line behind: the retry writes the whole batch again.
+                    os.ftruncate(shared.fd, size)
+                    raise
+            finally:
+                fcntl.flock(shared.fd, fcntl.LOCK_UN)
 
     def close(self) -> None:
         if self.file is not None:

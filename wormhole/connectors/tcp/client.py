@@ -226,8 +226,12 @@ class Subscriber:
         self._sock = sock
         inbox: queue.Queue[tuple[int, Any]] = queue.Queue()
         closed = threading.Event()
+        lost = threading.Event()
         reader = threading.Thread(
-            target=self._read, args=(sock, inbox, closed), name="subscriber reader", daemon=True
+            target=self._read,
+            args=(sock, inbox, closed, lost),
+            name="subscriber reader",
+            daemon=True,
         )
         beater = threading.Thread(
             target=self._beat, args=(closed,), name="subscriber heartbeat", daemon=True
@@ -244,6 +248,11 @@ class Subscriber:
                         self._leave("subscriber stopping")
                         return
                     continue
+                if kind in (p.BATCH, p.NOTICE) and lost.is_set():
+                    # They can no longer be acknowledged: the publisher sends them
+                    # again to whoever owns the flow next. Writing them now could
+                    # interleave with that owner.
+                    raise _Closed("connection lost; unacknowledged batches left for redelivery")
                 if kind == p.BATCH:
                     self._batch(body)
                 elif kind == p.NOTICE:
@@ -269,7 +278,11 @@ class Subscriber:
             self._send(p.encode(p.BYE, p.Bye(reason=reason)))
 
     def _read(
-        self, sock: socket.socket, inbox: queue.Queue[tuple[int, Any]], closed: threading.Event
+        self,
+        sock: socket.socket,
+        inbox: queue.Queue[tuple[int, Any]],
+        closed: threading.Event,
+        lost: threading.Event,
     ) -> None:
         sock.settimeout(self.heartbeat_timeout)
         try:
@@ -278,9 +291,11 @@ class Subscriber:
                 if kind != p.HEARTBEAT:
                     inbox.put((kind, body))
         except TimeoutError:
+            lost.set()
             silent = f"{self.heartbeat_timeout:.1f}s"
             inbox.put((-1, _Closed(f"missed heartbeats: nothing from the publisher for {silent}")))
         except (OSError, p.PeerClosed, p.ProtocolError) as exc:
+            lost.set()
             if not closed.is_set():
                 inbox.put((-1, exc if isinstance(exc, Exception) else _Closed(str(exc))))
 

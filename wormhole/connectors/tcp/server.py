@@ -233,9 +233,8 @@ class TcpSession:
                 updates += self.inflight.popleft()[1]
             self.credits += ack.credits
             self.cond.notify_all()
-        # The hub ignores datamarkers of flows this session no longer owns.
-        owned = self.hub.owned_by(self.application, self, ack.datamarkers)
-        self.hub.acknowledge(self.application, owned, updates)
+        # The hub ignores datamarkers of flows this session no longer holds.
+        self.hub.acknowledge(self.application, self, ack.datamarkers, updates)
 
     def _refuse(self, reason: str) -> None:
         with contextlib.suppress(OSError):
@@ -414,6 +413,8 @@ class TcpTransport:
             str(index),
             "--publisher",
             self.address,
+            "--exit-with-parent",
+            str(os.getpid()),
         ]
         self.children[(application, index)] = subprocess.Popen(command)
 
