@@ -492,3 +492,30 @@ def test_a_new_application_starts_where_it_chooses(
     assert result.returncode == 0, result
     assert len(read_envelopes(tmp_path / "new.jsonl")) == expected
     assert len(read_envelopes(tmp_path / "out" / "history.jsonl")) == 30
+
+
+def test_a_second_process_on_the_same_state_dir_exits_2(tmp_path: Path) -> None:
+    produce(str(tmp_path / "data" / "gps"), 10, 1, "gps", seed=15)
+    pipeline = _riders_pipeline(tmp_path)
+    first = subprocess.Popen(
+        [sys.executable, "-m", "wormhole.cli", "run", str(pipeline)],
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        wait_until(
+            lambda: (
+                (tmp_path / "state" / "lock").exists()
+                and (tmp_path / "state" / "lock").read_text().strip() == str(first.pid)
+            ),
+            30,
+            "the first run to lock its state dir",
+        )
+        second = run_cli("run", str(pipeline), "--once", cwd=tmp_path)
+        _expect_exit_2(second, "is in use by another wormhole process", f"pid {first.pid}")
+    finally:
+        first.send_signal(signal.SIGTERM)
+        first.communicate(timeout=30)
+    assert first.returncode == 0

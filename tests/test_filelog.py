@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import threading
 from pathlib import Path
 from typing import Any
@@ -196,3 +197,26 @@ def test_once_end_is_not_reached_before_a_resumed_logwriter_stream_is_read(
     rest, _ = read_all(again)
     assert [u.key["id"] for u in batch.updates + rest] == list(range(50))
     assert again.reached(end)
+
+
+def test_logwriter_on_a_full_disk_leaves_no_half_record(small_filesystem: Path) -> None:
+    pub = small_filesystem / "pub"
+    writer = LogWriter(pub, publisher_id="p", batch_size=10_000)
+    filler = small_filesystem / "filler"
+    fd = os.open(filler, os.O_WRONLY | os.O_CREAT)
+    try:
+        while os.write(fd, b"x" * 1024):
+            pass
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+    for i in range(300):
+        writer.publish("t", {"id": i}, {"id": i, "pad": "y" * 100})
+    with pytest.raises(OSError):
+        writer.flush()
+    filler.unlink()
+    assert writer.flush() == 300  # the retry appends cleanly
+    writer.close()
+    updates, _ = read_all(open_source(small_filesystem))
+    assert [u.key["id"] for u in updates] == list(range(300))

@@ -202,3 +202,42 @@ def test_full_disk_append_leaves_no_partial_record(small_filesystem: Path) -> No
     assert again.open().next_seq == 205
     assert drain(again, 0) == list(range(205))
     again.close()
+
+
+def test_a_flipped_length_in_the_middle_is_corruption_not_a_torn_tail(tmp_path: Path) -> None:
+    plog = PublisherLog(tmp_path)
+    plog.open()
+    offsets = []
+    for i in range(5):
+        offsets.append((tmp_path / "log.0.0").stat().st_size)
+        plog.append(updates(i * 10, 10), {"pos": i})
+    plog.close()
+    size = (tmp_path / "log.0.0").stat().st_size
+    with open(tmp_path / "log.0.0", "r+b") as f:
+        f.seek(offsets[1] + 4)  # the length field of batch 2 of 5: now it runs past the end
+        f.write(b"\xff\xff\x00\x00")
+    with pytest.raises(LogCorruptError) as err:
+        PublisherLog(tmp_path).open()
+    assert err.value.offset == offsets[1]
+    assert "valid record at offset" in str(err.value)
+    assert (tmp_path / "log.0.0").stat().st_size == size, "committed batches were cut"
+
+
+def test_a_truncated_rolled_segment_is_an_error_not_a_loop(tmp_path: Path) -> None:
+    plog = PublisherLog(tmp_path, roll_size=4096)
+    plog.open()
+    for i in range(20):
+        plog.append(updates(i * 10, 10), {"pos": i})
+    plog.close()
+    again = PublisherLog(tmp_path, roll_size=4096)
+    again.open()
+    victim = again.segments[1]
+    with open(victim.path, "r+b") as f:
+        f.truncate(victim.path.stat().st_size - 100)
+    reader = again.reader(0)
+    with pytest.raises(
+        LogCorruptError, match=r"corrupt record at offset|ends inside a record|missing data"
+    ):
+        for _ in range(100):
+            assert reader.read() is not None
+    again.close()

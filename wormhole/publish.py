@@ -196,11 +196,16 @@ class LogWriter:
         if self._buffer:
             first = self.next_seq
             record = frame(KIND_MESSAGES, first, len(self._buffer), _encoder.encode(self._buffer))
-            view = memoryview(record)
-            while view:
-                view = view[os.write(self._fd, view) :]
-            if self.fsync:
-                os.fdatasync(self._fd)
+            try:
+                view = memoryview(record)
+                while view:
+                    view = view[os.write(self._fd, view) :]
+                if self.fsync:
+                    os.fdatasync(self._fd)
+            except OSError:
+                # No half record left behind: flush() again appends cleanly.
+                os.ftruncate(self._fd, self._size)
+                raise
             self.next_seq += len(self._buffer)
             self._size += len(record)
             self._buffer.clear()

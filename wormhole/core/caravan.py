@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 import threading
 
+from wormhole.core.errors import WormholeError
 from wormhole.core.hub import ApplicationRuntime, Frame, Hub, SubscriberSession
 from wormhole.core.publisher_log import Batch, PublisherLog
 from wormhole.core.update import Update
@@ -53,6 +54,8 @@ class Caravan:
     def _run(self) -> None:
         try:
             self._loop()
+        except WormholeError as exc:
+            self.hub.fail(exc)  # reported once, with its message, by the publisher
         except BaseException as exc:
             log.exception("caravan failed")
             self.hub.fail(exc)

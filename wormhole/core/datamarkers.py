@@ -103,5 +103,7 @@ def read_datamarkers(state_dir: Path) -> dict[tuple[str, int], Datamarker]:
     try:
         rows = db.execute("SELECT application, shard, position, logical FROM datamarkers")
         return {(a, s): Datamarker(a, s, p, lg) for a, s, p, lg in rows}
+    except sqlite3.OperationalError:
+        return {}  # created but not initialised yet
     finally:
         db.close()

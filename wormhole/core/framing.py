@@ -77,6 +77,43 @@ def _check(path: str, offset: int, size: int, header: bytes, payload: bytes) -> 
     return Record(offset, kind, first, count, payload)
 
 
+def _valid_record_after(f: BinaryIO, offset: int, size: int) -> int | None:
+    """The offset of a whole, CRC-valid record after ``offset``, if there is one.
+
+    A torn tail has nothing valid after it; damage in the middle of a log does
+    (a flipped length byte, say, which would otherwise read as a torn record).
+    """
+    position = offset + 1
+    marker = HEADER.pack(MAGIC, VERSION, 0, 0, 0, 0, 0)[:3]
+    while position + HEADER_SIZE <= size:
+        f.seek(position)
+        chunk = f.read(min(1 << 20, size - position))
+        found = chunk.find(marker)
+        while found >= 0:
+            at = position + found
+            if at + HEADER_SIZE <= size:
+                f.seek(at)
+                header = f.read(HEADER_SIZE)
+                _m, _v, kind, length, crc, first, count = HEADER.unpack(header)
+                if length <= MAX_RECORD and at + HEADER_SIZE + length <= size:
+                    payload = f.read(length)
+                    expected = zlib.crc32(payload, zlib.crc32(_CRC_FIELDS.pack(kind, first, count)))
+                    if expected == crc:
+                        return at
+            found = chunk.find(marker, found + 1)
+        if len(chunk) < 1 << 20:
+            break
+        position += len(chunk) - len(marker)
+    return None
+
+
+def _torn(f: BinaryIO, path: str, offset: int, size: int, reason: str) -> Exception:
+    after = _valid_record_after(f, offset, size)
+    if after is not None:
+        return LogCorruptError(path, offset, f"{reason}, with a valid record at offset {after}")
+    return TornTail(offset, reason)
+
+
 def _rest_is_zero(f: BinaryIO, offset: int, size: int) -> bool:
     f.seek(offset)
     while offset < size:
@@ -109,14 +146,18 @@ def read_records(
             if _rest_is_zero(f, offset, size):
                 raise TornTail(offset, "zero-filled tail")
             raise LogCorruptError(path, offset, "bad record header")
-        if offset + HEADER_SIZE + length > size:
-            raise TornTail(offset, "truncated record")
+        if length > MAX_RECORD or offset + HEADER_SIZE + length > size:
+            raise _torn(f, path, offset, size, "truncated record")
         payload = f.read(length)
         if len(payload) < length:
-            raise TornTail(offset, "truncated record")
-        record = _check(path, offset, size, header, payload)
+            raise _torn(f, path, offset, size, "truncated record")
+        try:
+            record = _check(path, offset, size, header, payload)
+        except TornTail as torn:
+            raise _torn(f, path, offset, size, torn.reason) from None
         yield record
         offset = record.end
+        f.seek(offset)
 
 
 def scan_headers(

@@ -10,8 +10,10 @@ until everything the source held at start has been acknowledged).
 from __future__ import annotations
 
 import errno
+import fcntl
 import gc
 import logging
+import os
 import queue
 import threading
 import time
@@ -91,8 +93,13 @@ class Publisher:
                 f"state_dir: cannot create {state_dir} ({exc.strerror}); choose a writable "
                 f"directory"
             ) from exc
+        lock = self._lock_state_dir()
         store = pipeline.datamarker_store.create()
-        store.open(pipeline.name, state_dir)
+        try:
+            store.open(pipeline.name, state_dir)
+        except BaseException:
+            os.close(lock)
+            raise
         plog: PublisherLog | None = None
         source = None
         transport = None
@@ -167,6 +174,24 @@ class Publisher:
             if plog is not None:
                 plog.close()
             store.close()
+            os.close(lock)
+
+    def _lock_state_dir(self) -> int:
+        """One process per state dir: two would interleave one log and one set of datamarkers."""
+        path = self.pipeline.state_dir / "lock"
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 64, 0).decode(errors="replace").strip() or "unknown"
+            os.close(fd)
+            raise StateError(
+                f"state_dir {self.pipeline.state_dir} is in use by another wormhole process "
+                f"(pid {holder}); stop it, or give this pipeline another state_dir"
+            ) from None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        return fd
 
     def _check_meta(self, store: Any) -> None:
         shards = store.get_meta("shards")
@@ -352,6 +377,9 @@ class Publisher:
     def _persist(self, store: Any, plog: PublisherLog, hub: Hub) -> None:
         changed = hub.unpersisted()
         if changed:
+            if not plog.fsync:
+                # Datamarkers must never be on disk ahead of the data they point past.
+                plog.sync()
             store.save(changed)
             hub.mark_persisted(changed)
         # Only datamarkers already on disk may free segments: after a crash, flows

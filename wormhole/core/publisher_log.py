@@ -37,6 +37,7 @@ from msgspec import Raw
 
 from wormhole.core.errors import LogCorruptError, StateError
 from wormhole.core.framing import (
+    HEADER,
     HEADER_SIZE,
     TornTail,
     fsync_directory,
@@ -242,10 +243,16 @@ class PublisherLog:
 
     def _read_header(self, path: Path) -> SegmentHeader:
         with open(path, "rb") as f:
-            for record in read_records(f, str(path)):
-                if record.kind != KIND_SEGMENT:
-                    raise LogCorruptError(str(path), 0, "segment does not start with its header")
-                return _header_decoder.decode(record.payload)
+            try:
+                for record in read_records(f, str(path)):
+                    if record.kind != KIND_SEGMENT:
+                        raise LogCorruptError(
+                            str(path), 0, "segment does not start with its header"
+                        )
+                    return _header_decoder.decode(record.payload)
+            except TornTail as torn:
+                # Only the newest segment can have been cut by a crash.
+                raise LogCorruptError(str(path), torn.offset, torn.reason) from None
         raise LogCorruptError(str(path), 0, "empty segment in the middle of the log")
 
     def _recover_segment(
@@ -320,6 +327,7 @@ class PublisherLog:
             ) from exc
         old, self._fd = self._fd, fd
         if old is not None:
+            os.fsync(old)  # with fsync off, a roll is still a point of durability
             os.close(old)
         with self._lock:
             self.segments.append(
@@ -526,11 +534,16 @@ class LogReader:
 
     def _build_index(self, segment: Segment, size: int) -> list[tuple[int, int, int]]:
         f = self._open(segment)
-        index = [
-            (r.first, r.count, r.offset)
-            for r in scan_headers(f, str(segment.path), stop=size)
-            if r.kind == KIND_BATCH
-        ]
+        records = list(scan_headers(f, str(segment.path), stop=size))
+        end = records[-1].offset + HEADER_SIZE if records else 0
+        if records:
+            f.seek(records[-1].offset)
+            end = records[-1].offset + HEADER_SIZE + HEADER.unpack(f.read(HEADER_SIZE))[3]
+        if end != size:
+            raise LogCorruptError(
+                str(segment.path), end, f"the segment ends inside a record ({size} bytes)"
+            )
+        index = [(r.first, r.count, r.offset) for r in records if r.kind == KIND_BATCH]
         with self.log._lock:
             if segment.index is None:
                 segment.index = index
@@ -546,6 +559,13 @@ class LogReader:
         if i < 0:
             raise LogCorruptError(str(segment.path), 0, f"no record holds seq {position}")
         first, count, offset = index[i]
+        if not first <= position < first + count:
+            raise LogCorruptError(
+                str(segment.path),
+                offset,
+                f"no record holds seq {position} (records end at "
+                f"{first + count}): the segment is missing data",
+            )
         f = self._open(segment)
         record = read_record_at(f, str(segment.path), offset)
         _, updates = _updates_only_decoder.decode(record.payload)

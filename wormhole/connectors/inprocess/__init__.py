@@ -68,7 +68,10 @@ class InprocessTransport:
         for subscriber in self.subscribers:
             subscriber.stop(drain=drain, timeout=self.options.drain_timeout_s if drain else 1.0)
         for subscriber in self.subscribers:
-            subscriber.sink.close()
+            # A sink still inside write() (it missed the drain deadline) is left
+            # open: closing it under the write could send the write elsewhere.
+            if not subscriber.thread.is_alive():
+                subscriber.sink.close()
         self.subscribers.clear()
 
 

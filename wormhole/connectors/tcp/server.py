@@ -253,6 +253,19 @@ class TcpSession:
         self.hub.detach(self, reason)
         self.server.forget(self)
 
+    def flush(self) -> None:
+        """Send datamarkers held back (every N updates or T ms) now."""
+        with self.cond:
+            if not self.closed:
+                self.outbox.append(Frame(self.application, [], {}, 0, 0))
+                self.data_queued += 1
+                self.cond.notify_all()
+
+    def idle(self) -> bool:
+        """Everything sent was acknowledged and nothing waits to be sent."""
+        with self.cond:
+            return self.closed or (not self.outbox and not self.inflight)
+
     def bye(self, reason: str) -> None:
         with contextlib.suppress(OSError):
             self._write(p.encode(p.BYE, p.Bye(reason=reason)))
@@ -449,7 +462,16 @@ class TcpTransport:
     def stop(self, drain: bool = True) -> None:
         self.stopping.set()
         deadline = time.monotonic() + (self.options.drain_timeout_s if drain else 1.0)
-        # Subscriber processes finish the frame they are on, acknowledge and leave.
+        with self.sessions_lock:
+            sessions = list(self.sessions)
+        if drain:
+            # Subscribers finish what they hold and acknowledge it, datamarkers
+            # held back for batching included.
+            for session in sessions:
+                session.flush()
+            while time.monotonic() < deadline and not all(s.idle() for s in sessions):
+                time.sleep(0.01)
+        # Subscriber processes leave.
         for child in self.children.values():
             if child.poll() is None:
                 child.send_signal(signal.SIGTERM)
@@ -460,14 +482,6 @@ class TcpTransport:
                 log.warning("subscriber %s/%d did not stop in time; killing it", *key)
                 child.kill()
                 child.wait()
-        if drain:
-            # External subscribers: wait for what they hold to be acknowledged.
-            while time.monotonic() < deadline:
-                with self.sessions_lock:
-                    busy = [s for s in self.sessions if s.inflight and not s.closed]
-                if not busy:
-                    break
-                time.sleep(0.02)
         with self.sessions_lock:
             sessions = list(self.sessions)
         for session in sessions:
