@@ -220,3 +220,19 @@ def test_logwriter_on_a_full_disk_leaves_no_half_record(small_filesystem: Path) 
     writer.close()
     updates, _ = read_all(open_source(small_filesystem))
     assert [u.key["id"] for u in updates] == list(range(300))
+
+
+def test_one_publishers_sequence_continued_in_another_stream_is_delivered_whole(
+    tmp_path: Path,
+) -> None:
+    streams = tmp_path / "streams"
+    with LogWriter(streams / "a-host1", publisher_id="gps", batch_size=10) as w:
+        for i in range(100):
+            w.publish("t", {"id": i % 7}, {"id": i % 7, "n": i})
+    # host1 failed; host2 took over and continued the sequence at 101.
+    with LogWriter(streams / "b-host2", publisher_id="gps", start_seq=101, batch_size=10) as w:
+        for i in range(100, 200):
+            w.publish("t", {"id": i % 7}, {"id": i % 7, "n": i})
+    updates, checkpoint = read_all(open_source(streams, batch_bytes=512))
+    assert [u.after_row()["n"] for u in updates] == list(range(200))  # type: ignore[index]
+    assert checkpoint["seen"] == {"gps": 200}

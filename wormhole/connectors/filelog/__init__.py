@@ -29,7 +29,7 @@ import msgspec
 from pydantic import ByteSize, Field
 
 from wormhole.core.errors import LogCorruptError, SourceError
-from wormhole.core.framing import TornTail, read_records
+from wormhole.core.framing import HEADER, HEADER_SIZE, MAGIC, TornTail, read_records
 from wormhole.core.update import NULL, OPS, Update
 from wormhole.plugins.components import ComponentSpec, Options, SourceBatch, SourceContext
 from wormhole.plugins.hookspecs import hookimpl
@@ -200,13 +200,43 @@ class FilelogSource:
         if self.stream_mode is not False:
             self._discover()
         streams = list(self.streams.values())
+        heads = {id(s): self._peek(s) for s in streams} if len(streams) > 1 else {}
         for i in range(len(streams)):
             stream = streams[(self._rr + i) % len(streams)]
+            head = heads.get(id(stream))
+            if head is not None:
+                # One publisher's messages may be spread over several streams (a
+                # failover that continued the sequence): take the next seq from
+                # whichever stream has it, so that nothing is mistaken for a duplicate.
+                pid, first = head
+                wanted = self.seen.get(pid, 0) + 1
+                if first > wanted and any(
+                    h is not None and h[0] == pid and h[1] <= wanted for h in heads.values()
+                ):
+                    continue
             updates = self._read_stream(stream)
             if updates is not None:
                 self._rr = (self._rr + i + 1) % len(streams)
                 return SourceBatch(updates, self._checkpoint())
         return None
+
+    def _peek(self, stream: Stream) -> tuple[str, int] | None:
+        """(publisher id, first seq) of a LogWriter stream's next record, when known."""
+        if stream.file is None:
+            files = stream.list_files()
+            if not files:
+                return None
+            stream.file, stream.offset = files[0], 0
+        handle = self._handle(stream)
+        if stream.kind != "logwriter" or handle is None or not stream.publisher_id:
+            return None
+        header = os.pread(handle.fileno(), HEADER_SIZE, stream.offset)
+        if len(header) < HEADER_SIZE:
+            return None
+        magic, _version, kind, _length, _crc, first, _count = HEADER.unpack(header)
+        if magic != MAGIC or kind != KIND_MESSAGES:
+            return None
+        return stream.publisher_id, first
 
     def _checkpoint(self) -> dict[str, Any]:
         return {
@@ -404,6 +434,11 @@ class FilelogSource:
                 consumed += len(record.payload)
                 if record.kind != KIND_MESSAGES:
                     continue
+                if record.first > seen + 1 and out:
+                    # A gap: end the batch here, so the next read can take the
+                    # missing messages from another stream first.
+                    stream.offset = record.offset
+                    break
                 last = record.first + record.count - 1
                 if last > seen:
                     out.extend(
