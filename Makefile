@@ -33,6 +33,7 @@ test: $(STAMP) services lint
 
 bench: $(STAMP)
 	$(BIN)/python bench/filelog_throughput.py
+	$(BIN)/python bench/tcp_delivery.py
 
 clean:
 	rm -rf .wormhole out data/quickstart

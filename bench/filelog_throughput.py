@@ -95,6 +95,7 @@ def pipeline_rate(source: Path, state: Path, apps: int) -> tuple[float, int]:
 pipeline: bench
 state_dir: {state}
 source: {{type: filelog, path: {source}}}
+transport: {{type: inprocess}}
 applications:
 {applications}
 """
