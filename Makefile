@@ -16,7 +16,7 @@ install: $(STAMP)
 ## The quickstart: produce rider positions into a file log, deliver them to two applications.
 run: $(STAMP)
 	$(BIN)/python -m wormhole.demo produce --out data/quickstart/rider-gps --riders 5000 --seconds 20
-	$(BIN)/wormhole run pipelines/quickstart.yml --once
+	$(BIN)/wormhole --log-level warning run pipelines/quickstart.yml --once
 	$(BIN)/python -m wormhole.demo show pipelines/quickstart.yml
 
 ## System services the tests need (none yet beyond Python; later connectors add theirs).

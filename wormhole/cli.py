@@ -300,6 +300,13 @@ def build_parser() -> argparse.ArgumentParser:
         "sharded, acknowledged streams of key-value updates.",
     )
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    parser.add_argument(
+        "--log-level",
+        default=os.environ.get("WORMHOLE_LOG_LEVEL", "info"),
+        choices=["debug", "info", "warning", "error"],
+        help="log level (default: $WORMHOLE_LOG_LEVEL or info); subscribers started by "
+        "`run` inherit it",
+    )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     run = sub.add_parser("run", help="run a pipeline until stopped (or --once)")
@@ -357,8 +364,10 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    level = "debug" if args.verbose else args.log_level
+    os.environ["WORMHOLE_LOG_LEVEL"] = level  # for subscriber processes we start
     logging.basicConfig(
-        level=logging.DEBUG if args.verbose else logging.INFO,
+        level=getattr(logging, level.upper()),
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
         stream=sys.stderr,
     )

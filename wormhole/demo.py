@@ -27,15 +27,15 @@ BASE_TS_MS = 1_763_769_600_000  # a fixed epoch keeps runs comparable
 
 def produce(out: str, riders: int, seconds: int, publisher_id: str, seed: int) -> int:
     """Write ``riders * seconds`` rider_location events; returns how many."""
-    rng = random.Random(seed)
-    # Riders start around Bengaluru and drift a few metres a second.
-    positions = [
-        [12.97 + rng.uniform(-0.1, 0.1), 77.59 + rng.uniform(-0.1, 0.1)] for _ in range(riders)
-    ]
-    headings = [rng.uniform(0, 2 * math.pi) for _ in range(riders)]
     directory = Path(out)
     with LogWriter(directory, publisher_id=publisher_id, batch_size=5000) as log:
         start_second = _next_second(log.next_seq, riders)
+        rng = random.Random(seed + start_second)
+        # Riders start around Bengaluru and drift a few metres a second.
+        positions = [
+            [12.97 + rng.uniform(-0.1, 0.1), 77.59 + rng.uniform(-0.1, 0.1)] for _ in range(riders)
+        ]
+        headings = [rng.uniform(0, 2 * math.pi) for _ in range(riders)]
         for second in range(start_second, start_second + seconds):
             for rider in range(riders):
                 headings[rider] += rng.uniform(-0.3, 0.3)
