@@ -27,7 +27,7 @@ if typing.TYPE_CHECKING:
     from wormhole.plugins.manager import Registry
 
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]*$"
-OPS = Literal["c", "u", "d", "r"]
+OPS = Literal["c", "u", "d", "r", "t"]
 
 
 class DatasetConfig(Options):
@@ -74,7 +74,7 @@ class FilterConfig(Options):
     """Publisher-side filter of one application."""
 
     tables: list[str] | None = Field(None, description="table names or globs to keep")
-    ops: list[OPS] | None = Field(None, description="ops to keep: c, u, d, r")
+    ops: list[OPS] | None = Field(None, description="ops to keep: c, u, d, r, t")
     plugins: list[dict[str, Any]] = Field(
         default_factory=list, description="filter plugins, applied after tables and ops"
     )

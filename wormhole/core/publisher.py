@@ -28,6 +28,7 @@ from wormhole.core.errors import StateError, WormholeError
 from wormhole.core.hub import ApplicationRuntime, Flow, Hub
 from wormhole.core.pipeline import Pipeline
 from wormhole.core.publisher_log import PreparedBatch, PublisherLog
+from wormhole.core.update import Update
 from wormhole.plugins.components import Datamarker, SourceBatch, SourceContext
 from wormhole.plugins.filters import compile_filter
 
@@ -304,8 +305,13 @@ class Publisher:
                     return
                 continue
             updates = batch.updates
+            truncates = False
             for u in updates:
                 u.shard = crc(canonical(u.key)) % shards
+                if u.op == "t":
+                    truncates = True
+            if truncates:
+                updates = batch.updates = _broadcast_truncates(updates, shards)
             if not self._put(prepared, plog.prepare(updates, batch.checkpoint)):
                 return
             if once and source.reached(end):
@@ -405,6 +411,19 @@ class Publisher:
                 name, app.acknowledged_updates, marker, plog.next_seq - marker
             )
         return summary
+
+
+def _broadcast_truncates(updates: list[Update], shards: int) -> list[Update]:
+    """Every flow must see a truncate in order with its own updates: one copy per shard."""
+    out: list[Update] = []
+    for u in updates:
+        if u.op != "t":
+            out.append(u)
+            continue
+        for shard in range(shards):
+            copy = msgspec.structs.replace(u, shard=shard)
+            out.append(copy)
+    return out
 
 
 def tune_gc() -> None:

@@ -20,6 +20,10 @@ NULL = Raw(b"null")
 OPS = ("c", "u", "d", "r")
 """Update ops: ``c`` insert, ``u`` update, ``d`` delete, ``r`` snapshot read."""
 
+TRUNCATE = "t"
+"""A table was emptied (PostgreSQL TRUNCATE). It has an empty key and reaches every
+shard: the publisher delivers one copy to each flow, in order with its updates."""
+
 Row = dict[str, Any]
 
 _json_encode = msgspec.json.Encoder().encode

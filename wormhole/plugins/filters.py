@@ -50,7 +50,7 @@ def compile_filter(
     if tables:
         match = table_matcher(tables)
         steps.append(lambda updates: [u for u in updates if match(u.table)])
-    if ops and set(ops) != {"c", "u", "d", "r"}:
+    if ops and set(ops) != {"c", "u", "d", "r", "t"}:
         wanted = frozenset(ops)
         steps.append(lambda updates: [u for u in updates if u.op in wanted])
     steps.extend(plugins)

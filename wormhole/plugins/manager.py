@@ -24,6 +24,7 @@ BUILTIN_PLUGINS = (
     "wormhole.connectors.latest",
     "wormhole.connectors.inprocess",
     "wormhole.connectors.tcp",
+    "wormhole.connectors.postgres",
     "wormhole.connectors.sqlite",
     "wormhole.plugins.filters",
 )

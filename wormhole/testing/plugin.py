@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -35,3 +35,21 @@ def pipeline_file(tmp_path: Path) -> Callable[..., Path]:
 def free_port_fixture() -> int:
     """A free TCP port on 127.0.0.1."""
     return free_port()
+
+
+@pytest.fixture(scope="session")
+def postgres_server() -> Iterator[Any]:
+    """A throwaway PostgreSQL cluster (wal_level=logical) for the test session."""
+    from wormhole.testing.postgres import start_postgres
+
+    yield from start_postgres()
+
+
+@pytest.fixture
+def postgres_dsn(postgres_server: Any) -> Iterator[str]:
+    """A fresh database in the session's cluster; its DSN."""
+    name = postgres_server.create_database()
+    try:
+        yield postgres_server.dsn(name)
+    finally:
+        postgres_server.drop_database(name)

@@ -1,7 +1,7 @@
 """The ``latest`` sink: the current row of every key, in a SQLite file.
 
 A materialised view of the stream: inserts, updates and snapshot reads upsert the
-after image, deletes remove the key. Each batch is one transaction, committed
+after image, deletes remove the key, a truncate empties the table. Each batch is one transaction, committed
 (``synchronous=FULL``) before the batch is acknowledged. Replaying a stream from
 an older datamarker converges to the same state, because per-key order holds.
 """
@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import sqlite3
 from pathlib import Path
+from typing import Any
 
 from pydantic import Field
 
@@ -23,6 +24,7 @@ SCHEMA = """
 CREATE TABLE IF NOT EXISTS latest (
     source_table TEXT NOT NULL,
     key TEXT NOT NULL,
+    shard INTEGER NOT NULL,
     row TEXT NOT NULL,
     op TEXT NOT NULL,
     position TEXT NOT NULL,
@@ -69,33 +71,34 @@ class LatestSink:
         db = self.db
         if db is None or not updates:
             return
-        upserts = []
-        deletes = []
-        for u in updates:
-            key = canonical_key(u.key).decode()
-            if u.op == "d":
-                deletes.append((u.table, key))
-            else:
-                upserts.append((u.table, key, bytes(u.after).decode(), u.op, u.position, u.ts_ms))
         db.execute("BEGIN IMMEDIATE")
         try:
-            # Per-key order matters: apply in stream order, grouping only runs of one kind.
-            if deletes and upserts:
-                for u in updates:
-                    key = canonical_key(u.key).decode()
-                    if u.op == "d":
-                        db.execute(
-                            "DELETE FROM latest WHERE source_table = ? AND key = ?", (u.table, key)
-                        )
-                    else:
-                        db.execute(
-                            "INSERT OR REPLACE INTO latest VALUES (?, ?, ?, ?, ?, ?)",
-                            (u.table, key, bytes(u.after).decode(), u.op, u.position, u.ts_ms),
-                        )
-            elif deletes:
-                db.executemany("DELETE FROM latest WHERE source_table = ? AND key = ?", deletes)
-            else:
-                db.executemany("INSERT OR REPLACE INTO latest VALUES (?, ?, ?, ?, ?, ?)", upserts)
+            # Per-key order matters: apply in stream order, grouping runs of one kind.
+            run: list[tuple[Any, ...]] = []
+            run_kind = ""
+            for u in updates:
+                if u.op == "t":
+                    kind, row = "t", (u.table, u.shard)
+                elif u.op == "d":
+                    kind, row = "d", (u.table, canonical_key(u.key).decode())
+                else:
+                    kind = "u"
+                    row = (
+                        u.table,
+                        canonical_key(u.key).decode(),
+                        u.shard,
+                        bytes(u.after).decode(),
+                        u.op,
+                        u.position,
+                        u.ts_ms,
+                    )
+                if kind != run_kind and run:
+                    _apply(db, run_kind, run)
+                    run = []
+                run_kind = kind
+                run.append(row)
+            if run:
+                _apply(db, run_kind, run)
             db.execute("COMMIT")
         except BaseException:
             db.execute("ROLLBACK")
@@ -105,6 +108,19 @@ class LatestSink:
         if self.db is not None:
             self.db.close()
             self.db = None
+
+
+_STATEMENTS = {
+    "u": "INSERT OR REPLACE INTO latest (source_table, key, shard, row, op, position, ts_ms) "
+    "VALUES (?, ?, ?, ?, ?, ?, ?)",
+    "d": "DELETE FROM latest WHERE source_table = ? AND key = ?",
+    # A truncate reaches every shard: each copy empties its own shard's rows.
+    "t": "DELETE FROM latest WHERE source_table = ? AND shard = ?",
+}
+
+
+def _apply(db: sqlite3.Connection, kind: str, rows: list[tuple[Any, ...]]) -> None:
+    db.executemany(_STATEMENTS[kind], rows)
 
 
 @hookimpl

@@ -1,0 +1,242 @@
+"""Decoding of PostgreSQL's pgoutput logical replication messages (protocol version 1).
+
+Message layouts follow the PostgreSQL documentation, "Logical Replication Message
+Formats". Column values arrive in PostgreSQL's text output format; this module
+turns them into the envelope's JSON values: integers, booleans and finite floats
+become JSON numbers and booleans, text types stay strings, and every other type
+keeps PostgreSQL's own text representation as a string. SQL NULL is ``None``.
+"""
+
+from __future__ import annotations
+
+import math
+import struct
+from dataclasses import dataclass, field
+from typing import Any
+
+# Epoch of PostgreSQL timestamps (2000-01-01) in Unix milliseconds.
+PG_EPOCH_MS = 946_684_800_000
+
+INT_TYPES = frozenset({20, 21, 23, 26, 28, 29, 5069})  # int8 int2 int4 oid xid cid xid8
+BOOL_TYPE = 16
+FLOAT_TYPES = frozenset({700, 701})  # float4 float8
+TEXT_TYPES = frozenset({25, 1043, 1042, 19, 18})  # text varchar bpchar name char
+
+UNCHANGED_TOAST = "__unchanged_toast__"
+"""The value of a TOASTed column an update left unchanged, when no image of it is known.
+
+PostgreSQL does not send such values (pgoutput marks them 'u'); Wormhole never
+invents one. A sink that merges rows should keep the column's current value.
+"""
+
+_U8 = struct.Struct("!B")
+_U16 = struct.Struct("!H")
+_I32 = struct.Struct("!i")
+_U32 = struct.Struct("!I")
+_U64 = struct.Struct("!Q")
+_I64 = struct.Struct("!q")
+_BEGIN = struct.Struct("!QqI")
+_COMMIT = struct.Struct("!BQQq")
+
+
+def lsn_text(lsn: int) -> str:
+    """An LSN as PostgreSQL writes it: ``16B3748`` -> ``0/16B3748``."""
+    return f"{lsn >> 32:X}/{lsn & 0xFFFFFFFF:X}"
+
+
+def parse_lsn(text: str) -> int:
+    high, _, low = text.partition("/")
+    return (int(high, 16) << 32) | int(low, 16)
+
+
+def pg_time_ms(microseconds: int) -> int:
+    return PG_EPOCH_MS + microseconds // 1000
+
+
+@dataclass
+class Column:
+    name: str
+    type_oid: int
+    key: bool
+    kind: int = 0  # 0 text, 1 int, 2 bool, 3 float
+
+
+@dataclass
+class Relation:
+    oid: int
+    schema: str
+    name: str
+    replica_identity: str  # d default, n nothing, f full, i index
+    columns: list[Column]
+    key_columns: list[str] = field(default_factory=list)
+
+    @property
+    def table(self) -> str:
+        return f"{self.schema}.{self.name}"
+
+
+def value_kind(type_oid: int) -> int:
+    if type_oid in INT_TYPES:
+        return 1
+    if type_oid == BOOL_TYPE:
+        return 2
+    if type_oid in FLOAT_TYPES:
+        return 3
+    return 0
+
+
+def convert(kind: int, text: str) -> Any:
+    """A column's text output as its envelope value."""
+    if kind == 1:
+        return int(text)
+    if kind == 2:
+        return text == "t"
+    if kind == 3:
+        number = float(text)
+        return number if math.isfinite(number) else text
+    return text
+
+
+def _cstring(data: bytes, offset: int) -> tuple[str, int]:
+    end = data.index(b"\0", offset)
+    return data[offset:end].decode(), end + 1
+
+
+def parse_relation(data: bytes) -> Relation:
+    """An 'R' message (data[0] == ord('R'))."""
+    (oid,) = _U32.unpack_from(data, 1)
+    schema, offset = _cstring(data, 5)
+    name, offset = _cstring(data, offset)
+    identity = chr(data[offset])
+    (ncols,) = _U16.unpack_from(data, offset + 1)
+    offset += 3
+    columns = []
+    for _ in range(ncols):
+        flags = data[offset]
+        column_name, offset = _cstring(data, offset + 1)
+        (type_oid,) = _U32.unpack_from(data, offset)
+        offset += 8  # type oid + typmod
+        columns.append(Column(column_name, type_oid, bool(flags & 1), value_kind(type_oid)))
+    return Relation(oid, schema or "public", name, identity, columns)
+
+
+def parse_begin(data: bytes) -> tuple[int, int, int]:
+    """(final LSN, commit time in Unix ms, xid) of a 'B' message."""
+    final_lsn, commit_us, xid = _BEGIN.unpack_from(data, 1)
+    return final_lsn, pg_time_ms(commit_us), xid
+
+
+def parse_commit(data: bytes) -> tuple[int, int, int]:
+    """(commit LSN, end LSN, commit time in Unix ms) of a 'C' message."""
+    _flags, commit_lsn, end_lsn, commit_us = _COMMIT.unpack_from(data, 1)
+    return commit_lsn, end_lsn, pg_time_ms(commit_us)
+
+
+def parse_origin(data: bytes) -> tuple[int, str]:
+    """(commit LSN on the origin server, origin name) of an 'O' message."""
+    (origin_lsn,) = _U64.unpack_from(data, 1)
+    name, _ = _cstring(data, 9)
+    return origin_lsn, name
+
+
+def parse_type(data: bytes) -> tuple[int, str, str]:
+    """(type oid, schema, name) of a 'Y' message."""
+    (oid,) = _U32.unpack_from(data, 1)
+    schema, offset = _cstring(data, 5)
+    name, _ = _cstring(data, offset)
+    return oid, schema, name
+
+
+def parse_truncate(data: bytes) -> list[int]:
+    """Relation oids of a 'T' message."""
+    (count,) = _U32.unpack_from(data, 1)
+    return [_U32.unpack_from(data, 6 + 4 * i)[0] for i in range(count)]
+
+
+def parse_tuple(
+    data: bytes, offset: int, columns: list[Column]
+) -> tuple[dict[str, Any], list[str], int]:
+    """A TupleData: (row, names of unchanged TOASTed columns, next offset)."""
+    (ncols,) = _U16.unpack_from(data, offset)
+    offset += 2
+    row: dict[str, Any] = {}
+    unchanged: list[str] = []
+    u32 = _U32.unpack_from
+    for i in range(ncols):
+        column = columns[i]
+        marker = data[offset]
+        offset += 1
+        if marker == 116:  # 't' text
+            (length,) = u32(data, offset)
+            offset += 4
+            text = data[offset : offset + length].decode()
+            offset += length
+            kind = column.kind
+            row[column.name] = text if kind == 0 else convert(kind, text)
+        elif marker == 110:  # 'n' null
+            row[column.name] = None
+        elif marker == 117:  # 'u' unchanged TOAST
+            row[column.name] = UNCHANGED_TOAST
+            unchanged.append(column.name)
+        elif marker == 98:  # 'b' binary (not requested)
+            (length,) = u32(data, offset)
+            offset += 4 + length
+            row[column.name] = None
+        else:
+            raise ValueError(f"unknown tuple column marker {marker!r}")
+    return row, unchanged, offset
+
+
+def parse_change(
+    data: bytes, relations: dict[int, Relation]
+) -> tuple[str, Relation, dict[str, Any] | None, dict[str, Any] | None, list[str], bool]:
+    """An 'I', 'U' or 'D' message: (op, relation, before, after, unchanged, full_before).
+
+    ``full_before`` tells whether ``before`` is the whole old row ('O') rather
+    than only its key columns ('K').
+    """
+    tag = data[0]
+    (oid,) = _U32.unpack_from(data, 1)
+    relation = relations[oid]
+    columns = relation.columns
+    offset = 5
+    before = None
+    after = None
+    unchanged: list[str] = []
+    full = False
+    if tag == 73:  # 'I'
+        after, unchanged, offset = parse_tuple(data, offset + 1, columns)
+        return "c", relation, None, after, unchanged, False
+    if tag == 85:  # 'U'
+        marker = data[offset]
+        if marker in (75, 79):  # 'K' / 'O'
+            full = marker == 79
+            before, _, offset = parse_tuple(data, offset + 1, columns)
+            marker = data[offset]
+        after, unchanged, offset = parse_tuple(data, offset + 1, columns)
+        return "u", relation, before, after, unchanged, full
+    if tag == 68:  # 'D'
+        marker = data[offset]
+        full = marker == 79
+        before, _, offset = parse_tuple(data, offset + 1, columns)
+        return "d", relation, before, None, [], full
+    raise ValueError(f"not a change message: {chr(tag)!r}")
+
+
+__all__ = [
+    "UNCHANGED_TOAST",
+    "Column",
+    "Relation",
+    "convert",
+    "lsn_text",
+    "parse_begin",
+    "parse_change",
+    "parse_commit",
+    "parse_lsn",
+    "parse_origin",
+    "parse_relation",
+    "parse_truncate",
+    "parse_type",
+    "value_kind",
+]
+_ = (_I32, _I64, _U8)
