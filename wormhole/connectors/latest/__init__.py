@@ -1,8 +1,8 @@
 """The ``latest`` sink: the current row of every key, in a SQLite file.
 
 A materialised view of the stream: inserts, updates and snapshot reads upsert the
-after image, deletes remove the key, a truncate empties the table. Each batch is one transaction, committed
-(``synchronous=FULL``) before the batch is acknowledged. Replaying a stream from
+after image, deletes remove the key, a truncate empties the table. Each batch is
+one transaction, committed (``synchronous=FULL``) before the batch is acknowledged. Replaying a stream from
 an older datamarker converges to the same state, because per-key order holds.
 """
 
@@ -77,6 +77,7 @@ class LatestSink:
             run: list[tuple[Any, ...]] = []
             run_kind = ""
             for u in updates:
+                row: tuple[Any, ...]
                 if u.op == "t":
                     kind, row = "t", (u.table, u.shard)
                 elif u.op == "d":
