@@ -2,8 +2,9 @@
 
 A materialised view of the stream: inserts, updates and snapshot reads upsert the
 after image, deletes remove the key, a truncate empties the table. Each batch is
-one transaction, committed (``synchronous=FULL``) before the batch is acknowledged. Replaying a stream from
-an older datamarker converges to the same state, because per-key order holds.
+one transaction, committed (``synchronous=FULL``) before the batch is acknowledged.
+Replaying a stream from an older datamarker converges to the same state, because
+per-key order holds.
 """
 
 from __future__ import annotations
