@@ -655,6 +655,10 @@ class PostgresSource:
             self.heartbeat_conn = None
 
     def close(self) -> None:
+        if self.cursor is not None and self.phase == "stream" and self.confirmed:
+            # Status updates go out every status_interval; the last one must not wait.
+            with contextlib.suppress(Exception):
+                self.cursor.send_feedback(flush_lsn=self.confirmed, force=True)
         for conn in (self.repl, self.conn, self.heartbeat_conn):
             if conn is not None:
                 with contextlib.suppress(Exception):
