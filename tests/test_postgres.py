@@ -91,7 +91,7 @@ ROW = """INSERT INTO everything (c_int2, c_int4, c_int8, c_num, c_float4, c_floa
     c_text, c_varchar, c_char, c_bytea, c_date, c_time, c_timetz, c_ts, c_tstz, c_interval,
     c_uuid, c_json, c_jsonb, c_int_arr, c_text_arr, c_enum, c_comp, c_domain, c_inet, c_big)
     VALUES ({i}, {i} * 1000, {i} * 1000000000::bigint, {i} / 7.0, {i} / 3.0, {i} / 9.0, {i} % 2 = 0,
-    'line ' || {i} || E'\\nsecond ''quoted'' line – ünïcode ✓', 'v{i}', 'c{i}',
+    'line ' || {i} || E'\\nsecond ''quoted'' line ünïcode ✓ €', 'v{i}', 'c{i}',
     '\\xdeadbeef'::bytea, DATE '2026-11-21' + {i}, TIME '12:34:56.789', TIMETZ '12:00+05:30',
     TIMESTAMP '2026-11-21 10:00:00.123456' + {i} * INTERVAL '1 hour',
     TIMESTAMPTZ '2026-11-21 10:00:00+00', INTERVAL '1 day 02:03:04', gen_random_uuid(),
