@@ -210,3 +210,178 @@ def test_the_stream_agrees_change_for_change_with_test_decoding(
         )
         assert cur.fetchone()[0], "confirmed_flush_lsn did not reach the last commit"
     conn.close()
+
+
+def _events_pipeline(tmp_path: Path, dsn: str, **source: Any) -> Path:
+    return pg_pipeline(tmp_path, dsn, tables=["public.events"], **source)
+
+
+def _write_rounds(dsn: str, keys: int, rounds: range) -> None:
+    conn = psycopg2.connect(dsn)
+    conn.autocommit = True
+    with conn.cursor() as cur:
+        for n in rounds:
+            cur.execute(
+                "INSERT INTO events SELECT g, %s FROM generate_series(0, %s) g "
+                "ON CONFLICT (id) DO UPDATE SET n = excluded.n",
+                (n, keys - 1),
+            )
+    conn.close()
+
+
+def _check_events(path: Path, keys: int, rounds: int) -> int:
+    """Every key's n went 0..rounds-1; replays repeat, never skip or reorder."""
+    import msgspec
+
+    decoder = msgspec.json.Decoder()
+    high = [-1] * keys
+    duplicates = 0
+    with open(path, "rb") as f:
+        for line in f:
+            e = decoder.decode(line)
+            key, n = e["key"]["id"], e["after"]["n"]
+            if n > high[key]:
+                assert n == high[key] + 1, f"key {key}: {n} arrived before {high[key] + 1}"
+                high[key] = n
+            else:
+                duplicates += 1
+    assert high == [rounds - 1] * keys
+    return duplicates
+
+
+def test_kill_9_during_a_million_row_stream_loses_nothing(
+    tmp_path: Path, postgres_dsn: str
+) -> None:
+    import signal
+    import subprocess
+    import sys
+    import threading
+    import time
+
+    keys, rounds = 10_000, 100
+    sql(postgres_dsn, "CREATE TABLE events (id int PRIMARY KEY, n int NOT NULL)")
+    pipeline = _events_pipeline(tmp_path, postgres_dsn, snapshot="never")
+    assert run_cli("run", str(pipeline), "--once", cwd=tmp_path).returncode == 0
+    out = tmp_path / "out.jsonl"
+    writer = threading.Thread(target=_write_rounds, args=(postgres_dsn, keys, range(rounds)))
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "wormhole.cli", "run", str(pipeline)],
+        cwd=tmp_path,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    writer.start()
+    try:
+        deadline = time.monotonic() + 120
+        while not (out.exists() and out.stat().st_size > 20_000_000):
+            assert time.monotonic() < deadline, "no progress"
+            time.sleep(0.05)
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(10)
+    finally:
+        writer.join()
+        if proc.poll() is None:
+            proc.kill()
+    before = out.read_bytes().count(b"\n")
+    assert before < keys * rounds, "the kill was not mid-stream"
+    result = run_cli("run", str(pipeline), "--once", "--json", cwd=tmp_path, timeout=600)
+    assert result.returncode == 0, result
+    duplicates = _check_events(out, keys, rounds)
+    assert out.read_bytes().count(b"\n") == keys * rounds + duplicates
+
+
+def test_a_server_restart_mid_stream_reconnects(
+    tmp_path: Path, postgres_dsn: str, postgres_server: Any
+) -> None:
+    import subprocess
+    import sys
+    import time
+
+    from wormhole.testing.postgres import restart_postgres
+
+    sql(postgres_dsn, "CREATE TABLE events (id int PRIMARY KEY, n int NOT NULL)")
+    pipeline = _events_pipeline(tmp_path, postgres_dsn, snapshot="never")
+    assert run_cli("run", str(pipeline), "--once", cwd=tmp_path).returncode == 0
+    out = tmp_path / "out.jsonl"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "wormhole.cli", "run", str(pipeline)],
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        _write_rounds(postgres_dsn, 100, range(5))
+        deadline = time.monotonic() + 60
+        while not (out.exists() and out.read_bytes().count(b"\n") >= 500):
+            assert time.monotonic() < deadline, "no delivery before the restart"
+            time.sleep(0.05)
+        restart_postgres(postgres_server, mode="immediate")
+        _write_rounds(postgres_dsn, 100, range(5, 10))
+        while out.read_bytes().count(b"\n") < 1000:
+            assert time.monotonic() < deadline + 60, "no delivery after the restart"
+            time.sleep(0.05)
+    finally:
+        proc.terminate()
+        _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, err
+    assert "lost the replication connection" in err and "reconnected to PostgreSQL" in err
+    _check_events(out, 100, 10)
+
+
+def test_a_dropped_slot_or_publication_is_fatal_with_a_clear_message(
+    tmp_path: Path, postgres_dsn: str
+) -> None:
+    sql(postgres_dsn, "CREATE TABLE events (id int PRIMARY KEY, n int NOT NULL)")
+    pipeline = _events_pipeline(tmp_path, postgres_dsn)
+    assert run_cli("run", str(pipeline), "--once", cwd=tmp_path).returncode == 0
+    sql(postgres_dsn, "DROP PUBLICATION wormhole_pg")
+    result = run_cli("run", str(pipeline), "--once", cwd=tmp_path)
+    assert result.returncode == 2, result
+    assert "publication 'wormhole_pg' does not exist" in result.stderr
+    assert "Traceback" not in result.stderr
+    sql(
+        postgres_dsn,
+        "CREATE PUBLICATION wormhole_pg FOR TABLE events",
+        "SELECT pg_drop_replication_slot('wormhole_pg')",
+    )
+    result = run_cli("run", str(pipeline), "--once", cwd=tmp_path)
+    assert result.returncode == 2, result
+    assert "replication slot 'wormhole_pg' does not exist" in result.stderr
+    assert "it is not recreated silently" in result.stderr
+
+
+def test_an_unreachable_server_is_named(tmp_path: Path) -> None:
+    from wormhole.testing import free_port
+
+    dsn = f"host=127.0.0.1 port={free_port()} dbname=nope user=postgres connect_timeout=2"
+    result = run_cli("run", str(pg_pipeline(tmp_path, dsn)), "--once", cwd=tmp_path)
+    assert result.returncode == 2, result
+    assert "source.dsn: cannot connect to PostgreSQL" in result.stderr
+
+
+def test_schema_changes_heartbeats_and_key_changes(tmp_path: Path, postgres_dsn: str) -> None:
+    sql(postgres_dsn, "CREATE TABLE events (id int PRIMARY KEY, n int NOT NULL)")
+    pipeline = _events_pipeline(
+        tmp_path, postgres_dsn, heartbeat={"table": "public.events_heartbeat", "interval_s": 0.05}
+    )
+    assert run_cli("run", str(pipeline), "--once", cwd=tmp_path).returncode == 0
+    sql(
+        postgres_dsn,
+        "INSERT INTO events VALUES (1, 1)",
+        "ALTER TABLE events ADD COLUMN label text DEFAULT 'x'",
+        "INSERT INTO events VALUES (2, 2, 'two')",
+        "UPDATE events SET id = 3 WHERE id = 2",  # a key change
+    )
+    result = run_cli("run", str(pipeline), "--once", cwd=tmp_path)
+    assert result.returncode == 0, result
+    out = read_envelopes(tmp_path / "out.jsonl")
+    assert out[0]["after"] == {"id": 1, "n": 1}
+    assert out[1]["after"] == {"id": 2, "n": 2, "label": "two"}
+    assert [(e["op"], e["key"]) for e in out[2:]] == [("d", {"id": 2}), ("c", {"id": 3})]
+    assert {e["source"]["table"] for e in out} == {"public.events"}  # no heartbeats
+    conn = psycopg2.connect(postgres_dsn)
+    with conn.cursor() as cur:
+        cur.execute("SELECT count(*) FROM events_heartbeat")
+        assert cur.fetchone()[0] == 1
+    conn.close()

@@ -98,6 +98,7 @@ class PostgresSource:
         self.seen_lsn = 0
         self.last_heartbeat = 0.0
         self.heartbeat_conn: Any = None
+        self.announce = False
 
     # ------------------------------------------------------------------ open
     def open(self, context: SourceContext, checkpoint: Any) -> None:
@@ -253,6 +254,9 @@ class PostgresSource:
             self.snapshot_tables = self._published_tables()
         else:
             self._start_replication()
+            # The new slot's position goes into the publisher log at once, so that a
+            # restart knows the slot is ours even if no change arrived yet.
+            self.announce = True
 
     def _published_tables(self) -> list[str]:
         rows = self._query(
@@ -317,6 +321,9 @@ class PostgresSource:
 
     # ------------------------------------------------------------------ read
     def read(self, timeout: float) -> SourceBatch | None:
+        if self.announce:
+            self.announce = False
+            return SourceBatch([], self._checkpoint())
         if self.phase == "snapshot":
             return self._read_snapshot()
         deadline = time.monotonic() + timeout
@@ -617,7 +624,7 @@ class PostgresSource:
         return lsn
 
     def reached(self, end: Any) -> bool:
-        if self.phase == "snapshot" or self.in_txn:
+        if self.announce or self.phase == "snapshot" or self.in_txn:
             return False
         return self.seen_lsn >= pg.parse_lsn(end)
 
