@@ -152,13 +152,15 @@ class Caravan:
                 continue
             mine = frames[id(session)]
             frame = Frame(app.name, mine, datamarkers, first, end, batch.appended_ns)
-            if not session.deliver(frame, self.stop):
-                return False
             with hub.lock:
+                # Recorded before the hand-over: an acknowledgement can come back at
+                # once, and it is never taken past what was delivered. A reassignment
+                # that moves the flow back later resets this.
                 for shard in datamarkers:
-                    # A reassignment meanwhile moved the flow back: keep its reset.
                     if app.owner[shard] is session and flows[shard].delivered < end:
                         flows[shard].delivered = end
+            if not session.deliver(frame, self.stop):
+                return False
             app.delivered_updates += len(mine)
         return True
 

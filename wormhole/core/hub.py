@@ -235,6 +235,8 @@ class Hub:
                 if app.owner[shard] is not session and app.revoking.get(shard) is not session:
                     continue
                 flow = flows[shard]
+                # Never past what was delivered: an acknowledgement cannot invent data.
+                position = min(position, flow.delivered)
                 if position > flow.datamarker:
                     flow.datamarker = position
             app.acknowledged_updates += updates

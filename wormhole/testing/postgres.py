@@ -144,8 +144,13 @@ def start_postgres() -> Iterator[PostgresServer]:
 def restart_postgres(server: PostgresServer, mode: str = "fast") -> None:
     """Stop and start the cluster again on the same port (a server restart)."""
     data = server.directory / "data"
+    # With a log file: the server must not inherit (and hold open) our pipes.
+    log = str(server.directory / "log")
     subprocess.run(
-        _as_postgres([str(server.bin / "pg_ctl"), "-D", str(data), "-m", mode, "-w", "restart"]),
+        _as_postgres(
+            [str(server.bin / "pg_ctl"), "-D", str(data), "-m", mode, "-w", "-l", log, "restart"]
+        ),
         check=True,
-        capture_output=True,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
     )

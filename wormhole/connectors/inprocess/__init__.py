@@ -83,6 +83,6 @@ def wormhole_transports() -> list[ComponentSpec]:
             name="inprocess",
             factory=InprocessTransport,
             options=InprocessOptions,
-            description="Subscribers as threads of the publisher process (embedded default).",
+            description="Subscribers as threads of the publisher process.",
         )
     ]

@@ -108,6 +108,8 @@ class Subscriber:
         self._batch_handlers: list[BatchHandler] = []
         self._stop = threading.Event()
         self._beat_interval = self.heartbeat
+        self._silence = self.heartbeat_timeout
+        self._connected = False
         self._sock: socket.socket | None = None
         self._send_lock = threading.Lock()
 
@@ -142,6 +144,7 @@ class Subscriber:
         while not self._stop.is_set():
             address = self.publishers[attempt % len(self.publishers)]
             attempt += 1
+            self._connected = False
             try:
                 self._serve(address)
                 backoff = 0.2
@@ -153,6 +156,8 @@ class Subscriber:
                     return
                 if not self.reconnect:
                     raise
+                if self._connected:
+                    backoff = 0.2  # it worked until now: retry soon
                 log.warning("publisher %s: %s; reconnecting in %.1fs", address, exc, backoff)
                 if self._stop.wait(backoff):
                     return
@@ -203,8 +208,11 @@ class Subscriber:
         if kind != p.WELCOME:
             raise p.ProtocolError(f"expected welcome, got {p.NAMES.get(kind, kind)}")
         self.publisher = address
-        # Beat at least as often as the publisher asks, whatever this side was told.
+        # Beat at least as often as the publisher asks, whatever this side was told,
+        # and give it at least three of its own intervals before calling it silent.
         self._beat_interval = min(self.heartbeat, body.heartbeat_ms / 1000.0)
+        self._silence = max(self.heartbeat_timeout, 3 * body.heartbeat_ms / 1000.0)
+        self._connected = True
         log.info(
             "connected to publisher %s (%s) as %s/%s",
             address,
@@ -240,13 +248,14 @@ class Subscriber:
         beater.start()
         try:
             while True:
+                if self._stop.is_set():
+                    # The batch in hand was acknowledged; frames not yet handled are
+                    # sent again to the flows' next owner.
+                    self._leave("subscriber stopping")
+                    return
                 try:
                     kind, body = inbox.get(timeout=0.1)
                 except queue.Empty:
-                    if self._stop.is_set():
-                        # Everything received has been handled and acknowledged.
-                        self._leave("subscriber stopping")
-                        return
                     continue
                 if kind in (p.BATCH, p.NOTICE) and lost.is_set():
                     # They can no longer be acknowledged: the publisher sends them
@@ -284,7 +293,7 @@ class Subscriber:
         closed: threading.Event,
         lost: threading.Event,
     ) -> None:
-        sock.settimeout(self.heartbeat_timeout)
+        sock.settimeout(self._silence)
         try:
             while not closed.is_set():
                 kind, body = p.read_frame(sock, self.max_frame)
@@ -292,7 +301,7 @@ class Subscriber:
                     inbox.put((kind, body))
         except TimeoutError:
             lost.set()
-            silent = f"{self.heartbeat_timeout:.1f}s"
+            silent = f"{self._silence:.1f}s"
             inbox.put((-1, _Closed(f"missed heartbeats: nothing from the publisher for {silent}")))
         except (OSError, p.PeerClosed, p.ProtocolError) as exc:
             lost.set()

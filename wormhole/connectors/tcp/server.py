@@ -53,7 +53,8 @@ class TcpSession:
         self.peer = peer
         self.application = hello.application
         self.name = f"{hello.application}/{hello.instance}@{peer}"
-        self.credits = min(hello.credits, self.options.credits)
+        self.window = min(hello.credits, self.options.credits)
+        self.credits = self.window
         self.cond = threading.Condition()
         self.outbox: deque[Frame | _Notice] = deque()
         self.data_queued = 0
@@ -231,7 +232,8 @@ class TcpSession:
         with self.cond:
             while self.inflight and self.inflight[0][0] <= ack.id:
                 updates += self.inflight.popleft()[1]
-            self.credits += ack.credits
+            # Never more credit than the window: a confused client cannot open it wider.
+            self.credits = min(self.credits + max(ack.credits, 0), self.window)
             self.cond.notify_all()
         # The hub ignores datamarkers of flows this session no longer holds.
         self.hub.acknowledge(self.application, self, ack.datamarkers, updates)
@@ -285,6 +287,7 @@ class TcpTransport:
         self.stopping = threading.Event()
         self.tls: ssl.SSLContext | None = None
         self.children: dict[tuple[str, int], subprocess.Popen[bytes]] = {}
+        self.started: dict[tuple[str, int], float] = {}
         self.spawn = options.spawn
         self.publisher_id = f"{socket.gethostname()}:{os.getpid()}"
 
@@ -358,6 +361,14 @@ class TcpTransport:
             kind, hello = p.read_frame(sock, 1 << 16)
             if kind != p.HELLO:
                 raise p.ProtocolError(f"expected hello, got {p.NAMES.get(kind, kind)}")
+            if hello.version != version or hello.credits < 1:
+                self._refuse(
+                    sock,
+                    peer,
+                    f"bad hello: version {hello.version} (preamble said "
+                    f"{version}), credits {hello.credits} (must be at least 1)",
+                )
+                return
             token = self.options.token
             if token and not hmac.compare_digest(hello.token.encode(), token.encode()):
                 self._refuse(sock, peer, "authentication failed: wrong token")
@@ -414,6 +425,8 @@ class TcpTransport:
     # ----------------------------------------------------------- children
     def _spawn(self, application: str, index: int) -> None:
         pipeline = self.hub.pipeline
+        host, port = p.parse_address(self.address)
+        address = f"127.0.0.1:{port}" if host in ("0.0.0.0", "::") else self.address
         command = [
             sys.executable,
             "-m",
@@ -425,11 +438,14 @@ class TcpTransport:
             "--instance",
             str(index),
             "--publisher",
-            self.address,
+            address,
             "--exit-with-parent",
             str(os.getpid()),
         ]
-        self.children[(application, index)] = subprocess.Popen(command)
+        # Its own session: a Ctrl-C in the terminal reaches the publisher, which
+        # then stops its subscribers in order, not everything at once.
+        self.children[(application, index)] = subprocess.Popen(command, start_new_session=True)
+        self.started[(application, index)] = time.monotonic()
 
     def _supervise(self) -> None:
         backoff: dict[tuple[str, int], float] = {}
@@ -445,6 +461,8 @@ class TcpTransport:
                         )
                     )
                     return
+                if time.monotonic() - self.started.get(key, 0.0) > 30:
+                    backoff.pop(key, None)  # it ran for a while: restart promptly
                 delay = backoff.get(key, 0.5)
                 log.warning(
                     "subscriber %s/%d exited with code %s; restarting in %.1fs",
