@@ -19,9 +19,9 @@ run: $(STAMP)
 	$(BIN)/wormhole --log-level warning run pipelines/quickstart.yml --once
 	$(BIN)/python -m wormhole.demo show pipelines/quickstart.yml
 
-## System services the tests need (none yet beyond Python; later connectors add theirs).
+## System services the tests need (Debian packages, installed where missing).
 services:
-	bash scripts/install-services.sh
+	bash scripts/install-services.sh postgresql
 
 lint: $(STAMP)
 	$(BIN)/ruff check wormhole tests bench

@@ -15,13 +15,58 @@ PIPELINES = sorted((REPO / "pipelines").glob("*.yml"))
 
 
 def test_there_are_example_pipelines() -> None:
-    assert {p.name for p in PIPELINES} >= {"quickstart.yml", "orders-jsonl.yml"}
+    assert {p.name for p in PIPELINES} >= {
+        "quickstart.yml",
+        "orders-jsonl.yml",
+        "postgres-to-jsonl.yml",
+    }
 
 
 @pytest.mark.parametrize("pipeline", PIPELINES, ids=lambda p: p.name)
 def test_example_pipeline_validates(pipeline: Path) -> None:
-    result = run_cli("validate", str(pipeline))
+    result = run_cli("validate", str(pipeline), env={"PG_DSN": "host=db dbname=app"})
     assert result.returncode == 0, result
+
+
+def test_postgres_example_runs(tmp_path: Path, postgres_dsn: str) -> None:
+    import psycopg2
+
+    conn = psycopg2.connect(postgres_dsn)
+    conn.autocommit = True
+    with conn.cursor() as cur:
+        cur.execute("CREATE TABLE users (id int PRIMARY KEY, name text)")
+        cur.execute("CREATE TABLE orders (id int PRIMARY KEY, user_id int, total numeric)")
+        cur.execute("INSERT INTO users VALUES (1, 'ada'), (2, 'grace')")
+    env = {
+        "PG_DSN": postgres_dsn,
+        "PG_STATE": str(tmp_path / "state"),
+        "PG_OUT": str(tmp_path / "out"),
+    }
+    pipeline = str(REPO / "pipelines" / "postgres-to-jsonl.yml")
+    assert run_cli("run", pipeline, "--once", env=env).returncode == 0
+    with conn.cursor() as cur:
+        cur.execute("INSERT INTO orders VALUES (10, 1, 9.99)")
+        cur.execute("UPDATE users SET name = 'Ada' WHERE id = 1")
+        cur.execute("DELETE FROM users WHERE id = 2")
+    conn.close()
+    result = run_cli("run", pipeline, "--once", env=env)
+    assert result.returncode == 0, result
+    audit = read_envelopes(tmp_path / "out" / "audit.jsonl")
+    assert [(e["op"], e["source"]["table"]) for e in audit] == [
+        ("r", "public.users"),
+        ("r", "public.users"),
+        ("c", "public.orders"),
+        ("u", "public.users"),
+        ("d", "public.users"),
+    ]
+    assert audit[2]["after"] == {"id": 10, "user_id": 1, "total": "9.99"}
+    db = sqlite3.connect(tmp_path / "out" / "current.db")
+    rows = dict(db.execute("SELECT source_table || key, row FROM latest"))
+    db.close()
+    assert rows == {
+        'public.users{"id":1}': '{"id":1,"name":"Ada"}',
+        'public.orders{"id":10}': '{"id":10,"user_id":1,"total":"9.99"}',
+    }
 
 
 def test_orders_example_runs(tmp_path: Path) -> None:

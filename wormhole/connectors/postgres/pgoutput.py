@@ -69,10 +69,10 @@ class Relation:
     replica_identity: str  # d default, n nothing, f full, i index
     columns: list[Column]
     key_columns: list[str] = field(default_factory=list)
+    table: str = ""
 
-    @property
-    def table(self) -> str:
-        return f"{self.schema}.{self.name}"
+    def __post_init__(self) -> None:
+        self.table = f"{self.schema}.{self.name}"
 
 
 def value_kind(type_oid: int) -> int:
@@ -172,7 +172,12 @@ def parse_tuple(
             text = data[offset : offset + length].decode()
             offset += length
             kind = column.kind
-            row[column.name] = text if kind == 0 else convert(kind, text)
+            if kind == 0:
+                row[column.name] = text
+            elif kind == 1:
+                row[column.name] = int(text)
+            else:
+                row[column.name] = convert(kind, text)
         elif marker == 110:  # 'n' null
             row[column.name] = None
         elif marker == 117:  # 'u' unchanged TOAST

@@ -93,6 +93,7 @@ class PostgresSource:
         self.txn_ts = 0
         self.txn_xid = 0
         self.txn_origin: int | None = None
+        self.txn_commit = ""
         self.in_txn = False
         self.confirmed = 0
         self.seen_lsn = 0
@@ -390,12 +391,17 @@ class PostgresSource:
         relations = self.relations
         heartbeat_tables = self.options.heartbeat_tables
         skip_txn = False
+        read_message = cursor.read_message
+        if self.confirmed:
+            # Recorded here; psycopg2 reports it every status_interval.
+            cursor.send_feedback(flush_lsn=self.confirmed)
+        self._heartbeat()
         while True:
-            if self.confirmed:
-                cursor.send_feedback(flush_lsn=self.confirmed)
-            self._heartbeat()
-            message = cursor.read_message()
+            message = read_message()
             if message is None:
+                if self.confirmed:
+                    cursor.send_feedback(flush_lsn=self.confirmed)
+                self._heartbeat()
                 if updates and not self.in_txn:
                     return SourceBatch(updates, self._checkpoint())
                 if not self.in_txn and cursor.wal_end:
@@ -419,7 +425,7 @@ class PostgresSource:
                 ):
                     continue
                 op, relation, before, after, _unchanged, full = pg.parse_change(data, relations)
-                if relation.table in heartbeat_tables:
+                if heartbeat_tables and relation.table in heartbeat_tables:
                     continue
                 update = self._update(op, relation, before, after, full)
                 if update.op == "u" and before is not None and self._key_changed(update, before):
@@ -432,6 +438,7 @@ class PostgresSource:
                     return SourceBatch(updates, self._checkpoint())
             elif tag == 66:  # B
                 self.txn_lsn, self.txn_ts, self.txn_xid = pg.parse_begin(data)
+                self.txn_commit = pg.lsn_text(self.txn_lsn)
                 self.txn_index = -1
                 self.txn_origin = None
                 self.in_txn = True
@@ -488,7 +495,7 @@ class PostgresSource:
             for name, value in after.items():
                 if value == pg.UNCHANGED_TOAST and name in before:
                     after[name] = before[name]  # carried from the old image
-        commit = pg.lsn_text(self.txn_lsn)
+        commit = self.txn_commit
         return Update(
             op=op,
             key=key,
@@ -497,7 +504,7 @@ class PostgresSource:
             table=relation.table,
             connector="postgres",
             position=f"{commit}:{self.txn_index}",
-            logical=pg.lsn_text(self.txn_origin) if self.txn_origin else commit,
+            logical=commit if self.txn_origin is None else pg.lsn_text(self.txn_origin),
             txid=self.txn_xid,
             ts_ms=self.txn_ts,
         )

@@ -1,0 +1,134 @@
+"""PostgreSQL -> publisher log -> null sink, against a raw psycopg2 pgoutput drain.
+
+Run: ``make bench`` (or ``python bench/postgres_throughput.py --rows 1000000``).
+Needs the PostgreSQL server binaries (Debian package postgresql).
+
+A throwaway cluster is started; two slots see the same WAL: one is drained raw
+(read_message in a loop, no parsing: the ceiling for any Python consumer), the
+other is read by ``wormhole run --once`` semantics in-process with the null sink
+(decode pgoutput, build updates, shard, append + fsync to the publisher log, fan
+out, acknowledge). Both are timed from start to the last row.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import gc
+import select
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import psycopg2
+import psycopg2.extras
+
+from wormhole.core.pipeline import parse_pipeline
+from wormhole.core.publisher import Publisher
+from wormhole.testing.postgres import start_postgres
+
+
+def sql(dsn: str, *statements: str) -> None:
+    conn = psycopg2.connect(dsn)
+    conn.autocommit = True
+    with conn.cursor() as cur:
+        for statement in statements:
+            cur.execute(statement)
+    conn.close()
+
+
+def raw_drain(dsn: str, slot: str, rows: int) -> float:
+    conn = psycopg2.connect(dsn, connection_factory=psycopg2.extras.LogicalReplicationConnection)
+    cur = conn.cursor()
+    started = time.perf_counter()
+    cur.start_replication(
+        slot_name=slot,
+        decode=False,
+        options={"proto_version": "1", "publication_names": "bench_raw"},
+    )
+    inserts = 0
+    while inserts < rows:
+        message = cur.read_message()
+        if message is None:
+            select.select([cur], [], [], 0.1)
+            continue
+        if message.payload[0] == 73:  # 'I'
+            inserts += 1
+    elapsed = time.perf_counter() - started
+    conn.close()
+    return rows / elapsed
+
+
+def pipeline_rate(dsn: str, work: Path, name: str, rows: int) -> float:
+    text = f"""
+pipeline: {name}
+state_dir: {work / name}
+source: {{type: postgres, dsn: "{dsn}", tables: [public.events], snapshot: never,
+          publication: bench_raw}}
+transport: {{type: inprocess}}
+applications:
+  nulls: {{sink: {{type: "null"}}}}
+"""
+    pipeline = parse_pipeline(text, "bench.yml", env={})
+    Publisher(pipeline, once=True).run()  # creates the slot (before the rows)
+    return pipeline
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--rows", type=int, default=1_000_000)
+    parser.add_argument("--repeat", type=int, default=3)
+    args = parser.parse_args()
+    gc.freeze()
+    gc.set_threshold(100_000, 50, 100)
+    work = Path(tempfile.mkdtemp(prefix="wormhole-bench-pg-"))
+    servers = start_postgres()
+    server = next(servers)
+    try:
+        raw_rates, rates = [], []
+        for attempt in range(args.repeat):
+            dsn = server.dsn(server.create_database())
+            sql(
+                dsn,
+                "CREATE TABLE events (id int PRIMARY KEY, rider int, lat float8, lon float8, "
+                "note text)",
+                "CREATE PUBLICATION bench_raw FOR TABLE events",
+                "SELECT pg_create_logical_replication_slot('raw', 'pgoutput')",
+            )
+            pipeline = pipeline_rate(dsn, work, f"bench{attempt}", args.rows)
+            sql(
+                dsn,
+                f"INSERT INTO events SELECT g, g % 5000, 12.97 + g * 1e-7, 77.59, "
+                f"'rider ' || (g % 5000) FROM generate_series(1, {args.rows}) g",
+            )
+            raw_rates.append(raw_drain(dsn, "raw", args.rows))
+            gc.collect()
+            started = time.perf_counter()
+            summary = Publisher(pipeline, once=True).run()
+            elapsed = time.perf_counter() - started
+            assert summary.source_updates == args.rows, summary
+            rates.append(args.rows / elapsed)
+            server.drop_database(dsn.rsplit("dbname=", 1)[1].split()[0])
+        raw, ours = statistics.median(raw_rates), statistics.median(rates)
+        print(f"{args.rows:,} inserted rows (5 columns), median of {args.repeat} runs")
+        print(f"{'measure':<52}  {'rows/s':>10}  {'ratio':>6}")
+        print(f"{'raw psycopg2 pgoutput drain (no parsing)':<52}  {raw:>10,.0f}  {1.0:>6.2f}")
+        print(
+            f"{'PostgreSQL -> publisher log -> null sink':<52}  {ours:>10,.0f}  {ours / raw:>6.2f}"
+        )
+        print(
+            f"targets: >= 150,000 rows/s end to end ({ours:,.0f}) and >= 0.5 of the raw drain "
+            f"({ours / raw:.2f})"
+        )
+    finally:
+        with contextlib.suppress(StopIteration):
+            next(servers)
+        shutil.rmtree(work, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
