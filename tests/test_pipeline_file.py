@@ -79,7 +79,7 @@ applications:
     assert "source.colour: unknown option (known: path, format, table, batch_bytes" in joined
     assert "applications.search.sink.path: field required" in joined
     assert "applications.search.start: must be earliest, latest or {position: SEQ}" in joined
-    assert "applications.search.filter.ops[1]: input should be 'c', 'u', 'd' or 'r'" in joined
+    assert "applications.search.filter.ops[1]: input should be 'c', 'u', 'd', 'r' or 't'" in joined
     assert "applications.search.subscribers: input should be greater than or equal to 1" in joined
 
 
