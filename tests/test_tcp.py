@@ -492,3 +492,32 @@ def test_tls_connections_and_a_plaintext_client_is_turned_away(
     finally:
         publisher.stop()
     assert "closing connection from" in publisher.stderr
+
+
+def test_a_subscriber_follows_a_restarted_publisher_to_its_new_port(tmp_path: Path) -> None:
+    (tmp_path / "data").mkdir()
+    history = tmp_path / "h.jsonl"
+    pipeline = tcp_pipeline(tmp_path, 0, {"h": {"sink": {"type": "jsonl", "path": str(history)}}})
+    address = tmp_path / "state" / "publisher.addr"
+    publisher = Process("publish", str(pipeline), cwd=tmp_path)
+    subscriber = None
+    try:
+        wait_until(address.exists, 30, "the publisher's address file")
+        first = address.read_text().strip()
+        subscriber = Process("subscribe", str(pipeline), "--app", "h", cwd=tmp_path)
+        write_riders(tmp_path / "data" / "gps", 100, 2)
+        wait_until(lambda: len(read_envelopes(history)) == 200, 30, "delivery on the first port")
+        assert publisher.stop() == 0
+        publisher = Process("publish", str(pipeline), cwd=tmp_path)
+        wait_until(
+            lambda: address.exists() and address.read_text().strip() not in ("", first),
+            30,
+            "a new port",
+        )
+        write_riders(tmp_path / "data" / "gps", 100, 2, start=2)
+        wait_until(lambda: len(read_envelopes(history)) >= 400, 60, "delivery on the new port")
+    finally:
+        if subscriber is not None:
+            assert subscriber.stop() == 0, subscriber.stderr
+        publisher.stop()
+    assert_complete_in_order(read_envelopes(history), 100, 4, duplicates_allowed=True)

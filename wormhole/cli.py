@@ -141,7 +141,7 @@ def cmd_subscribe(args: argparse.Namespace) -> int:
             f"programs using wormhole.Subscriber",
             pipeline.file,
         )
-    publishers = args.publisher or []
+    publishers: Any = args.publisher or []
     if not publishers:
         from wormhole.connectors.tcp.protocol import parse_address
 
@@ -149,7 +149,15 @@ def cmd_subscribe(args: argparse.Namespace) -> int:
         if port:
             publishers = [f"{'127.0.0.1' if host in ('0.0.0.0', '::') else host}:{port}"]
         elif (address := read_address(pipeline.state_dir)) is not None:
-            publishers = [address]
+            # Read again before every connection: a restarted publisher gets a new port.
+            state_dir = pipeline.state_dir
+            last = [address]
+
+            def publishers() -> list[str]:
+                found = read_address(state_dir)
+                if found:
+                    last[0] = found
+                return [last[0]]
         else:
             raise ConfigError(
                 "--publisher: the publisher listens on a port chosen at start "

@@ -69,7 +69,7 @@ class Subscriber:
     def __init__(
         self,
         app: str,
-        publishers: list[str] | str,
+        publishers: list[str] | str | Callable[[], list[str]],
         token: str = "",
         *,
         instance: str | None = None,
@@ -83,7 +83,16 @@ class Subscriber:
         max_frame: int = 1 << 30,
     ) -> None:
         self.app = app
-        self.publishers = [publishers] if isinstance(publishers, str) else list(publishers)
+        # A callable is asked again before every connection attempt (an address
+        # that changes when the publisher restarts).
+        self._publishers = publishers if callable(publishers) else None
+        self.publishers = (
+            publishers()
+            if callable(publishers)
+            else [publishers]
+            if isinstance(publishers, str)
+            else list(publishers)
+        )
         if not self.publishers:
             raise ValueError("publishers: give at least one host:port")
         for address in self.publishers:
@@ -142,6 +151,8 @@ class Subscriber:
         backoff = 0.2
         attempt = 0
         while not self._stop.is_set():
+            if self._publishers is not None:
+                self.publishers = self._publishers() or self.publishers
             address = self.publishers[attempt % len(self.publishers)]
             attempt += 1
             self._connected = False
