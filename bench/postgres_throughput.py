@@ -22,6 +22,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import psycopg2
 import psycopg2.extras
@@ -62,7 +63,7 @@ def raw_drain(dsn: str, slot: str, rows: int) -> float:
     return rows / elapsed
 
 
-def pipeline_rate(dsn: str, work: Path, name: str, rows: int) -> float:
+def pipeline_rate(dsn: str, work: Path, name: str, rows: int) -> Any:
     text = f"""
 pipeline: {name}
 state_dir: {work / name}

@@ -61,6 +61,9 @@ class LatestSink:
             db.execute("PRAGMA journal_mode=WAL")
             db.execute("PRAGMA synchronous=FULL")
             db.execute(SCHEMA)
+            columns = {row[1] for row in db.execute("PRAGMA table_info(latest)")}
+            if "shard" not in columns:  # a view made before truncates were kept per shard
+                db.execute("ALTER TABLE latest ADD COLUMN shard INTEGER NOT NULL DEFAULT -1")
         except (OSError, sqlite3.Error) as exc:
             raise SinkError(
                 f"applications.{context.application}.sink.path: cannot open SQLite file "

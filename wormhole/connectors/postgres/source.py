@@ -151,8 +151,8 @@ class PostgresSource:
             message = str(exc).strip().splitlines()[0] if str(exc).strip() else repr(exc)
             raise SourceError(
                 f"source.dsn: cannot connect to PostgreSQL ({message}); check the DSN, that "
-                f"the server is up, and for replication that pg_hba.conf allows this user "
-                f"'replication' connections"
+                f"the server is up, and that pg_hba.conf lets this user connect to the "
+                f"database (logical replication uses the database's own entry)"
             ) from exc
 
     def _query(self, sql: str, args: Any = None) -> list[tuple[Any, ...]]:
@@ -265,7 +265,8 @@ class PostgresSource:
             "ORDER BY 1, 2",
             (self.publication,),
         )
-        return [f"{schema}.{name}" for schema, name in rows]
+        heartbeat = self.options.heartbeat_tables
+        return [f"{s}.{n}" for s, n in rows if f"{s}.{n}" not in heartbeat]
 
     def _start_replication(self) -> None:
         if self.repl is None:
@@ -304,17 +305,20 @@ class PostgresSource:
                 self.base_types[oid] = base
         for column in relation.columns:
             column.kind = pg.value_kind(self.base_types.get(column.type_oid, column.type_oid))
-        primary = [
+        # One rule for snapshot and stream, so a row always lands in the same shard:
+        # the replica identity index (REPLICA IDENTITY USING INDEX), else the primary
+        # key, else every column.
+        keys = [
             r[0]
             for r in self._catalog(
-                "SELECT a.attname FROM pg_index i JOIN pg_attribute a ON a.attrelid = i.indrelid "
-                "AND a.attnum = ANY(i.indkey) WHERE i.indrelid = %s AND i.indisprimary "
-                "ORDER BY array_position(i.indkey, a.attnum)",
+                "SELECT a.attname FROM pg_class c JOIN pg_index i ON i.indrelid = c.oid "
+                "JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = ANY(i.indkey) "
+                "WHERE c.oid = %s AND CASE WHEN c.relreplident = 'i' THEN i.indisreplident "
+                "ELSE i.indisprimary END ORDER BY array_position(i.indkey, a.attnum)",
                 (relation.oid,),
             )
         ]
-        flagged = [c.name for c in relation.columns if c.key]
-        relation.key_columns = primary or flagged or [c.name for c in relation.columns]
+        relation.key_columns = keys or [c.name for c in relation.columns]
 
     def _catalog(self, sql: str, args: Any) -> list[tuple[Any, ...]]:
         # The snapshot transaction (if any) is read-only and fine for catalog reads.
@@ -470,7 +474,8 @@ class PostgresSource:
                     continue
                 for oid in pg.parse_truncate(data):
                     relation = relations[oid]
-                    updates.append(self._truncate(relation))
+                    if relation.table not in heartbeat_tables:
+                        updates.append(self._truncate(relation))
                 self.lsn, self.index, self.complete = self.txn_lsn, self.txn_index, False
             # 'Y' (type) and 'M' (message) carry nothing the envelope needs.
 
@@ -511,7 +516,8 @@ class PostgresSource:
 
     @staticmethod
     def _key_changed(update: Update, before: dict[str, Any]) -> bool:
-        return any(before.get(k, v) != v for k, v in update.key.items())
+        # Columns missing from the old image (NULL in a key-only image) say nothing.
+        return any(before.get(k) is not None and before[k] != v for k, v in update.key.items())
 
     def _split_key_change(self, update: Update, before: dict[str, Any], full: bool) -> list[Update]:
         # The old key may live in another shard: it gets a delete, the new key an
