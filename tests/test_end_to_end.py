@@ -211,8 +211,20 @@ def test_sigterm_drains_and_persists_datamarkers(tmp_path: Path) -> None:
         text=True,
     )
     history = tmp_path / "out" / "history.jsonl"
+    latest = tmp_path / "out" / "latest.db"
+
+    def latest_done() -> bool:
+        try:
+            rows = latest_rows(latest)
+        except Exception:  # not created yet
+            return False
+        return len(rows) == 500 and {r["seq"] for r in rows.values()} == {9}
+
     try:
-        wait_until(lambda: len(read_envelopes(history)) == 5000, 60, "all updates delivered")
+        # Both applications hold everything; their last datamarkers may still be
+        # held back (sent every N updates or T ms): the drain must send them.
+        wait_until(lambda: len(read_envelopes(history)) == 5000, 60, "history")
+        wait_until(latest_done, 60, "the latest view")
     finally:
         proc.send_signal(signal.SIGTERM)
         out, err = proc.communicate(timeout=30)
