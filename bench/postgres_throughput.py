@@ -29,16 +29,8 @@ import psycopg2.extras
 
 from wormhole.core.pipeline import parse_pipeline
 from wormhole.core.publisher import Publisher
+from wormhole.testing.postgres import run_sql as sql
 from wormhole.testing.postgres import start_postgres
-
-
-def sql(dsn: str, *statements: str) -> None:
-    conn = psycopg2.connect(dsn)
-    conn.autocommit = True
-    with conn.cursor() as cur:
-        for statement in statements:
-            cur.execute(statement)
-    conn.close()
 
 
 def raw_drain(dsn: str, slot: str, rows: int) -> float:

@@ -56,6 +56,18 @@ def assert_complete_in_order(
     return duplicates
 
 
+def fill_filesystem(path: Path) -> None:
+    """Write ``path`` until the filesystem it is on is full."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT)
+    try:
+        while os.write(fd, b"x" * 1024):
+            pass
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
 @pytest.fixture
 def small_filesystem(tmp_path: Path) -> Any:
     """A real 256 KiB tmpfs, to fill up: a full disk without filling the machine's."""

@@ -7,20 +7,11 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from wormhole.connectors.tcp.client import Subscriber
 from wormhole.testing import write_pipeline
-
-
-def wait_until(condition: Callable[[], bool], timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        time.sleep(0.02)
 
 
 def tcp_pipeline(tmp_path: Path, port: int, applications: dict[str, Any], **transport: Any) -> Path:

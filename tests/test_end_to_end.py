@@ -9,7 +9,6 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +18,7 @@ from conftest import REPO, assert_complete_in_order
 from wormhole.core.datamarkers import read_datamarkers
 from wormhole.demo import produce
 from wormhole.publish import LogWriter
-from wormhole.testing import CliResult, read_envelopes, run_cli, write_pipeline
+from wormhole.testing import CliResult, read_envelopes, run_cli, wait_until, write_pipeline
 
 QUICKSTART = REPO / "pipelines" / "quickstart.yml"
 
@@ -41,14 +40,6 @@ def latest_rows(path: Path) -> dict[int, dict[str, Any]]:
     }
     db.close()
     return rows
-
-
-def wait_until(condition: Callable[[], bool], timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        time.sleep(0.02)
 
 
 def test_quickstart_delivers_every_event_to_each_application_in_rider_order(

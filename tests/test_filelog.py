@@ -2,12 +2,12 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import threading
 from pathlib import Path
 from typing import Any
 
 import pytest
+from conftest import fill_filesystem
 
 from wormhole.connectors.filelog import FilelogOptions, FilelogSource
 from wormhole.core.errors import SourceError
@@ -203,14 +203,7 @@ def test_logwriter_on_a_full_disk_leaves_no_half_record(small_filesystem: Path) 
     pub = small_filesystem / "pub"
     writer = LogWriter(pub, publisher_id="p", batch_size=10_000)
     filler = small_filesystem / "filler"
-    fd = os.open(filler, os.O_WRONLY | os.O_CREAT)
-    try:
-        while os.write(fd, b"x" * 1024):
-            pass
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
+    fill_filesystem(filler)
     for i in range(300):
         writer.publish("t", {"id": i}, {"id": i, "pad": "y" * 100})
     with pytest.raises(OSError):

@@ -8,15 +8,7 @@ from typing import Any
 import psycopg2
 
 from wormhole.testing import read_envelopes, run_cli, write_pipeline
-
-
-def sql(dsn: str, *statements: str) -> None:
-    conn = psycopg2.connect(dsn)
-    conn.autocommit = True
-    with conn.cursor() as cur:
-        for statement in statements:
-            cur.execute(statement)
-    conn.close()
+from wormhole.testing.postgres import run_sql as sql
 
 
 def pg_pipeline(tmp_path: Path, dsn: str, **source: Any) -> Path:

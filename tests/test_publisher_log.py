@@ -1,11 +1,11 @@
 from __future__ import annotations
 
 import logging
-import os
 import zlib
 from pathlib import Path
 
 import pytest
+from conftest import fill_filesystem
 
 from wormhole.core.errors import LogCorruptError
 from wormhole.core.framing import HEADER_SIZE
@@ -182,14 +182,7 @@ def test_full_disk_append_leaves_no_partial_record(small_filesystem: Path) -> No
     plog.append(updates(0, 5), {"pos": 1})
     segment = small_filesystem / "log" / "log.0.0"
     filler = small_filesystem / "filler"
-    fd = os.open(filler, os.O_WRONLY | os.O_CREAT)
-    try:  # take all the space that is left
-        while os.write(fd, b"x" * 1024):
-            pass
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
+    fill_filesystem(filler)
     size = segment.stat().st_size
     with pytest.raises(OSError) as err:
         plog.append(updates(5, 200), {"pos": 2})

@@ -16,12 +16,12 @@ from typing import Any
 
 import pytest
 from conftest import assert_complete_in_order
-from tcp_support import LibrarySubscriber, Process, tcp_pipeline, wait_until
+from tcp_support import LibrarySubscriber, Process, tcp_pipeline
 
 from wormhole.connectors.tcp import protocol as p
 from wormhole.core.datamarkers import read_datamarkers
 from wormhole.publish import LogWriter
-from wormhole.testing import free_port, read_envelopes, run_cli
+from wormhole.testing import free_port, read_envelopes, run_cli, wait_until
 
 
 def write_riders(directory: Path, riders: int, seconds: int, start: int = 0, pad: int = 0) -> None:

@@ -6,6 +6,7 @@ available in any project that installs Wormhole:
 * ``wormhole_cli`` runs the ``wormhole`` command in a subprocess;
 * ``pipeline_file`` writes a pipeline (a dict) to a YAML file;
 * ``free_port`` returns a free loopback TCP port;
+* :func:`wait_until` polls a condition with a deadline (never a bare sleep);
 * :func:`read_envelopes` parses a ``jsonl`` sink's output.
 
 Fixtures that start real services (PostgreSQL, MariaDB, ZooKeeper, memcached,
@@ -21,7 +22,16 @@ from wormhole.testing.helpers import (
     read_envelopes,
     require,
     run_cli,
+    wait_until,
     write_pipeline,
 )
 
-__all__ = ["CliResult", "free_port", "read_envelopes", "require", "run_cli", "write_pipeline"]
+__all__ = [
+    "CliResult",
+    "free_port",
+    "read_envelopes",
+    "require",
+    "run_cli",
+    "wait_until",
+    "write_pipeline",
+]

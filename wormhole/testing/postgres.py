@@ -74,6 +74,20 @@ class PostgresServer:
         conn.close()
 
 
+def run_sql(dsn: str, *statements: str) -> None:
+    """Run statements in autocommit mode (test setup and workloads)."""
+    import psycopg2
+
+    conn = psycopg2.connect(dsn)
+    conn.autocommit = True
+    try:
+        with conn.cursor() as cur:
+            for statement in statements:
+                cur.execute(statement)
+    finally:
+        conn.close()
+
+
 def _as_postgres(command: list[str]) -> list[str]:
     if os.geteuid() == 0:
         return ["runuser", "-u", "postgres", "--", *command]
