@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
@@ -12,6 +11,7 @@ from typing import Any
 
 from wormhole.connectors.tcp.client import Subscriber
 from wormhole.testing import write_pipeline
+from wormhole.testing.helpers import cli_command
 
 
 def tcp_pipeline(tmp_path: Path, port: int, applications: dict[str, Any], **transport: Any) -> Path:
@@ -34,7 +34,7 @@ class Process:
     def __init__(self, *args: str, cwd: Path, env: dict[str, str] | None = None) -> None:
         self.args = args
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "wormhole.cli", *args],
+            cli_command(*args),
             cwd=cwd,
             env={**os.environ, **(env or {})},
             stdout=subprocess.PIPE,

@@ -18,7 +18,15 @@ from conftest import REPO, assert_complete_in_order
 from wormhole.core.datamarkers import read_datamarkers
 from wormhole.demo import produce
 from wormhole.publish import LogWriter
-from wormhole.testing import CliResult, read_envelopes, run_cli, wait_until, write_pipeline
+from wormhole.testing import (
+    CliResult,
+    read_envelopes,
+    run_cli,
+    start_cli,
+    wait_until,
+    write_pipeline,
+)
+from wormhole.testing.helpers import cli_command
 
 QUICKSTART = REPO / "pipelines" / "quickstart.yml"
 
@@ -158,7 +166,7 @@ def test_kill_9_mid_stream_then_restart_loses_nothing(tmp_path: Path) -> None:
         writer.close()
 
     proc = subprocess.Popen(
-        [sys.executable, "-m", "wormhole.cli", "run", str(pipeline)],
+        cli_command("run", str(pipeline)),
         cwd=tmp_path,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
@@ -194,13 +202,7 @@ def test_kill_9_mid_stream_then_restart_loses_nothing(tmp_path: Path) -> None:
 def test_sigterm_drains_and_persists_datamarkers(tmp_path: Path) -> None:
     produce(str(tmp_path / "data" / "gps"), 500, 10, "gps", seed=3)
     pipeline = _riders_pipeline(tmp_path)
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "wormhole.cli", "run", str(pipeline)],
-        cwd=tmp_path,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    proc = start_cli("run", str(pipeline), cwd=tmp_path)
     history = tmp_path / "out" / "history.jsonl"
     latest = tmp_path / "out" / "latest.db"
 
@@ -260,7 +262,7 @@ def test_garbage_collection_waits_for_the_slowest_flow(
     )
     log_dir = tmp_path / "state" / "log"
     proc = subprocess.Popen(
-        [sys.executable, "-m", "wormhole.cli", "run", str(pipeline)],
+        cli_command("run", str(pipeline)),
         cwd=tmp_path,
         env={**os.environ, **support_env},
         stdout=subprocess.PIPE,
@@ -500,13 +502,7 @@ def test_a_new_application_starts_where_it_chooses(
 def test_a_second_process_on_the_same_state_dir_exits_2(tmp_path: Path) -> None:
     produce(str(tmp_path / "data" / "gps"), 10, 1, "gps", seed=15)
     pipeline = _riders_pipeline(tmp_path)
-    first = subprocess.Popen(
-        [sys.executable, "-m", "wormhole.cli", "run", str(pipeline)],
-        cwd=tmp_path,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    first = start_cli("run", str(pipeline), cwd=tmp_path)
     try:
         wait_until(
             lambda: (

@@ -7,7 +7,8 @@ from typing import Any
 
 import psycopg2
 
-from wormhole.testing import read_envelopes, run_cli, write_pipeline
+from wormhole.testing import read_envelopes, run_cli, start_cli, write_pipeline
+from wormhole.testing.helpers import cli_command
 from wormhole.testing.postgres import run_sql as sql
 
 
@@ -246,7 +247,6 @@ def test_kill_9_during_a_million_row_stream_loses_nothing(
 ) -> None:
     import signal
     import subprocess
-    import sys
     import threading
     import time
 
@@ -257,7 +257,7 @@ def test_kill_9_during_a_million_row_stream_loses_nothing(
     out = tmp_path / "out.jsonl"
     writer = threading.Thread(target=_write_rounds, args=(postgres_dsn, keys, range(rounds)))
     proc = subprocess.Popen(
-        [sys.executable, "-m", "wormhole.cli", "run", str(pipeline)],
+        cli_command("run", str(pipeline)),
         cwd=tmp_path,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
@@ -285,8 +285,6 @@ def test_kill_9_during_a_million_row_stream_loses_nothing(
 def test_a_server_restart_mid_stream_reconnects(
     tmp_path: Path, postgres_dsn: str, postgres_server: Any
 ) -> None:
-    import subprocess
-    import sys
     import time
 
     from wormhole.testing.postgres import restart_postgres
@@ -295,13 +293,7 @@ def test_a_server_restart_mid_stream_reconnects(
     pipeline = _events_pipeline(tmp_path, postgres_dsn, snapshot="never")
     assert run_cli("run", str(pipeline), "--once", cwd=tmp_path).returncode == 0
     out = tmp_path / "out.jsonl"
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "wormhole.cli", "run", str(pipeline)],
-        cwd=tmp_path,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    proc = start_cli("run", str(pipeline), cwd=tmp_path)
     try:
         _write_rounds(postgres_dsn, 100, range(5))
         deadline = time.monotonic() + 60

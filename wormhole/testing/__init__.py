@@ -22,6 +22,7 @@ from wormhole.testing.helpers import (
     read_envelopes,
     require,
     run_cli,
+    start_cli,
     wait_until,
     write_pipeline,
 )
@@ -32,6 +33,7 @@ __all__ = [
     "read_envelopes",
     "require",
     "run_cli",
+    "start_cli",
     "wait_until",
     "write_pipeline",
 ]

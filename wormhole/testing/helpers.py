@@ -75,6 +75,22 @@ def cli_command(*args: str) -> list[str]:
     return [sys.executable, "-m", "wormhole.cli", *args]
 
 
+def start_cli(
+    *args: str,
+    cwd: str | os.PathLike[str] | None = None,
+    env: dict[str, str] | None = None,
+) -> subprocess.Popen[str]:
+    """Start ``wormhole ARGS`` in the background, stdout and stderr captured as text."""
+    return subprocess.Popen(
+        cli_command(*args),
+        cwd=cwd,
+        env={**os.environ, **(env or {})},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
 def run_cli(
     *args: str,
     cwd: str | os.PathLike[str] | None = None,

@@ -289,9 +289,7 @@ class Subscriber:
             closed.set()
             self._sock = None
             self._lose_shards()
-            with contextlib.suppress(OSError):
-                sock.shutdown(socket.SHUT_RDWR)
-            sock.close()
+            p.close_socket(sock)
 
     def _leave(self, reason: str) -> None:
         with contextlib.suppress(OSError, _Closed):

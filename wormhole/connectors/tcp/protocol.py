@@ -10,6 +10,7 @@ Bodies are JSON (msgspec); update rows inside batches are the rows' raw JSON.
 
 from __future__ import annotations
 
+import contextlib
 import socket
 import ssl
 import struct
@@ -168,6 +169,13 @@ def read_frame(sock: socket.socket | ssl.SSLSocket, max_frame: int) -> tuple[int
         return kind, decoder.decode(body)
     except msgspec.DecodeError as exc:
         raise ProtocolError(f"malformed {NAMES[kind]} frame: {exc}") from exc
+
+
+def close_socket(sock: socket.socket | ssl.SSLSocket) -> None:
+    """Shut a connection down both ways (the peer sees EOF) and close it."""
+    with contextlib.suppress(OSError):
+        sock.shutdown(socket.SHUT_RDWR)
+    sock.close()
 
 
 def parse_address(address: str) -> tuple[str, int]:

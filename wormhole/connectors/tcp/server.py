@@ -249,9 +249,7 @@ class TcpSession:
             self.closed = True
             self.close_reason = reason
             self.cond.notify_all()
-        with contextlib.suppress(OSError):
-            self.sock.shutdown(socket.SHUT_RDWR)
-        self.sock.close()
+        p.close_socket(self.sock)
         self.hub.detach(self, reason)
         self.server.forget(self)
 
@@ -397,16 +395,16 @@ class TcpTransport:
         except p.PeerClosed:
             # A port probe or health check: connected and left without a word.
             log.debug("connection from %s closed before its hello", peer)
-            _close(sock)
+            p.close_socket(sock)
             return
         except (p.ProtocolError, ssl.SSLError, OSError) as exc:
             log.warning("closing connection from %s: %s", peer, exc)
-            _close(sock)
+            p.close_socket(sock)
             return
         session = TcpSession(self, sock, peer, hello)
         with self.sessions_lock:
             if self.stopping.is_set():
-                _close(sock)
+                p.close_socket(sock)
                 return
             self.sessions.add(session)
         self.hub.attach(hello.application, session)
@@ -416,7 +414,7 @@ class TcpTransport:
         log.warning("refusing subscriber at %s: %s", peer, reason)
         with contextlib.suppress(OSError):
             sock.sendall(p.encode(p.REFUSE, p.Refuse(reason=reason, fatal=True)))
-        _close(sock)
+        p.close_socket(sock)
 
     def forget(self, session: TcpSession) -> None:
         with self.sessions_lock:
@@ -508,12 +506,6 @@ class TcpTransport:
             self.listener.close()
         with contextlib.suppress(FileNotFoundError, AttributeError):
             (self.hub.pipeline.state_dir / ADDRESS_FILE).unlink()
-
-
-def _close(sock: socket.socket) -> None:
-    with contextlib.suppress(OSError):
-        sock.shutdown(socket.SHUT_RDWR)
-    sock.close()
 
 
 def read_address(state_dir: Path) -> str | None:
