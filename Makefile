@@ -21,7 +21,7 @@ run: $(STAMP)
 
 ## System services the tests need (Debian packages, installed where missing).
 services:
-	bash scripts/install-services.sh postgresql
+	bash scripts/install-services.sh postgresql mariadb-server memcached
 
 lint: $(STAMP)
 	$(BIN)/ruff check wormhole tests bench
@@ -34,6 +34,13 @@ test: $(STAMP) services lint
 bench: $(STAMP)
 	$(BIN)/python bench/filelog_throughput.py
 	$(BIN)/python bench/tcp_delivery.py
+	$(BIN)/python bench/postgres_throughput.py
+	$(BIN)/python bench/mysql_throughput.py
+	$(BIN)/python bench/spark_sink.py
+	$(BIN)/python bench/memcache_sink.py
+	$(BIN)/python bench/search_sink.py
+	$(BIN)/python bench/kafka_transport.py
+	$(BIN)/python bench/caravans.py
 
 clean:
 	rm -rf .wormhole out data/quickstart

@@ -56,6 +56,30 @@ def assert_complete_in_order(
     return duplicates
 
 
+def check_rounds(path: Path, keys: int, rounds: int) -> int:
+    """Each key ``id`` of a jsonl file saw ``n`` go 0..rounds-1 (or from its snapshot row's
+    ``n``); replays repeat, never skip or reorder. Returns the number of duplicates."""
+    import msgspec
+
+    decoder = msgspec.json.Decoder()
+    high = [-1] * keys
+    duplicates = 0
+    with open(path, "rb") as f:
+        for line in f:
+            e = decoder.decode(line)
+            key, n = e["key"]["id"], e["after"]["n"]
+            if e["op"] == "r":
+                assert high[key] == -1, f"key {key}: a snapshot row after changes"
+                high[key] = n
+            elif n > high[key]:
+                assert n == high[key] + 1, f"key {key}: {n} arrived before {high[key] + 1}"
+                high[key] = n
+            else:
+                duplicates += 1
+    assert high == [rounds - 1] * keys
+    return duplicates
+
+
 def fill_filesystem(path: Path) -> None:
     """Write ``path`` until the filesystem it is on is full."""
     fd = os.open(path, os.O_WRONLY | os.O_CREAT)

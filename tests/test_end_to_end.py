@@ -467,14 +467,20 @@ def test_a_fatal_sink_error_exits_2_with_its_message(
 
 def test_a_start_position_outside_the_log_exits_2(tmp_path: Path) -> None:
     produce(str(tmp_path / "data" / "gps"), 10, 1, "gps", seed=13)
+    fine = tmp_path / "fine.jsonl"
     pipeline = _riders_pipeline(
         tmp_path,
-        applications={"late": {"start": {"position": 999}, "sink": {"type": "null"}}},
+        applications={
+            "late": {"start": {"position": 999}, "sink": {"type": "null"}},
+            "fine": {"sink": {"type": "jsonl", "path": str(fine)}},
+        },
     )
     _expect_exit_2(
         run_cli("run", str(pipeline), "--once", cwd=tmp_path),
         "applications.late.start is position 999, past the end of the publisher log",
     )
+    # Only that application did not run: the others received everything.
+    assert len(read_envelopes(fine)) == 10
 
 
 @pytest.mark.parametrize("start,expected", [("earliest", 30), ("latest", 0)])

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import sqlite3
 from pathlib import Path
+from typing import Any
 
 import pytest
 from conftest import REPO
@@ -19,12 +20,17 @@ def test_there_are_example_pipelines() -> None:
         "quickstart.yml",
         "orders-jsonl.yml",
         "postgres-to-jsonl.yml",
+        "mysql-to-jsonl.yml",
     }
 
 
 @pytest.mark.parametrize("pipeline", PIPELINES, ids=lambda p: p.name)
 def test_example_pipeline_validates(pipeline: Path) -> None:
-    result = run_cli("validate", str(pipeline), env={"PG_DSN": "host=db dbname=app"})
+    result = run_cli(
+        "validate",
+        str(pipeline),
+        env={"PG_DSN": "host=db dbname=app", "MYSQL_DSN": "mysql://wormhole@db:3306/"},
+    )
     assert result.returncode == 0, result
 
 
@@ -69,6 +75,51 @@ def test_postgres_example_runs(tmp_path: Path, postgres_dsn: str) -> None:
     }
 
 
+def test_mysql_example_runs(tmp_path: Path, mariadb_server: Any, mysql_database: str) -> None:
+    db = mysql_database
+    mariadb_server.sql(
+        "CREATE TABLE users (id INT PRIMARY KEY, name VARCHAR(20))",
+        "CREATE TABLE orders (id INT PRIMARY KEY, user_id INT, total DECIMAL(8,2))",
+        "CREATE TABLE sessions (id INT PRIMARY KEY)",
+        "INSERT INTO users VALUES (1, 'ada'), (2, 'grace')",
+        database=db,
+    )
+    env = {
+        "MYSQL_DSN": mariadb_server.dsn(),
+        "MYSQL_DB": db,
+        "MYSQL_STATE": str(tmp_path / "state"),
+        "MYSQL_OUT": str(tmp_path / "out"),
+    }
+    pipeline = str(REPO / "pipelines" / "mysql-to-jsonl.yml")
+    assert run_cli("run", pipeline, "--once", env=env).returncode == 0
+    mariadb_server.sql(
+        "INSERT INTO orders VALUES (10, 1, 9.99)",
+        "INSERT INTO sessions VALUES (1)",
+        "UPDATE users SET name = 'Ada' WHERE id = 1",
+        "DELETE FROM users WHERE id = 2",
+        database=db,
+    )
+    result = run_cli("run", pipeline, "--once", env=env)
+    assert result.returncode == 0, result
+    audit = read_envelopes(tmp_path / "out" / "audit.jsonl")
+    assert [(e["op"], e["source"]["table"]) for e in audit] == [
+        ("r", f"{db}.users"),
+        ("r", f"{db}.users"),
+        ("c", f"{db}.orders"),
+        ("u", f"{db}.users"),
+        ("d", f"{db}.users"),
+    ]
+    assert audit[2]["after"] == {"id": 10, "user_id": 1, "total": "9.99"}
+    assert audit[3]["before"] == {"id": 1, "name": "ada"}
+    conn = sqlite3.connect(tmp_path / "out" / "current.db")
+    rows = dict(conn.execute("SELECT source_table || key, row FROM latest"))
+    conn.close()
+    assert rows == {
+        f'{db}.users{{"id":1}}': '{"id":1,"name":"Ada"}',
+        f'{db}.orders{{"id":10}}': '{"id":10,"user_id":1,"total":"9.99"}',
+    }
+
+
 def test_orders_example_runs(tmp_path: Path) -> None:
     data = tmp_path / "orders"
     data.mkdir()
@@ -110,3 +161,37 @@ def test_orders_example_runs(tmp_path: Path) -> None:
     assert len(sample) == sum(
         1 for x in lines if x["table"] == "orders" and x["key"]["id"] in sampled
     )
+
+
+def test_orders_filtered_example_runs(tmp_path: Path) -> None:
+    data = tmp_path / "orders"
+    data.mkdir()
+    lines = []
+    for i in range(100):
+        after = {
+            "id": i,
+            "status": "paid" if i % 2 else "new",
+            "amount": f"{i * 3}.00",
+            "customer": f"c{i % 7}",
+            "note": "x",
+        }
+        lines.append(
+            {
+                "table": "orders",
+                "op": "c",
+                "key": {"id": i},
+                "after": after,
+            }
+        )
+    (data / "orders.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
+    env = {
+        "ORDERS_STATE": str(tmp_path / "state"),
+        "ORDERS_DATA": str(data),
+        "ORDERS_OUT": str(tmp_path / "out"),
+    }
+    pipeline = str(REPO / "pipelines" / "orders-filtered.yml")
+    result = run_cli("run", pipeline, "--once", env=env)
+    assert result.returncode == 0, result
+    fraud = read_envelopes(tmp_path / "out" / "fraud.jsonl")
+    assert [e["key"]["id"] for e in fraud] == [i for i in range(100) if i % 2 and i * 3 > 100]
+    assert set(fraud[0]["after"]) == {"id", "amount", "customer"}

@@ -78,7 +78,7 @@ applications:
     assert "dataset.shards: input should be a valid integer" in joined
     assert "source.colour: unknown option (known: path, format, table, batch_bytes" in joined
     assert "applications.search.sink.path: field required" in joined
-    assert "applications.search.start: must be earliest, latest or {position: SEQ}" in joined
+    assert "applications.search.start: must be earliest, latest, {position: SEQ}" in joined
     assert "applications.search.filter.ops[1]: input should be 'c', 'u', 'd', 'r' or 't'" in joined
     assert "applications.search.subscribers: input should be greater than or equal to 1" in joined
 
@@ -86,7 +86,7 @@ applications:
 def test_unknown_type_lists_the_known_ones() -> None:
     (problem,) = problems(MINIMAL.replace("type: jsonl", "type: elastic"))
     assert problem.startswith("applications.history.sink.type: unknown sink type 'elastic'")
-    assert "known: jsonl, latest, null" in problem
+    assert "known: jsonl, latest, memcache, null, search, spark" in problem
 
 
 def test_bare_null_type_gets_a_hint() -> None:

@@ -6,6 +6,7 @@ from pathlib import Path
 from typing import Any
 
 import psycopg2
+from conftest import check_rounds
 
 from wormhole.testing import read_envelopes, run_cli, start_cli, write_pipeline
 from wormhole.testing.helpers import cli_command
@@ -222,26 +223,6 @@ def _write_rounds(dsn: str, keys: int, rounds: range) -> None:
     conn.close()
 
 
-def _check_events(path: Path, keys: int, rounds: int) -> int:
-    """Every key's n went 0..rounds-1; replays repeat, never skip or reorder."""
-    import msgspec
-
-    decoder = msgspec.json.Decoder()
-    high = [-1] * keys
-    duplicates = 0
-    with open(path, "rb") as f:
-        for line in f:
-            e = decoder.decode(line)
-            key, n = e["key"]["id"], e["after"]["n"]
-            if n > high[key]:
-                assert n == high[key] + 1, f"key {key}: {n} arrived before {high[key] + 1}"
-                high[key] = n
-            else:
-                duplicates += 1
-    assert high == [rounds - 1] * keys
-    return duplicates
-
-
 def test_kill_9_during_a_million_row_stream_loses_nothing(
     tmp_path: Path, postgres_dsn: str
 ) -> None:
@@ -278,7 +259,7 @@ def test_kill_9_during_a_million_row_stream_loses_nothing(
     assert before < keys * rounds, "the kill was not mid-stream"
     result = run_cli("run", str(pipeline), "--once", "--json", cwd=tmp_path, timeout=600)
     assert result.returncode == 0, result
-    duplicates = _check_events(out, keys, rounds)
+    duplicates = check_rounds(out, keys, rounds)
     assert out.read_bytes().count(b"\n") == keys * rounds + duplicates
 
 
@@ -310,7 +291,7 @@ def test_a_server_restart_mid_stream_reconnects(
         _, err = proc.communicate(timeout=60)
     assert proc.returncode == 0, err
     assert "lost the replication connection" in err and "reconnected to PostgreSQL" in err
-    _check_events(out, 100, 10)
+    check_rounds(out, 100, 10)
 
 
 def test_a_dropped_slot_or_publication_is_fatal_with_a_clear_message(

@@ -1,4 +1,4 @@
-"""The ``wormhole`` command: run, validate, plugins, status."""
+"""The ``wormhole`` command: run, validate, plugins, status, search."""
 
 from __future__ import annotations
 
@@ -8,11 +8,12 @@ import logging
 import os
 import signal
 import sys
+from pathlib import Path
 from types import FrameType
 from typing import Any
 
 from wormhole.core.errors import ConfigError, WormholeError
-from wormhole.core.pipeline import Pipeline, load_pipeline
+from wormhole.core.pipeline import Pipeline, load_pipeline, sink_application
 from wormhole.core.publisher import Publisher, RunSummary, tune_gc
 from wormhole.core.publisher_log import inspect_log
 from wormhole.plugins.components import KINDS
@@ -63,6 +64,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     signal.signal(signal.SIGINT, on_signal)
     signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGHUP, lambda signum, frame: publisher.request_reload())
     tune_gc()
     summary = publisher.run()
     if args.json:
@@ -84,6 +86,8 @@ def _summary_json(summary: RunSummary) -> dict[str, Any]:
         },
         "truncated": summary.truncated,
         "removed_segments": summary.removed_segments,
+        "log_bytes_read": summary.log_bytes_read,
+        "caravans": {"merges": summary.caravan_merges, "splits": summary.caravan_splits},
     }
 
 
@@ -122,6 +126,10 @@ def cmd_subscribe(args: argparse.Namespace) -> int:
     from wormhole.plugins.components import SinkContext
 
     pipeline = _load(args.pipeline)
+    if pipeline.transport.type == "kafka":
+        from wormhole.connectors.kafka.consumer import subscribe_command
+
+        return subscribe_command(pipeline, args.app, args.instance)
     options = pipeline.transport.options
     if not isinstance(options, TcpOptions):
         raise ConfigError(
@@ -129,18 +137,7 @@ def cmd_subscribe(args: argparse.Namespace) -> int:
             f"`wormhole subscribe` needs the tcp transport",
             pipeline.file,
         )
-    app = pipeline.applications.get(args.app)
-    if app is None:
-        known = ", ".join(sorted(pipeline.applications))
-        raise ConfigError(
-            f"--app: unknown application {args.app!r} (known: {known})", pipeline.file
-        )
-    if app.sink is None:
-        raise ConfigError(
-            f"applications.{args.app}.sink: none configured; this application's subscribers are "
-            f"programs using wormhole.Subscriber",
-            pipeline.file,
-        )
+    app, sink_component = sink_application(pipeline, args.app, "wormhole.Subscriber")
     publishers: Any = args.publisher or []
     if not publishers:
         from wormhole.connectors.tcp.protocol import parse_address
@@ -166,7 +163,7 @@ def cmd_subscribe(args: argparse.Namespace) -> int:
                 pipeline.file,
             )
     tls = options.tls.client_context() if options.tls is not None else None
-    sink = app.sink.create()
+    sink = sink_component.create()
     sink.open(
         SinkContext(
             pipeline=pipeline.name,
@@ -251,6 +248,16 @@ def cmd_plugins(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _live_status(state_dir: Path) -> dict[str, Any] | None:
+    """The running publisher's live.json, or None if no publisher is running there."""
+    try:
+        live = json.loads((state_dir / "live.json").read_text())
+        os.kill(int(live["pid"]), 0)
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    return dict(live)
+
+
 def cmd_status(args: argparse.Namespace) -> int:
     pipeline = _load(args.pipeline)
     info = inspect_log(pipeline.state_dir / "log")
@@ -270,12 +277,16 @@ def cmd_status(args: argparse.Namespace) -> int:
             position = marker.position if marker else None
             lag = None if position is None else max(0, info.next_seq - position)
             flows.append({"application": name, "shard": shard, "datamarker": position, "lag": lag})
+    live = _live_status(pipeline.state_dir)
     if args.json:
         print(
             json.dumps(
                 {
                     "pipeline": pipeline.name,
                     "state_dir": str(pipeline.state_dir),
+                    "running": live is not None,
+                    "caravans": live["caravans"] if live else [],
+                    "failed": live["failed"] if live else {},
                     "log": {
                         "first": info.first_seq,
                         "end": info.next_seq,
@@ -293,11 +304,36 @@ def cmd_status(args: argparse.Namespace) -> int:
         f"pipeline {pipeline.name} (state {pipeline.state_dir}): publisher log {info.first_seq:,}"
         f" .. {info.next_seq:,} in {len(info.segments)} segment(s), {total:,} bytes"
     )
+    if live is not None:
+        print(f"  running (pid {live['pid']}); caravans:")
+        for c in live["caravans"]:
+            print(
+                f"    {','.join(c['applications']):<24} position {c['position']:>12,}  "
+                f"{c['read_rate']:>10,.0f} updates/s  {c['bytes_read_from_disk']:,} bytes "
+                f"from disk"
+            )
+        for name, error in live["failed"].items():
+            print(f"  application {name} stopped: {error}")
+    else:
+        print("  not running")
     print(f"  {'application':<16} {'shard':>5} {'datamarker':>12} {'lag':>10}")
     for flow in flows:
         marker_text = "-" if flow["datamarker"] is None else f"{flow['datamarker']:,}"
         lag_text = "-" if flow["lag"] is None else f"{flow['lag']:,}"
         print(f"  {flow['application']:<16} {flow['shard']:>5} {marker_text:>12} {lag_text:>10}")
+    return EXIT_OK
+
+
+def cmd_search(args: argparse.Namespace) -> int:
+    from wormhole.connectors.search import query_application
+
+    pipeline = _load(args.pipeline)
+    for hit in query_application(pipeline, args.app, args.query, args.limit):
+        if args.json:
+            record = {"id": hit.id, "table": hit.table, "score": hit.score, "row": hit.row}
+            print(json.dumps(record))
+        else:
+            print(json.dumps(hit.row))
     return EXIT_OK
 
 
@@ -366,6 +402,16 @@ def build_parser() -> argparse.ArgumentParser:
     status.add_argument("pipeline")
     status.add_argument("--json", action="store_true")
     status.set_defaults(func=cmd_status)
+
+    search = sub.add_parser("search", help="query the index of an application's search sink")
+    search.add_argument("pipeline", help="pipeline file (YAML)")
+    search.add_argument("app", help="an application whose sink is search")
+    search.add_argument("query", help="e.g. name:ada, 'ada lovelace', 'age:[30 TO 40]', '*'")
+    search.add_argument("--limit", type=int, default=10, help="at most N rows (default 10)")
+    search.add_argument(
+        "--json", action="store_true", help="one object per row: id, table, score, row"
+    )
+    search.set_defaults(func=cmd_search)
     return parser
 
 

@@ -1,19 +1,37 @@
 """Caravans: one reader of the publisher log serving every flow near its position.
 
-The lead caravan reads from the oldest position any flow still needs (after a
-restart, some flows may be behind others) and then follows the tail, where the
-publisher log serves it from memory. For each batch it fans out to every
-application: skip what a flow already has, apply the application's
-publisher-side filter, split by owning subscriber, and deliver one frame per
-subscriber. Datamarkers move past filtered updates too.
+A caravan reads from the oldest position its applications' flows still need and
+then follows the tail, where the publisher log serves it from memory. For each
+batch it fans out to each of its applications: skip what a flow already has,
+apply the application's publisher-side filter, split by owning subscriber, and
+deliver one frame per subscriber. Datamarkers move past filtered updates too.
+
+The :class:`CaravanManager` decides which applications ride together:
+
+- at start, applications whose flows start within ``merge_distance`` of one
+  another share a caravan, at most ``max_caravans`` caravans in all (the
+  nearest ones merge until the count fits);
+- a caravan that comes within ``merge_distance`` behind another takes over the
+  other's applications (at the tail they all end up in one lead caravan);
+- an application that keeps its caravan waiting longer than ``slow_flow_s``
+  (its subscribers do not take what they are given), or that has no subscriber
+  connected, leaves for a caravan of its own (or, at ``max_caravans``, joins the
+  caravan furthest behind): the others never wait for it.
+
+More caravans read more of the log (disk I/O, CPU) and let each application
+move at its own pace; fewer read it once and make applications that are
+catching up wait for the one furthest behind.
 """
 
 from __future__ import annotations
 
+import itertools
 import logging
 import threading
+import time
+from typing import Any
 
-from wormhole.core.errors import WormholeError
+from wormhole.core.errors import FilterError, WormholeError
 from wormhole.core.hub import ApplicationRuntime, Frame, Hub, SubscriberSession
 from wormhole.core.publisher_log import Batch, PublisherLog
 from wormhole.core.update import Update
@@ -34,15 +52,28 @@ class Caravan:
         plog: PublisherLog,
         stop: threading.Event,
         applications: list[ApplicationRuntime],
+        slow_flow_s: float | None = None,
+        on_evict: Any = None,
     ) -> None:
         self.hub = hub
         self.log = plog
         self.stop = stop
-        self.applications = applications
+        self.applications = list(applications)
+        self.slow_flow_s = slow_flow_s
+        self.on_evict = on_evict
+        """Called with (caravan, application) when an application leaves this caravan."""
+        self.retiring = threading.Event()
+        self.merge_into: Caravan | None = None
+        self.waiting = False
+        """Waiting for its only application's first subscriber: not a merge target."""
+        self.lock = threading.Lock()
         names = ",".join(a.name for a in applications)
         self.thread = threading.Thread(target=self._run, name=f"caravan {names}", daemon=True)
         self.position = 0
         self.batches = 0
+        self.updates_read = 0
+        self.bytes_read = 0
+        """Bytes of publisher log read from disk (the tail is served from memory)."""
         self.behind = False
 
     def start(self) -> None:
@@ -63,27 +94,46 @@ class Caravan:
     def _start_position(self) -> tuple[int, int]:
         # From the oldest position an owned flow needs; flows nobody owns wait
         # (they trigger a rewind once they have an owner and are behind).
+        with self.lock:
+            apps = list(self.applications)
         with self.hub.lock:
-            rewinds = sum(a.rewind for a in self.applications)
+            rewinds = sum(a.rewind for a in apps)
             owned = [
                 f.delivered
-                for a in self.applications
+                for a in apps
                 for f, o in zip(a.flows, a.owner, strict=True)
                 if o is not None
             ]
-            start = min(owned or [f.delivered for a in self.applications for f in a.flows])
+            start = min(owned or [f.delivered for a in apps for f in a.flows])
         return start, rewinds
 
+    def add(self, applications: list[ApplicationRuntime]) -> None:
+        """Take on more applications (a merge); re-read from their position if behind."""
+        with self.lock:
+            self.applications.extend(applications)
+            self.behind = True
+
+    def retire(self) -> None:
+        """Stop at the next batch boundary; the manager hands the applications on."""
+        self.retiring.set()
+
     def _loop(self) -> None:
-        apps = self.applications
-        for app in apps:
-            if not self.hub.wait_for_sessions(app, self.stop):
+        with self.lock:
+            apps = list(self.applications)
+        if len(apps) == 1:
+            self.waiting = True
+            if not self.hub.wait_for_sessions(apps[0], self.stop):
                 return
+            self.waiting = False
         start, rewinds = self._start_position()
         reader = self.log.reader(start)
         self.position = start
         try:
-            while not self.stop.is_set():
+            while not self.stop.is_set() and not self.retiring.is_set():
+                with self.lock:
+                    apps = list(self.applications)
+                if not apps:
+                    return
                 if self.behind or sum(a.rewind for a in apps) != rewinds:
                     self.behind = False
                     start, rewinds = self._start_position()
@@ -95,14 +145,24 @@ class Caravan:
                     self.log.wait_for(reader.position, 0.2)
                     continue
                 for app in apps:
-                    if not self._dispatch(app, batch):
+                    if not self._dispatch(app, batch, shared=len(apps) > 1):
                         return
                 self.position = batch.end_seq
                 self.batches += 1
+                self.updates_read += len(batch.updates)
+                self.bytes_read = reader.bytes_read
         finally:
             reader.close()
 
-    def _dispatch(self, app: ApplicationRuntime, batch: Batch) -> bool:
+    def _evict(self, app: ApplicationRuntime, why: str) -> None:
+        with self.lock:
+            if app in self.applications:
+                self.applications.remove(app)
+        log.info("application %s leaves caravan %s: %s", app.name, self.thread.name, why)
+        if self.on_evict is not None:
+            self.on_evict(self, app)
+
+    def _dispatch(self, app: ApplicationRuntime, batch: Batch, shared: bool = False) -> bool:
         flows = app.flows
         end = batch.end_seq
         first = batch.first_seq
@@ -113,6 +173,10 @@ class Caravan:
             owner = list(app.owner)
             delivered = [f.delivered for f in flows]
         if not sessions:
+            if shared and self.on_evict is not None:
+                # Nobody to deliver to: the others do not wait for it.
+                self._evict(app, "no subscriber connected")
+                return True
             if not hub.wait_for_sessions(app, self.stop):
                 return False
             return self._dispatch(app, batch)
@@ -133,7 +197,16 @@ class Caravan:
                 if eligible[u.shard] and first + i >= delivered[u.shard]
             ]
         if app.filter is not None and updates:
-            updates = app.filter(updates)
+            try:
+                updates = app.filter(updates)
+            except FilterError as exc:
+                # This application stops here (its datamarkers stay before this batch);
+                # the others go on.
+                hub.app_failed(app, exc)
+                with self.lock:
+                    if app in self.applications:
+                        self.applications.remove(app)
+                return True
         frames: dict[int, list[Update]] = {id(s): [] for s in sessions}
         if len(sessions) == 1 and all(o is sessions[0] for o in owner):
             frames[id(sessions[0])] = updates
@@ -152,17 +225,201 @@ class Caravan:
                 continue
             mine = frames[id(session)]
             frame = Frame(app.name, mine, datamarkers, first, end, batch.appended_ns)
+            moved: dict[int, int] = {}
             with hub.lock:
                 # Recorded before the hand-over: an acknowledgement can come back at
                 # once, and it is never taken past what was delivered. A reassignment
                 # that moves the flow back later resets this.
                 for shard in datamarkers:
                     if app.owner[shard] is session and flows[shard].delivered < end:
+                        moved[shard] = flows[shard].delivered
                         flows[shard].delivered = end
-            if not session.deliver(frame, self.stop):
+            timed = (
+                shared
+                and self.on_evict is not None
+                and self.slow_flow_s is not None
+                and getattr(session, "timed_delivery", False)
+            )
+            if timed:
+                assert self.slow_flow_s is not None
+                done = session.deliver(frame, self.stop, time.monotonic() + self.slow_flow_s)
+            else:
+                done = session.deliver(frame, self.stop)
+            if done is None:
+                # Not taken in time: the frame was not delivered. Its flows go back to
+                # where they were, and the application moves off this caravan.
+                with hub.lock:
+                    for shard, before in moved.items():
+                        if flows[shard].delivered == end:
+                            flows[shard].delivered = before
+                self._evict(app, f"its subscribers kept it waiting over {self.slow_flow_s}s")
+                return True
+            if not done:
                 return False
             app.delivered_updates += len(mine)
         return True
 
 
-__all__ = ["Caravan", "SubscriberSession"]
+class CaravanManager:
+    """Groups applications into caravans, merges caravans that meet, and moves slow
+    applications off (see the module docstring)."""
+
+    def __init__(
+        self,
+        hub: Hub,
+        plog: PublisherLog,
+        stop: threading.Event,
+        max_caravans: int = 8,
+        merge_distance: int = 10_000,
+        slow_flow_s: float = 2.0,
+    ) -> None:
+        self.hub = hub
+        self.log = plog
+        self.stop = stop
+        self.max_caravans = max_caravans
+        self.merge_distance = merge_distance
+        self.slow_flow_s = slow_flow_s
+        self.lock = threading.Lock()
+        self.caravans: list[Caravan] = []
+        self.evicted: list[tuple[Caravan, ApplicationRuntime]] = []
+        self.retired: list[Caravan] = []
+        self.merges = 0
+        self.splits = 0
+        self.recently_evicted: dict[str, float] = {}
+        self.thread = threading.Thread(target=self._run, name="caravans", daemon=True)
+
+    # ------------------------------------------------------------ grouping
+    def _start(self, app: ApplicationRuntime) -> int:
+        with self.hub.lock:
+            return min(f.delivered for f in app.flows)
+
+    def plan(self, applications: list[ApplicationRuntime]) -> list[list[ApplicationRuntime]]:
+        """Applications grouped by where their flows start."""
+        ordered = sorted(applications, key=self._start)
+        groups: list[list[ApplicationRuntime]] = []
+        for app in ordered:
+            if groups and self._start(app) - self._start(groups[-1][0]) <= self.merge_distance:
+                groups[-1].append(app)
+            else:
+                groups.append([app])
+        while len(groups) > self.max_caravans:
+            gaps = [
+                self._start(groups[i + 1][0]) - self._start(groups[i][-1])
+                for i in range(len(groups) - 1)
+            ]
+            i = gaps.index(min(gaps))
+            groups[i : i + 2] = [groups[i] + groups[i + 1]]
+        return groups
+
+    def _caravan(self, applications: list[ApplicationRuntime]) -> Caravan:
+        caravan = Caravan(
+            self.hub,
+            self.log,
+            self.stop,
+            applications,
+            slow_flow_s=self.slow_flow_s,
+            on_evict=self._on_evict,
+        )
+        self.caravans.append(caravan)
+        caravan.start()
+        return caravan
+
+    def start(self) -> None:
+        with self.lock:
+            for group in self.plan(list(self.hub.applications.values())):
+                self._caravan(group)
+        self.thread.start()
+
+    def join(self, timeout: float | None = None) -> None:
+        self.thread.join(timeout)
+        for caravan in list(self.caravans):
+            caravan.join(timeout)
+
+    # ------------------------------------------------------------- moving
+    def _on_evict(self, caravan: Caravan, app: ApplicationRuntime) -> None:
+        with self.lock:
+            self.evicted.append((caravan, app))
+
+    def _run(self) -> None:
+        try:
+            while not self.stop.wait(0.05):
+                with self.lock:
+                    self._rebalance()
+        except BaseException as exc:  # pragma: no cover - reported like a caravan's
+            log.exception("caravan manager failed")
+            self.hub.fail(exc)
+
+    def _rebalance(self) -> None:
+        # Caravans that finished (retired, or left with no applications) go.
+        for caravan in list(self.caravans):
+            if not caravan.thread.is_alive():
+                self.caravans.remove(caravan)
+                with caravan.lock:
+                    orphans = list(caravan.applications)
+                if orphans and not self.stop.is_set():
+                    target = caravan.merge_into
+                    if target is not None and target.thread.is_alive():
+                        target.add(orphans)
+                    else:
+                        self._place(orphans)
+        # Applications that left a caravan get one of their own, or the one furthest behind.
+        evicted, self.evicted = self.evicted, []
+        now = time.monotonic()
+        for source, app in evicted:
+            self.splits += 1
+            self.recently_evicted[app.name] = now
+            self._place([app], avoid=source)
+        # An application moved off for being slow rejoins only after a while (no churn).
+        calm = 15 * self.slow_flow_s
+        for name, when in list(self.recently_evicted.items()):
+            if now - when > calm:
+                del self.recently_evicted[name]
+        # Caravans that meet merge: the one behind takes the other's applications.
+        live = sorted(
+            (
+                c
+                for c in self.caravans
+                if c.thread.is_alive()
+                and not c.retiring.is_set()
+                and not c.waiting
+                and not any(a.name in self.recently_evicted for a in c.applications)
+            ),
+            key=lambda c: c.position,
+        )
+        for behind, ahead in itertools.pairwise(live):
+            if ahead.retiring.is_set() or behind.retiring.is_set():
+                continue
+            if 0 <= ahead.position - behind.position <= self.merge_distance:
+                ahead.merge_into = behind
+                ahead.retire()
+                self.merges += 1
+                log.debug("caravan %s merges into %s", ahead.thread.name, behind.thread.name)
+                # Its applications are placed once its thread has stopped (above).
+
+    def add_application(self, app: ApplicationRuntime) -> None:
+        """A new application: its own caravan, or the one furthest behind at the limit."""
+        with self.lock:
+            self._place([app])
+
+    def remove_application(self, app: ApplicationRuntime) -> None:
+        """Stop delivering to ``app`` (its caravan carries on with the others)."""
+        with self.lock:
+            for caravan in self.caravans:
+                with caravan.lock:
+                    if app in caravan.applications:
+                        caravan.applications.remove(app)
+            self.evicted = [(c, a) for c, a in self.evicted if a is not app]
+
+    def _place(self, apps: list[ApplicationRuntime], avoid: Caravan | None = None) -> None:
+        if len(self.caravans) < self.max_caravans:
+            self._caravan(apps)
+            return
+        others = [c for c in self.caravans if c is not avoid and not c.retiring.is_set()]
+        if not others:
+            self._caravan(apps)
+            return
+        target = min(others, key=lambda c: c.position)
+        target.add(apps)
+
+
+__all__ = ["Caravan", "CaravanManager", "SubscriberSession"]

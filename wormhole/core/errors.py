@@ -47,3 +47,19 @@ class SourceError(WormholeError):
 
 class SinkError(WormholeError):
     """A sink could not make a batch durable."""
+
+
+class StartError(StateError):
+    """A new application's start point is outside the publisher log: that application does
+    not run; the others do."""
+
+
+class FilterError(WormholeError):
+    """An application's filter cannot be applied (a column it names does not exist).
+
+    It stops that application's delivery only; the other applications go on.
+    """
+
+    def __init__(self, application: str, message: str) -> None:
+        super().__init__(message)
+        self.application = application

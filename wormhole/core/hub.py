@@ -13,7 +13,7 @@ import logging
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
 from wormhole.core.pipeline import Application, Pipeline
 from wormhole.core.update import Update
@@ -68,10 +68,15 @@ class SubscriberSession(Protocol):
         finished every frame it holds for those shards.
         """
 
-    def deliver(self, frame: Frame, stop: threading.Event) -> bool:
+    def deliver(
+        self, frame: Frame, stop: threading.Event, deadline: float | None = None
+    ) -> bool | None:
         """Queue a frame; block while the subscriber is behind (backpressure).
 
-        Returns False if ``stop`` was set before the frame could be queued.
+        Returns False if ``stop`` was set before the frame could be queued. A session
+        class with ``timed_delivery = True`` also takes ``deadline`` (a
+        ``time.monotonic()`` value) and returns None if the frame could not be queued by
+        then: the caravan then moves the application to a caravan of its own.
         """
 
 
@@ -110,6 +115,12 @@ class Hub:
         self.failure: BaseException | None = None
         self.local_subscribers = True
         """Whether the transport runs the applications' sinks here (`wormhole run`)."""
+        self.failed: dict[str, BaseException] = {}
+        """Applications stopped by an error of their own (a filter naming a missing column)."""
+        self.plog: Any = None
+        """The publisher log, for a transport that reads it itself (``reads_log = True``)."""
+        self.store: Any = None
+        """The datamarker store, for a transport that stores the applications' datamarkers."""
         for app in applications.values():
             app.owner = [None] * self.shards
 
@@ -156,7 +167,9 @@ class Hub:
 
     def revoked(self, application: str, session: SubscriberSession, shards: list[int]) -> None:
         """The session finished every frame it held for ``shards`` and let them go."""
-        app = self.applications[application]
+        app = self.applications.get(application)
+        if app is None:
+            return
         with self.lock:
             for shard in shards:
                 if app.revoking.get(shard) is session:
@@ -208,8 +221,8 @@ class Hub:
     def wait_for_sessions(self, app: ApplicationRuntime, stop: threading.Event) -> bool:
         with self.lock:
             while not app.sessions:
-                if stop.is_set():
-                    return False
+                if stop.is_set() or self.applications.get(app.name) is not app:
+                    return False  # stopping, or the application was removed
                 self.changed.wait(0.2)
         return True
 
@@ -226,7 +239,9 @@ class Hub:
         Only flows the session holds (owns, or is still letting go of) move: a
         late acknowledgement from a former owner never speaks for the new one.
         """
-        app = self.applications[application]
+        app = self.applications.get(application)
+        if app is None:
+            return  # removed from the pipeline meanwhile; its datamarkers were saved
         flows = app.flows
         with self.lock:
             for shard, position in datamarkers.items():
@@ -240,6 +255,27 @@ class Hub:
                 if position > flow.datamarker:
                     flow.datamarker = position
             app.acknowledged_updates += updates
+            self.changed.notify_all()
+
+    def add_application(self, app: ApplicationRuntime) -> None:
+        """An application added to a running pipeline (its flows are set up)."""
+        with self.lock:
+            app.owner = [None] * self.shards
+            self.applications[app.name] = app
+            self.changed.notify_all()
+
+    def remove_application(self, name: str) -> ApplicationRuntime | None:
+        """An application taken out of a running pipeline; its datamarkers stay stored."""
+        with self.lock:
+            app = self.applications.pop(name, None)
+            self.changed.notify_all()
+        return app
+
+    def app_failed(self, app: ApplicationRuntime, error: BaseException) -> None:
+        """Stop delivering to one application; the others go on."""
+        log.error("application %s stopped: %s", app.name, error)
+        with self.lock:
+            self.failed.setdefault(app.name, error)
             self.changed.notify_all()
 
     def fail(self, error: BaseException) -> None:
@@ -272,5 +308,8 @@ class Hub:
     def all_acknowledged(self, position: int) -> bool:
         with self.lock:
             return all(
-                f.datamarker >= position for app in self.applications.values() for f in app.flows
+                f.datamarker >= position
+                for app in self.applications.values()
+                if app.name not in self.failed
+                for f in app.flows
             )

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any, Literal, Union
 
 import yaml
-from pydantic import BaseModel, ByteSize, Field, ValidationError, field_validator
+from pydantic import BaseModel, ByteSize, Field, ValidationError, field_validator, model_validator
 
 from wormhole.core.errors import ConfigError
 from wormhole.plugins.components import Kind, Options, Registered
@@ -68,6 +68,20 @@ class DeliveryConfig(Options):
     store: dict[str, Any] = Field(
         default_factory=lambda: {"type": "sqlite"}, description="datamarker store component"
     )
+    max_caravans: int = Field(
+        8, ge=1, le=1024, description="most readers of the publisher log at once"
+    )
+    merge_distance: int = Field(
+        10_000,
+        ge=0,
+        description="caravans this many positions apart (or closer) merge into one",
+    )
+    slow_flow_ms: int = Field(
+        2000,
+        ge=10,
+        description="an application that keeps its caravan waiting this long is moved to a "
+        "caravan of its own (the others never wait for it)",
+    )
 
 
 class FilterConfig(Options):
@@ -78,12 +92,41 @@ class FilterConfig(Options):
     plugins: list[dict[str, Any]] = Field(
         default_factory=list, description="filter plugins, applied after tables and ops"
     )
+    where: str | dict[str, str] | None = Field(
+        None,
+        description="row predicate, e.g. \"status = 'active' and amount > 100\"; one for "
+        "every table, or a mapping of table (or glob) to predicate",
+    )
+    columns: list[str] | dict[str, list[str]] | None = Field(
+        None,
+        description="columns to keep in before/after: one list for every table, or a mapping "
+        "of table (or glob) to list",
+    )
+
+    @field_validator("where")
+    @classmethod
+    def _where(cls, value: str | dict[str, str] | None) -> str | dict[str, str] | None:
+        from wormhole.core.expressions import Expression, ExpressionError
+
+        items = value.items() if isinstance(value, dict) else [("", value)]
+        for table, text in items:
+            if text is None:
+                continue
+            try:
+                Expression(text)
+            except ExpressionError as exc:
+                where = f" (table {table})" if table else ""
+                raise ValueError(f"cannot parse {text!r}{where}: {exc}") from None
+        return value
 
 
 class ApplicationConfig(Options):
     """One application: its start point, filter, sink and number of subscribers."""
 
-    start: Any = Field("earliest", description="earliest | latest | {position: SEQ}")
+    start: Any = Field(
+        "earliest",
+        description="earliest | latest | {position: SEQ} | {time: ISO-8601 or Unix ms}",
+    )
     filter: FilterConfig = Field(default_factory=FilterConfig)
     sink: dict[str, Any] | None = Field(
         None,
@@ -91,6 +134,21 @@ class ApplicationConfig(Options):
         "subscribers are programs using the subscriber library (tcp transport)",
     )
     subscribers: int = Field(1, ge=1, le=1024, description="subscriber instances")
+    external: bool = Field(
+        False,
+        description="the application reads the publisher log itself (Spark's wormhole stream "
+        "source) and stores its own datamarkers; the publisher delivers nothing to it but "
+        "keeps the log until its datamarkers pass",
+    )
+
+    @model_validator(mode="after")
+    def _external(self) -> ApplicationConfig:
+        if self.external:
+            if self.sink is not None:
+                raise ValueError("an external application has no sink (its reader is outside)")
+            if self.filter != FilterConfig():
+                raise ValueError("an external application reads the whole log: it has no filter")
+        return self
 
     @field_validator("start")
     @classmethod
@@ -103,7 +161,37 @@ class ApplicationConfig(Options):
                 position = int(position)
             if isinstance(position, int) and not isinstance(position, bool) and position >= 0:
                 return {"position": position}
-        raise ValueError("must be earliest, latest or {position: SEQ} with SEQ >= 0")
+        if isinstance(value, Mapping) and set(value) == {"time"}:
+            return {"time": _time_ms(value["time"])}
+        raise ValueError(
+            "must be earliest, latest, {position: SEQ} with SEQ >= 0, or {time: T} with T an "
+            "ISO-8601 time (2026-11-22T10:00:00Z) or Unix milliseconds"
+        )
+
+
+def _time_ms(value: Any) -> int:
+    """A start time as Unix milliseconds (ISO-8601 text without a zone is UTC)."""
+    import datetime
+
+    if isinstance(value, datetime.datetime):
+        moment = value
+    elif isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+        return value
+    elif isinstance(value, str) and value.strip().isdigit():
+        return int(value.strip())
+    elif isinstance(value, str):
+        try:
+            moment = datetime.datetime.fromisoformat(value.strip().replace("Z", "+00:00"))
+        except ValueError:
+            raise ValueError(
+                f"time {value!r} is not an ISO-8601 time (2026-11-22T10:00:00Z) or Unix "
+                f"milliseconds"
+            ) from None
+    else:
+        raise ValueError("time must be an ISO-8601 time or Unix milliseconds")
+    if moment.tzinfo is None:
+        moment = moment.replace(tzinfo=datetime.UTC)
+    return int(moment.timestamp() * 1000)
 
 
 class PipelineModel(Options):
@@ -152,6 +240,16 @@ class Application:
     filters: list[Component]
     sink: Component | None
     subscribers: int
+    external: bool = False
+    where: str | dict[str, str] | None = None
+    columns: list[str] | dict[str, list[str]] | None = None
+
+
+@dataclass(frozen=True)
+class CaravanConfig:
+    max_caravans: int = 8
+    merge_distance: int = 10_000
+    slow_flow_s: float = 2.0
 
 
 @dataclass
@@ -170,6 +268,7 @@ class Pipeline:
     log: LogConfig
     applications: dict[str, Application]
     registry: Registry
+    caravans: CaravanConfig = field(default_factory=CaravanConfig)
     raw: dict[str, Any] = field(default_factory=dict)
 
 
@@ -348,7 +447,7 @@ def parse_pipeline(
                 sink_c = _component(registry, "sink", raw_app.get("sink"), f"{base}.sink", problems)
                 if sink_c is None:
                     continue
-            elif transport_type == "inprocess":
+            elif transport_type == "inprocess" and not raw_app.get("external"):
                 problems.append(
                     f"{base}.sink: field required (the inprocess transport runs every "
                     f"application's sink; use the tcp transport for library subscribers)"
@@ -369,9 +468,12 @@ def parse_pipeline(
                     start=app.start,
                     tables=app.filter.tables,
                     ops=list(app.filter.ops) if app.filter.ops else None,
+                    where=app.filter.where,
+                    columns=app.filter.columns,
                     filters=filters,
                     sink=sink_c,
                     subscribers=app.subscribers,
+                    external=app.external,
                 )
     if (
         model is not None
@@ -399,6 +501,11 @@ def parse_pipeline(
         datamarker_store=store_c,
         mode=model.delivery.mode,
         datamarker_interval=model.delivery.datamarker_interval_ms / 1000.0,
+        caravans=CaravanConfig(
+            model.delivery.max_caravans,
+            model.delivery.merge_distance,
+            model.delivery.slow_flow_ms / 1000.0,
+        ),
         log=model.log,
         applications=apps,
         registry=registry,
@@ -451,3 +558,19 @@ def _split_path(path: str) -> tuple[Any, ...]:
             parts.append(m.group(1))
         parts.extend(int(i) for i in re.findall(r"\[(\d+)\]", m.group(2)))
     return tuple(parts)
+
+
+def sink_application(pipeline: Pipeline, name: str, library: str) -> tuple[Application, Component]:
+    """The application ``wormhole subscribe --app NAME`` runs, and its sink: it must exist
+    and have one (``library`` names what subscribers of an application without one are)."""
+    app = pipeline.applications.get(name)
+    if app is None:
+        known = ", ".join(sorted(pipeline.applications))
+        raise ConfigError(f"--app: unknown application {name!r} (known: {known})", pipeline.file)
+    if app.sink is None:
+        raise ConfigError(
+            f"applications.{name}.sink: none configured; this application's subscribers are "
+            f"programs using {library}",
+            pipeline.file,
+        )
+    return app, app.sink

@@ -12,6 +12,7 @@ from __future__ import annotations
 import errno
 import fcntl
 import gc
+import json
 import logging
 import os
 import queue
@@ -23,11 +24,11 @@ from typing import Any
 
 import msgspec
 
-from wormhole.core.caravan import Caravan
-from wormhole.core.errors import StateError, WormholeError
+from wormhole.core.caravan import CaravanManager
+from wormhole.core.errors import ConfigError, StartError, StateError, WormholeError
 from wormhole.core.hub import ApplicationRuntime, Flow, Hub
-from wormhole.core.pipeline import Pipeline
-from wormhole.core.publisher_log import PreparedBatch, PublisherLog
+from wormhole.core.pipeline import Application, Pipeline, load_pipeline
+from wormhole.core.publisher_log import PreparedBatch, PublisherLog, position_at_time
 from wormhole.core.update import Update
 from wormhole.plugins.components import Datamarker, SourceBatch, SourceContext
 from wormhole.plugins.filters import compile_filter
@@ -54,6 +55,10 @@ class RunSummary:
     applications: dict[str, ApplicationSummary] = field(default_factory=dict)
     truncated: list[str] = field(default_factory=list)
     removed_segments: list[str] = field(default_factory=list)
+    log_bytes_read: int = 0
+    """Bytes of publisher log the caravans read from disk (the tail comes from memory)."""
+    caravan_merges: int = 0
+    caravan_splits: int = 0
 
     @property
     def rate(self) -> float:
@@ -68,6 +73,8 @@ class Publisher:
         self.once = once
         self.local_subscribers = local_subscribers
         self.stop_requested = threading.Event()
+        self.reload_requested = threading.Event()
+        self.transport: Any = None
         self.tail_stop = threading.Event()
         self.delivery_stop = threading.Event()
         self.tail_done = threading.Event()
@@ -77,6 +84,14 @@ class Publisher:
         self.log: PublisherLog | None = None
         self.removed: list[str] = []
         self._appender_alive = True
+        self.transport_reads_log = False
+        self.start_failures: dict[str, Exception] = {}
+        self.caravans: CaravanManager | None = None
+        self._rates: dict[int, tuple[float, int]] = {}
+
+    def request_reload(self) -> None:
+        """Re-read the pipeline file (SIGHUP): add and remove applications."""
+        self.reload_requested.set()
 
     def request_stop(self) -> None:
         """Stop gracefully: stop reading, drain what subscribers hold, persist datamarkers."""
@@ -104,7 +119,7 @@ class Publisher:
         plog: PublisherLog | None = None
         source = None
         transport = None
-        caravans: list[Caravan] = []
+        caravans: CaravanManager | None = None
         tailer = None
         try:
             self._check_meta(store)
@@ -127,16 +142,27 @@ class Publisher:
                 recovery.checkpoint,
             )
             end = source.capture_end() if self.once else None
+            transport = self.transport = pipeline.transport.create()
+            # A transport that reads the publisher log itself (Kafka) takes over delivery:
+            # every application is then external to the hub, and the transport stores
+            # their datamarkers as its destination confirms updates.
+            self.transport_reads_log = bool(getattr(transport, "reads_log", False))
             hub = self.hub = Hub(pipeline, self._applications(store, plog))
+            hub.failed.update(self.start_failures)
             hub.local_subscribers = self.local_subscribers
-            transport = pipeline.transport.create()
+            hub.plog = plog
+            hub.store = store
             transport.start(hub)
             pipeline.registry.pm.hook.wormhole_pipeline_started(pipeline=pipeline)
-            caravans = [
-                Caravan(hub, plog, self.delivery_stop, [app]) for app in hub.applications.values()
-            ]
-            for caravan in caravans:
-                caravan.start()
+            caravans = self.caravans = CaravanManager(
+                hub,
+                plog,
+                self.delivery_stop,
+                max_caravans=pipeline.caravans.max_caravans,
+                merge_distance=pipeline.caravans.merge_distance,
+                slow_flow_s=pipeline.caravans.slow_flow_s,
+            )
+            caravans.start()
             tailer = threading.Thread(
                 target=self._tail, args=(source, plog, end), name="tailer", daemon=True
             )
@@ -146,13 +172,15 @@ class Publisher:
             self.tail_stop.set()
             tailer.join()
             self.delivery_stop.set()
-            for caravan in caravans:
-                caravan.join()
+            caravans.join()
             transport.stop()
             transport = None
             self._persist(store, plog, hub)
             if self.failure is None and hub.failure is not None:
                 self.failure = hub.failure
+            if self.failure is None and hub.failed:
+                # The other applications were served; the run still reports the error.
+                self.failure = next(iter(hub.failed.values()))
             if self.failure is not None:
                 raise self.failure
             summary = self._summary(started, plog, hub, recovery.truncated)
@@ -163,8 +191,8 @@ class Publisher:
             self.delivery_stop.set()
             if tailer is not None:
                 tailer.join(10)
-            for caravan in caravans:
-                caravan.join(10)
+            if caravans is not None:
+                caravans.join(10)
             if transport is not None:
                 try:
                     transport.stop(drain=False)
@@ -208,42 +236,94 @@ class Publisher:
 
     def _applications(self, store: Any, plog: PublisherLog) -> dict[str, ApplicationRuntime]:
         stored = store.load()
-        first, end = plog.first_seq, plog.next_seq
         apps = {}
         new: list[Datamarker] = []
         for name, config in self.pipeline.applications.items():
-            flows = []
-            for shard in range(self.pipeline.shards):
-                marker = stored.get((name, shard))
-                if marker is not None:
-                    position = marker.position
-                    where = f"the datamarker of application {name} shard {shard}"
-                else:
-                    position = self._start_position(config.start, first, end, name)
-                    new.append(Datamarker(name, shard, position))
-                    where = f"applications.{name}.start"
-                if position > end:
-                    raise StateError(
-                        f"{where} is position {position}, past the end of the publisher log "
-                        f"({end}) in {plog.directory}: updates that were acknowledged are "
-                        f"missing from the log (was the state_dir replaced or damaged?). "
-                        f"Restore it, or start over with a new state_dir"
-                    )
-                if position < first:
-                    raise StateError(
-                        f"{where} is position {position}, outside the retained publisher log "
-                        f"({first} to {end}): the oldest retained position is {first}. Start the "
-                        f"application at earliest, latest or a position in that range"
-                    )
-                flows.append(Flow(name, shard, position, position, position))
-            plugins = [component.create() for component in config.filters]
-            apps[name] = ApplicationRuntime(
-                config=config,
-                flows=flows,
-                filter=compile_filter(config.tables, config.ops, plugins),
-            )
+            try:
+                runtime = self._runtime(name, config, stored, plog, new)
+            except StartError as exc:
+                # A new application's start point is wrong: it does not run; the others do.
+                log.error("application %s does not start: %s", name, exc)
+                self.start_failures[name] = exc
+                continue
+            if runtime is not None:
+                apps[name] = runtime
         store.save(new)
         return apps
+
+    def _runtime(
+        self,
+        name: str,
+        config: Application,
+        stored: dict[tuple[str, int], Datamarker],
+        plog: PublisherLog,
+        new: list[Datamarker],
+    ) -> ApplicationRuntime | None:
+        """One application's flows (None for an external one), from its stored datamarkers
+        or its start point; new datamarkers are appended to ``new``."""
+        first, end = plog.first_seq, plog.next_seq
+        flows = []
+        fresh: list[Datamarker] = []
+        time_position: int | None = None
+        for shard in range(self.pipeline.shards):
+            marker = stored.get((name, shard))
+            if marker is not None:
+                position = marker.position
+                where = f"the datamarker of application {name} shard {shard}"
+            elif isinstance(config.start, dict) and "time" in config.start:
+                if time_position is None:
+                    time_position = position_at_time(plog.directory, config.start["time"])
+                if time_position is None:
+                    raise StartError(
+                        f"applications.{name}.start: the updates in the publisher log carry no "
+                        f"source time (ts_ms), so a start time cannot be placed; start at "
+                        f"earliest, latest or a position"
+                    )
+                position = max(time_position, first)
+                fresh.append(Datamarker(name, shard, position))
+                where = f"applications.{name}.start"
+            else:
+                position = self._start_position(config.start, first, end, name)
+                fresh.append(Datamarker(name, shard, position))
+                where = f"applications.{name}.start"
+            if position > end:
+                error = StartError if marker is None else StateError
+                raise error(
+                    f"{where} is position {position}, past the end of the publisher log "
+                    f"({end}) in {plog.directory}: updates that were acknowledged are "
+                    f"missing from the log (was the state_dir replaced or damaged?). "
+                    f"Restore it, or start over with a new state_dir"
+                    if marker is not None
+                    else f"{where} is position {position}, past the end of the publisher log "
+                    f"({end}): start the application at earliest, latest or a position in "
+                    f"{first} to {end}"
+                )
+            if position < first:
+                error = StartError if marker is None else StateError
+                raise error(
+                    f"{where} is position {position}, outside the retained publisher log "
+                    f"({first} to {end}): the oldest retained position is {first}. Start the "
+                    f"application at earliest, latest or a position in that range"
+                )
+            flows.append(Flow(name, shard, position, position, position))
+        new.extend(fresh)
+        if config.external or self.transport_reads_log:
+            # Read by an outside reader that stores its own datamarkers: no flows here,
+            # but the log is kept for it (see _persist).
+            return None
+        plugins = [component.create() for component in config.filters]
+        return ApplicationRuntime(
+            config=config,
+            flows=flows,
+            filter=compile_filter(
+                config.tables,
+                config.ops,
+                plugins,
+                where=config.where,
+                columns=config.columns,
+                application=name,
+            ),
+        )
 
     @staticmethod
     def _start_position(start: Any, first: int, end: int, name: str) -> int:
@@ -376,9 +456,74 @@ class Publisher:
                     return
             with hub.lock:
                 hub.changed.wait(min(interval, 0.05 if self.once else interval))
+            if self.reload_requested.is_set():
+                self.reload_requested.clear()
+                self._reload(store, plog, hub)
             if time.monotonic() >= next_persist:
                 self._persist(store, plog, hub)
                 next_persist = time.monotonic() + interval
+
+    def _reload(self, store: Any, plog: PublisherLog, hub: Hub) -> None:
+        """Apply the pipeline file's applications to the running pipeline.
+
+        New applications start from their ``start`` (or stored datamarkers); removed ones
+        stop after their subscribers finish what they hold, and keep their datamarkers.
+        Other changes need a restart.
+        """
+        pipeline = self.pipeline
+        try:
+            fresh = load_pipeline(pipeline.file, registry=pipeline.registry)
+        except ConfigError as exc:
+            log.error("reload: %s; the running pipeline is unchanged", exc)
+            return
+        running = set(hub.applications) | set(hub.failed)
+        if self.transport_reads_log:
+            log.warning(
+                "reload: the %s transport does not add applications while running",
+                pipeline.transport.type,
+            )
+            return
+        wanted = {n for n, a in fresh.applications.items() if not a.external}
+        for name in sorted(set(hub.applications) - wanted):
+            app = hub.applications[name]
+            if self.caravans is not None:
+                self.caravans.remove_application(app)
+            remove = getattr(self.transport, "remove_application", None)
+            if remove is not None:
+                remove(name)
+            self._persist(store, plog, hub)
+            hub.remove_application(name)
+            pipeline.applications.pop(name, None)
+            log.info("application %s removed (its datamarkers are kept)", name)
+        for name in sorted(wanted - running):
+            config = fresh.applications[name]
+            new: list[Datamarker] = []
+            try:
+                runtime = self._runtime(name, config, store.load(), plog, new)
+            except StateError as exc:
+                log.error("application %s does not start: %s", name, exc)
+                continue
+            if runtime is None:
+                continue
+            store.save(new)
+            pipeline.applications[name] = config
+            hub.add_application(runtime)
+            add = getattr(self.transport, "add_application", None)
+            if add is not None:
+                add(runtime)
+            if self.caravans is not None:
+                self.caravans.add_application(runtime)
+            log.info("application %s added, from position %d", name, runtime.min_datamarker())
+        changed = [
+            n
+            for n in wanted & running
+            if n in pipeline.applications and fresh.applications[n] != pipeline.applications[n]
+        ]
+        if changed:
+            log.warning(
+                "reload: applications %s changed; restart to apply (they run unchanged)",
+                ", ".join(sorted(changed)),
+            )
 
     def _persist(self, store: Any, plog: PublisherLog, hub: Hub) -> None:
         changed = hub.unpersisted()
@@ -390,9 +535,59 @@ class Publisher:
             hub.mark_persisted(changed)
         # Only datamarkers already on disk may free segments: after a crash, flows
         # resume from the persisted ones.
+        self._write_live_status(plog, hub)
         upto = hub.min_persisted()
+        external = [
+            n
+            for n, a in self.pipeline.applications.items()
+            if a.external or self.transport_reads_log
+        ]
+        if external:
+            stored = store.load()
+            positions = [
+                stored[(name, shard)].position if (name, shard) in stored else plog.first_seq
+                for name in external
+                for shard in range(self.pipeline.shards)
+            ]
+            upto = min(positions) if upto is None else min(upto, *positions)
         if upto is not None:
             self.removed += plog.collect_garbage(upto, self.pipeline.log.keep_rolled)
+
+    def _write_live_status(self, plog: PublisherLog, hub: Hub) -> None:
+        """``<state_dir>/live.json``: what ``wormhole status`` shows of a running publisher
+        (caravans, their positions and read rates), rewritten every datamarker interval."""
+        now = time.monotonic()
+        caravans = []
+        for caravan in list(self.caravans.caravans if self.caravans else []):
+            last = self._rates.get(id(caravan))
+            rate = 0.0
+            if last is not None and now > last[0]:
+                rate = (caravan.updates_read - last[1]) / (now - last[0])
+            self._rates[id(caravan)] = (now, caravan.updates_read)
+            caravans.append(
+                {
+                    "applications": [a.name for a in caravan.applications],
+                    "position": caravan.position,
+                    "batches": caravan.batches,
+                    "updates_read": caravan.updates_read,
+                    "bytes_read_from_disk": caravan.bytes_read,
+                    "read_rate": round(rate, 1),
+                }
+            )
+        status = {
+            "pid": os.getpid(),
+            "updated_ms": int(time.time() * 1000),
+            "log": {"first": plog.first_seq, "end": plog.next_seq},
+            "caravans": caravans,
+            "failed": {name: str(error) for name, error in hub.failed.items()},
+        }
+        path = self.pipeline.state_dir / "live.json"
+        temporary = path.with_name(".live.json.tmp")
+        try:
+            temporary.write_text(json.dumps(status))
+            os.replace(temporary, path)
+        except OSError as exc:  # status only: never fatal
+            log.debug("cannot write %s: %s", path, exc)
 
     def _summary(
         self, started: float, plog: PublisherLog, hub: Hub, truncated: list[str]
@@ -404,6 +599,9 @@ class Publisher:
             log_end=plog.next_seq,
             truncated=truncated,
             removed_segments=self.removed,
+            log_bytes_read=plog.bytes_read,
+            caravan_merges=self.caravans.merges if self.caravans else 0,
+            caravan_splits=self.caravans.splits if self.caravans else 0,
         )
         for name, app in hub.applications.items():
             marker = app.min_datamarker()

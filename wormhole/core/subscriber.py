@@ -5,9 +5,13 @@ from __future__ import annotations
 import logging
 import queue
 import threading
+import time
+from collections.abc import Callable
+from typing import Any
 
 from wormhole.core.errors import WormholeError
 from wormhole.core.hub import Frame, Hub
+from wormhole.core.update import Update
 from wormhole.plugins.components import Sink
 
 log = logging.getLogger("wormhole.subscriber")
@@ -60,10 +64,17 @@ class LocalSubscriber:
                 self.frames.put(_Revoke(revoked))
         log.debug("%s: assigned %s, revoked %s", self.name, assigned, revoked)
 
-    def deliver(self, frame: Frame, stop: threading.Event) -> bool:
+    timed_delivery = True
+    """``deliver`` takes a ``deadline`` (see ``SubscriberSession.deliver``)."""
+
+    def deliver(
+        self, frame: Frame, stop: threading.Event, deadline: float | None = None
+    ) -> bool | None:
         while self.frames.qsize() >= self.max_frames:
             if stop.wait(0.005) or self.abort.is_set():
                 return False
+            if deadline is not None and time.monotonic() >= deadline:
+                return None
         with self.order:
             # A revoke may have landed since the caravan routed this frame: never
             # hand this subscriber a flow it has let go of.
@@ -143,3 +154,47 @@ class LocalSubscriber:
             )
             return False
         return True
+
+
+def run_handlers(
+    application: str,
+    updates: list[Update],
+    batch_handlers: list[Callable[[list[Update]], Any]],
+    updates_handlers: list[Callable[[Any, list[Update]], Any]],
+    flow: Callable[[str, int], Any],
+    stop: threading.Event,
+    stopped: Callable[[Exception], BaseException],
+    max_backoff: float = 30.0,
+) -> None:
+    """Give a batch to a subscriber library's handlers: every ``on_batch`` handler, then
+    every ``on_updates`` handler once per shard. A failure is retried with backoff until
+    it passes (a WormholeError is fatal); ``stopped(exc)`` is raised if ``stop`` is set
+    meanwhile."""
+    delay = 0.05
+    while True:
+        try:
+            for batch_fn in batch_handlers:
+                batch_fn(updates)
+            if updates_handlers:
+                flows: dict[int, list[Update]] = {}
+                for u in updates:
+                    flows.setdefault(u.shard, []).append(u)
+                for shard, flow_updates in flows.items():
+                    handle = flow(application, shard)
+                    for fn in updates_handlers:
+                        fn(handle, flow_updates)
+            return
+        except WormholeError:
+            raise
+        except Exception as exc:
+            log.warning(
+                "%s: handler failed on %d updates (%s: %s); retrying in %.2fs",
+                application,
+                len(updates),
+                type(exc).__name__,
+                exc,
+                delay,
+            )
+            if stop.wait(delay):
+                raise stopped(exc) from exc
+            delay = min(delay * 2, max_backoff)

@@ -93,6 +93,32 @@ class Update(msgspec.Struct, kw_only=True, gc=False):
         return value
 
 
+_row_encoder = msgspec.json.Encoder()
+
+
+def snapshot_read(
+    row: dict[str, Any],
+    keys: list[str],
+    *,
+    table: str,
+    connector: str,
+    position: str,
+    logical: str,
+    ts_ms: int,
+) -> Update:
+    """An op ``r`` update for one row of a database source's initial snapshot."""
+    return Update(
+        op="r",
+        key={k: row[k] for k in keys},
+        after=msgspec.Raw(_row_encoder.encode(row)),
+        table=table,
+        connector=connector,
+        position=position,
+        logical=logical,
+        ts_ms=ts_ms,
+    )
+
+
 class SourceInfo(msgspec.Struct):
     """The ``source`` object of the update envelope (design contract)."""
 

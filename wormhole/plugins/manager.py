@@ -24,7 +24,12 @@ BUILTIN_PLUGINS = (
     "wormhole.connectors.latest",
     "wormhole.connectors.inprocess",
     "wormhole.connectors.tcp",
+    "wormhole.connectors.kafka",
     "wormhole.connectors.postgres",
+    "wormhole.connectors.mysql",
+    "wormhole.connectors.memcache",
+    "wormhole.connectors.search",
+    "wormhole.connectors.spark",
     "wormhole.connectors.sqlite",
     "wormhole.plugins.filters",
 )

@@ -128,3 +128,20 @@ def read_envelopes(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
     except FileNotFoundError:
         return []
     return out
+
+
+def subscriber_pids(parent: int) -> list[int]:
+    """The ``wormhole subscribe`` processes that the ``wormhole run`` process ``parent`` started."""
+    pids = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+            cmdline = (entry / "cmdline").read_bytes()
+        except OSError:
+            continue
+        ppid = int(stat.rsplit(")", 1)[1].split()[1])
+        if ppid == parent and b"subscribe" in cmdline:
+            pids.append(int(entry.name))
+    return sorted(pids)

@@ -53,3 +53,52 @@ def postgres_dsn(postgres_server: Any) -> Iterator[str]:
         yield postgres_server.dsn(name)
     finally:
         postgres_server.drop_database(name)
+
+
+@pytest.fixture(scope="session")
+def mariadb_server() -> Iterator[Any]:
+    """A throwaway MariaDB server with a row-based binlog for the test session."""
+    from wormhole.testing.mysql import start_mariadb
+
+    yield from start_mariadb()
+
+
+@pytest.fixture
+def mysql_database(mariadb_server: Any) -> Iterator[str]:
+    """A fresh database on the session's MariaDB server; its name."""
+    name = mariadb_server.create_database()
+    try:
+        yield name
+    finally:
+        mariadb_server.drop_database(name)
+
+
+@pytest.fixture(scope="session")
+def memcached_servers() -> Iterator[list[Any]]:
+    """Three throwaway memcached servers on free loopback ports, for the test session."""
+    from wormhole.testing.memcached import start_memcached
+
+    generators = [start_memcached() for _ in range(3)]
+    servers = [next(g) for g in generators]
+    try:
+        yield servers
+    finally:
+        for g in generators:
+            g.close()
+
+
+@pytest.fixture(scope="session")
+def spark() -> Iterator[Any]:
+    """A local[2] SparkSession for the test session (start-up dominates: one per session)."""
+    from wormhole.testing.spark import start_spark
+
+    yield from start_spark()
+
+
+@pytest.fixture(scope="session")
+def tansu() -> Iterator[Any]:
+    """A throwaway Kafka-protocol broker (Tansu) for the test session, behind a relay so a
+    test can cut every client connection (disconnect()/reconnect()) without losing data."""
+    from wormhole.testing.kafka import start_tansu
+
+    yield from start_tansu(relay=True)

@@ -33,36 +33,55 @@ class InprocessTransport:
         self.options = options
         self.subscribers: list[LocalSubscriber] = []
         self.context: dict[str, Any] = {}
+        self.hub: Hub | None = None
 
     def start(self, hub: Hub) -> None:
-        pipeline = hub.pipeline
         if not hub.local_subscribers:
             raise ConfigError(
                 "transport.type: inprocess runs subscribers inside the publisher; to run the "
                 "publisher alone (wormhole publish), use a network transport such as tcp"
             )
+        self.hub = hub
         for app in hub.applications.values():
-            n = app.config.subscribers
-            component = app.config.sink
-            assert component is not None, "validation requires a sink with this transport"
-            for index in range(n):
-                sink = component.create()
-                sink.open(
-                    SinkContext(
-                        pipeline=pipeline.name,
-                        application=app.name,
-                        subscriber=index,
-                        subscribers=n,
-                        state_dir=pipeline.state_dir,
-                        log=logging.getLogger(f"wormhole.sink.{app.name}"),
-                    )
+            self.add_application(app)
+
+    def add_application(self, app: Any) -> None:
+        """Start an application's subscribers (at start, or added to a running pipeline)."""
+        hub = self.hub
+        assert hub is not None, "started"
+        pipeline = hub.pipeline
+        n = app.config.subscribers
+        component = app.config.sink
+        assert component is not None, "validation requires a sink with this transport"
+        for index in range(n):
+            sink = component.create()
+            sink.open(
+                SinkContext(
+                    pipeline=pipeline.name,
+                    application=app.name,
+                    subscriber=index,
+                    subscribers=n,
+                    state_dir=pipeline.state_dir,
+                    log=logging.getLogger(f"wormhole.sink.{app.name}"),
                 )
-                subscriber = LocalSubscriber(
-                    hub, app.name, index, sink, max_frames=self.options.queue_frames
-                )
-                self.subscribers.append(subscriber)
-                hub.attach(app.name, subscriber)
-                subscriber.start()
+            )
+            subscriber = LocalSubscriber(
+                hub, app.name, index, sink, max_frames=self.options.queue_frames
+            )
+            self.subscribers.append(subscriber)
+            hub.attach(app.name, subscriber)
+            subscriber.start()
+
+    def remove_application(self, name: str) -> None:
+        """Stop an application's subscribers after they finish what they hold."""
+        leaving = [s for s in self.subscribers if s.application == name]
+        for subscriber in leaving:
+            subscriber.stop(drain=True, timeout=self.options.drain_timeout_s)
+            if not subscriber.thread.is_alive():
+                subscriber.sink.close()
+            if self.hub is not None:
+                self.hub.detach(subscriber, "application removed from the pipeline")
+            self.subscribers.remove(subscriber)
 
     def stop(self, drain: bool = True) -> None:
         for subscriber in self.subscribers:

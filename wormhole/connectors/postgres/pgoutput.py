@@ -70,9 +70,16 @@ class Relation:
     columns: list[Column]
     key_columns: list[str] = field(default_factory=list)
     table: str = ""
+    fields: list[tuple[str, int]] = field(default_factory=list)
+    """(name, kind) of each column, for the tuple parser; see :meth:`refresh`."""
 
     def __post_init__(self) -> None:
         self.table = f"{self.schema}.{self.name}"
+        self.refresh()
+
+    def refresh(self) -> None:
+        """Recompute ``fields`` after the columns' kinds changed."""
+        self.fields = [(c.name, c.kind) for c in self.columns]
 
 
 def value_kind(type_oid: int) -> int:
@@ -154,42 +161,51 @@ def parse_truncate(data: bytes) -> list[int]:
 
 
 def parse_tuple(
-    data: bytes, offset: int, columns: list[Column]
+    data: bytes, offset: int, fields: list[tuple[str, int]]
 ) -> tuple[dict[str, Any], list[str], int]:
-    """A TupleData: (row, names of unchanged TOASTed columns, next offset)."""
-    (ncols,) = _U16.unpack_from(data, offset)
+    """A TupleData: (row, names of unchanged TOASTed columns, next offset).
+
+    ``fields`` is the relation's (name, kind) list. Integers and floats are
+    converted straight from the bytes (``int(b"42")``), without a decode.
+    """
+    ncols = (data[offset] << 8) | data[offset + 1]
     offset += 2
     row: dict[str, Any] = {}
-    unchanged: list[str] = []
+    unchanged: list[str] = _NONE_UNCHANGED
     u32 = _U32.unpack_from
-    for i in range(ncols):
-        column = columns[i]
+    isfinite = math.isfinite
+    for name, kind in fields[:ncols]:
         marker = data[offset]
-        offset += 1
         if marker == 116:  # 't' text
-            (length,) = u32(data, offset)
-            offset += 4
-            text = data[offset : offset + length].decode()
-            offset += length
-            kind = column.kind
+            start = offset + 5
+            offset = start + u32(data, offset + 1)[0]
             if kind == 0:
-                row[column.name] = text
+                row[name] = data[start:offset].decode()
             elif kind == 1:
-                row[column.name] = int(text)
+                row[name] = int(data[start:offset])
+            elif kind == 3:
+                number = float(data[start:offset])
+                row[name] = number if isfinite(number) else data[start:offset].decode()
             else:
-                row[column.name] = convert(kind, text)
+                row[name] = data[start] == 116  # bool: 't' / 'f'
         elif marker == 110:  # 'n' null
-            row[column.name] = None
+            offset += 1
+            row[name] = None
         elif marker == 117:  # 'u' unchanged TOAST
-            row[column.name] = UNCHANGED_TOAST
-            unchanged.append(column.name)
+            offset += 1
+            row[name] = UNCHANGED_TOAST
+            if unchanged is _NONE_UNCHANGED:
+                unchanged = []
+            unchanged.append(name)
         elif marker == 98:  # 'b' binary (not requested)
-            (length,) = u32(data, offset)
-            offset += 4 + length
-            row[column.name] = None
+            offset += 5 + u32(data, offset + 1)[0]
+            row[name] = None
         else:
             raise ValueError(f"unknown tuple column marker {marker!r}")
     return row, unchanged, offset
+
+
+_NONE_UNCHANGED: list[str] = []
 
 
 def parse_change(
@@ -203,7 +219,7 @@ def parse_change(
     tag = data[0]
     (oid,) = _U32.unpack_from(data, 1)
     relation = relations[oid]
-    columns = relation.columns
+    columns = relation.fields
     offset = 5
     before = None
     after = None

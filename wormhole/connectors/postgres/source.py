@@ -28,7 +28,7 @@ import msgspec
 from wormhole.connectors.postgres import pgoutput as pg
 from wormhole.connectors.postgres.options import PostgresOptions
 from wormhole.core.errors import SourceError
-from wormhole.core.update import NULL, Update
+from wormhole.core.update import NULL, Update, snapshot_read
 from wormhole.plugins.components import SourceBatch, SourceContext
 
 log = logging.getLogger("wormhole.postgres")
@@ -94,6 +94,9 @@ class PostgresSource:
         self.txn_xid = 0
         self.txn_origin: int | None = None
         self.txn_commit = ""
+        self.txn_logical = ""
+        self.skip_txn = False
+        self.resuming = False
         self.in_txn = False
         self.confirmed = 0
         self.seen_lsn = 0
@@ -319,6 +322,7 @@ class PostgresSource:
             )
         ]
         relation.key_columns = keys or [c.name for c in relation.columns]
+        relation.refresh()
 
     def _catalog(self, sql: str, args: Any) -> list[tuple[Any, ...]]:
         # The snapshot transaction (if any) is read-only and fine for catalog reads.
@@ -365,6 +369,9 @@ class PostgresSource:
                 self.resume_lsn, self.resume_index = self.lsn, self.index
                 self.resume_complete = self.complete
                 self.in_txn = False
+                self.skip_txn = self.resuming = False
+                # Only what was returned counts as seen (for --once).
+                self.seen_lsn = self.flush
                 self.relations.clear()
                 self._start_replication()
                 log.info(
@@ -389,13 +396,32 @@ class PostgresSource:
         }
 
     def _read_stream(self, deadline: float) -> SourceBatch | None:
+        """Read until a batch is full or ``deadline``.
+
+        What the next checkpoint says (``lsn``, ``index``, ``complete``, ``flush``)
+        is kept in locals and stored only with the batch that is returned: if the
+        connection fails half-way, the changes read so far are dropped, and the
+        reconnect resumes after what was returned, not after what was dropped.
+        """
         cursor = self.cursor
         updates: list[Update] = []
+        append = updates.append
         limit = self.options.batch_updates
         relations = self.relations
         heartbeat_tables = self.options.heartbeat_tables
-        skip_txn = False
+        parse_change = pg.parse_change
+        make_update = self._update
+        lsn, index, complete, flush = self.lsn, self.index, self.complete, self.flush
+        # Whether the transaction being read was emitted before (a resend after a restart
+        # or reconnect): kept across calls, since a transaction can span several.
+        skip_txn, resuming = self.skip_txn, self.resuming
         read_message = cursor.read_message
+
+        def batch() -> SourceBatch:
+            self.lsn, self.index, self.complete, self.flush = lsn, index, complete, flush
+            self.skip_txn, self.resuming = skip_txn, resuming
+            return SourceBatch(updates, self._checkpoint())
+
         if self.confirmed:
             # Recorded here; psycopg2 reports it every status_interval.
             cursor.send_feedback(flush_lsn=self.confirmed)
@@ -407,7 +433,7 @@ class PostgresSource:
                     cursor.send_feedback(flush_lsn=self.confirmed)
                 self._heartbeat()
                 if updates and not self.in_txn:
-                    return SourceBatch(updates, self._checkpoint())
+                    return batch()
                 if not self.in_txn and cursor.wal_end:
                     # Nothing of ours up to the server's WAL end.
                     self.seen_lsn = max(self.seen_lsn, cursor.wal_end)
@@ -417,38 +443,40 @@ class PostgresSource:
                         self.confirmed = max(self.confirmed, cursor.wal_end)
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
-                    return SourceBatch(updates, self._checkpoint()) if updates else None
+                    if updates:
+                        return batch()
+                    # Transactions that held nothing for us still move the position.
+                    self.lsn, self.index, self.complete, self.flush = lsn, index, complete, flush
+                    self.skip_txn, self.resuming = skip_txn, resuming
+                    return None
                 select.select([cursor], [], [], min(remaining, 0.1))
                 continue
             data = message.payload
             tag = data[0]
-            if tag in (73, 85, 68):  # I U D
+            if tag == 73 or tag == 85 or tag == 68:  # I U D
                 self.txn_index += 1
-                if skip_txn or (
-                    self.txn_lsn == self.resume_lsn and self.txn_index <= self.resume_index
-                ):
+                if skip_txn or (resuming and self.txn_index <= self.resume_index):
                     continue
-                op, relation, before, after, _unchanged, full = pg.parse_change(data, relations)
+                op, relation, before, after, _unchanged, full = parse_change(data, relations)
                 if heartbeat_tables and relation.table in heartbeat_tables:
                     continue
-                update = self._update(op, relation, before, after, full)
-                if update.op == "u" and before is not None and self._key_changed(update, before):
+                update = make_update(op, relation, before, after, full)
+                if op == "u" and before is not None and self._key_changed(update, before):
                     updates.extend(self._split_key_change(update, before, full))
                 else:
-                    updates.append(update)
-                self.lsn, self.index, self.complete = self.txn_lsn, self.txn_index, False
+                    append(update)
+                lsn, index, complete = self.txn_lsn, self.txn_index, False
                 if len(updates) >= limit:
                     # A large transaction goes out in chunks: memory stays bounded.
-                    return SourceBatch(updates, self._checkpoint())
+                    return batch()
             elif tag == 66:  # B
                 self.txn_lsn, self.txn_ts, self.txn_xid = pg.parse_begin(data)
-                self.txn_commit = pg.lsn_text(self.txn_lsn)
+                self.txn_commit = self.txn_logical = pg.lsn_text(self.txn_lsn)
                 self.txn_index = -1
                 self.txn_origin = None
                 self.in_txn = True
-                skip_txn = self.txn_lsn < self.resume_lsn or (
-                    self.txn_lsn == self.resume_lsn and self.resume_complete
-                )
+                resuming = self.txn_lsn == self.resume_lsn
+                skip_txn = self.txn_lsn < self.resume_lsn or (resuming and self.resume_complete)
             elif tag == 67:  # C
                 _commit_lsn, end_lsn, _ts = pg.parse_commit(data)
                 self.in_txn = False
@@ -456,27 +484,26 @@ class PostgresSource:
                 if skip_txn:
                     skip_txn = False
                     continue
-                self.lsn, self.index, self.complete = self.txn_lsn, self.txn_index, True
-                self.flush = end_lsn
+                lsn, index, complete = self.txn_lsn, self.txn_index, True
+                flush = end_lsn
                 if len(updates) >= limit:
-                    return SourceBatch(updates, self._checkpoint())
+                    return batch()
             elif tag == 82:  # R
                 relation = pg.parse_relation(data)
                 self._describe(relation)
                 relations[relation.oid] = relation
             elif tag == 79:  # O
                 self.txn_origin, _name = pg.parse_origin(data)
+                self.txn_logical = pg.lsn_text(self.txn_origin)
             elif tag == 84:  # T
                 self.txn_index += 1
-                if skip_txn or (
-                    self.txn_lsn == self.resume_lsn and self.txn_index <= self.resume_index
-                ):
+                if skip_txn or (resuming and self.txn_index <= self.resume_index):
                     continue
                 for oid in pg.parse_truncate(data):
                     relation = relations[oid]
                     if relation.table not in heartbeat_tables:
-                        updates.append(self._truncate(relation))
-                self.lsn, self.index, self.complete = self.txn_lsn, self.txn_index, False
+                        append(self._truncate(relation))
+                lsn, index, complete = self.txn_lsn, self.txn_index, False
             # 'Y' (type) and 'M' (message) carry nothing the envelope needs.
 
     def _update(
@@ -488,6 +515,19 @@ class PostgresSource:
         full: bool,
     ) -> Update:
         keys = relation.key_columns
+        if before is None and op == "c":  # an insert: the common case, kept short
+            assert after is not None
+            return Update(
+                op="c",
+                key={k: after.get(k) for k in keys},
+                after=_Raw(_encode(after)),
+                table=relation.table,
+                connector="postgres",
+                position=f"{self.txn_commit}:{self.txn_index}",
+                logical=self.txn_logical,
+                txid=self.txn_xid,
+                ts_ms=self.txn_ts,
+            )
         row = after if after is not None else before
         assert row is not None
         key = {k: row.get(k) for k in keys}
@@ -509,7 +549,7 @@ class PostgresSource:
             table=relation.table,
             connector="postgres",
             position=f"{commit}:{self.txn_index}",
-            logical=commit if self.txn_origin is None else pg.lsn_text(self.txn_origin),
+            logical=self.txn_logical,
             txid=self.txn_xid,
             ts_ms=self.txn_ts,
         )
@@ -578,10 +618,9 @@ class PostgresSource:
                 }
                 self.snapshot_index += 1
                 updates.append(
-                    Update(
-                        op="r",
-                        key={k: row[k] for k in keys},
-                        after=_Raw(_encode(row)),
+                    snapshot_read(
+                        row,
+                        keys,
                         table=table,
                         connector="postgres",
                         position=f"{position}:{self.snapshot_index}",

@@ -41,6 +41,7 @@ from typing import Any, NamedTuple
 
 from wormhole.connectors.tcp import protocol as p
 from wormhole.core.errors import WormholeError
+from wormhole.core.subscriber import run_handlers
 from wormhole.core.update import Update
 
 log = logging.getLogger("wormhole.subscriber")
@@ -65,7 +66,40 @@ class _Closed(Exception):
     pass
 
 
-class Subscriber:
+class Handlers:
+    """The handler registration of the subscriber libraries (TCP and Kafka)."""
+
+    _notice_handlers: list[NoticeHandler]
+    _updates_handlers: list[UpdatesHandler]
+    _batch_handlers: list[BatchHandler]
+
+    def _init_handlers(self) -> None:
+        self._notice_handlers = []
+        self._updates_handlers = []
+        self._batch_handlers = []
+
+    def on_shard_notice(self, fn: NoticeHandler) -> NoticeHandler:
+        """``fn(assigned, revoked)``: shards this subscriber now owns / no longer owns."""
+        self._notice_handlers.append(fn)
+        return fn
+
+    def on_updates(self, fn: UpdatesHandler) -> UpdatesHandler:
+        """``fn(flow, updates)``: a batch of one flow (shard), in order. Returning
+        acknowledges it (TCP) or lets its offsets be committed (Kafka)."""
+        self._updates_handlers.append(fn)
+        return fn
+
+    def on_batch(self, fn: BatchHandler) -> BatchHandler:
+        """``fn(updates)``: everything one frame (TCP) or poll (Kafka) holds for this
+        subscriber, in order per shard.
+
+        For sinks that make a whole batch durable at once (one fsync per batch).
+        """
+        self._batch_handlers.append(fn)
+        return fn
+
+
+class Subscriber(Handlers):
     def __init__(
         self,
         app: str,
@@ -112,34 +146,13 @@ class Subscriber:
         self.processed = 0
         self.frame_appended_ns = 0
         """When the batch being handled reached the publisher log (CLOCK_MONOTONIC ns)."""
-        self._notice_handlers: list[NoticeHandler] = []
-        self._updates_handlers: list[UpdatesHandler] = []
-        self._batch_handlers: list[BatchHandler] = []
+        self._init_handlers()
         self._stop = threading.Event()
         self._beat_interval = self.heartbeat
         self._silence = self.heartbeat_timeout
         self._connected = False
         self._sock: socket.socket | None = None
         self._send_lock = threading.Lock()
-
-    # ----------------------------------------------------------- handlers
-    def on_shard_notice(self, fn: NoticeHandler) -> NoticeHandler:
-        """``fn(assigned, revoked)``: shards this subscriber now owns / no longer owns."""
-        self._notice_handlers.append(fn)
-        return fn
-
-    def on_updates(self, fn: UpdatesHandler) -> UpdatesHandler:
-        """``fn(flow, updates)``: a batch of one flow, in order. Return to acknowledge."""
-        self._updates_handlers.append(fn)
-        return fn
-
-    def on_batch(self, fn: BatchHandler) -> BatchHandler:
-        """``fn(updates)``: everything one frame holds for this subscriber, in log order.
-
-        For sinks that make a whole batch durable at once (one fsync per frame).
-        """
-        self._batch_handlers.append(fn)
-        return fn
 
     # --------------------------------------------------------------- run
     def stop(self) -> None:
@@ -348,34 +361,15 @@ class Subscriber:
         self._send(p.encode(p.ACK, p.Ack(id=frame.id, datamarkers=datamarkers, credits=1)))
 
     def _handle(self, updates: list[Update]) -> None:
-        delay = 0.05
-        while True:
-            try:
-                for batch_fn in self._batch_handlers:
-                    batch_fn(updates)
-                if self._updates_handlers:
-                    flows: dict[int, list[Update]] = {}
-                    for u in updates:
-                        flows.setdefault(u.shard, []).append(u)
-                    for shard, flow_updates in flows.items():
-                        flow = Flow(self.app, shard)
-                        for fn in self._updates_handlers:
-                            fn(flow, flow_updates)
-                return
-            except WormholeError:
-                raise
-            except Exception as exc:
-                log.warning(
-                    "%s: handler failed on %d updates (%s: %s); retrying in %.2fs",
-                    self.app,
-                    len(updates),
-                    type(exc).__name__,
-                    exc,
-                    delay,
-                )
-                if self._stop.wait(delay):
-                    raise _Closed("stopped while retrying a batch") from exc
-                delay = min(delay * 2, 30.0)
+        run_handlers(
+            self.app,
+            updates,
+            self._batch_handlers,
+            self._updates_handlers,
+            Flow,
+            self._stop,
+            lambda exc: _Closed("stopped while retrying a batch"),
+        )
 
     def latency(self) -> float:
         """Seconds since the batch being handled reached the publisher log.

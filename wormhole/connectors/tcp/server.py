@@ -6,11 +6,8 @@ import contextlib
 import hmac
 import logging
 import os
-import signal
 import socket
 import ssl
-import subprocess
-import sys
 import threading
 import time
 from collections import deque
@@ -19,7 +16,8 @@ from typing import Any
 
 from wormhole.connectors.tcp import protocol as p
 from wormhole.connectors.tcp.options import TcpOptions
-from wormhole.core.errors import StateError, WormholeError
+from wormhole.core.children import SubscriberProcesses
+from wormhole.core.errors import StateError
 from wormhole.core.hub import Frame, Hub
 
 log = logging.getLogger("wormhole.tcp")
@@ -96,12 +94,23 @@ class TcpSession:
             )
             self.cond.notify_all()
 
-    def deliver(self, frame: Frame, stop: threading.Event) -> bool:
+    timed_delivery = True
+    """``deliver`` takes a ``deadline`` (see ``SubscriberSession.deliver``)."""
+
+    def deliver(
+        self, frame: Frame, stop: threading.Event, deadline: float | None = None
+    ) -> bool | None:
         with self.cond:
             while self.data_queued >= self.options.credits and not self.closed:
                 if stop.is_set():
                     return False
-                self.cond.wait(0.1)
+                if deadline is not None:
+                    remaining = deadline - time.monotonic()
+                    if remaining <= 0:
+                        return None
+                    self.cond.wait(min(0.1, remaining))
+                else:
+                    self.cond.wait(0.1)
             if self.closed:
                 return True  # its flows were moved back to their datamarkers
             self.outbox.append(frame)
@@ -284,8 +293,7 @@ class TcpTransport:
         self.sessions_lock = threading.Lock()
         self.stopping = threading.Event()
         self.tls: ssl.SSLContext | None = None
-        self.children: dict[tuple[str, int], subprocess.Popen[bytes]] = {}
-        self.started: dict[tuple[str, int], float] = {}
+        self.processes: SubscriberProcesses | None = None
         self.spawn = options.spawn
         self.publisher_id = f"{socket.gethostname()}:{os.getpid()}"
 
@@ -320,13 +328,13 @@ class TcpTransport:
         path.write_text(self.address + "\n")
         log.info("listening for subscribers on %s%s", self.address, " (TLS)" if self.tls else "")
         threading.Thread(target=self._accept, name="tcp accept", daemon=True).start()
+        self.processes = SubscriberProcesses(hub, "tcp", self._publisher_args)
         if self.spawn and hub.local_subscribers:
             for app in hub.applications.values():
                 if app.config.sink is None:
                     continue
                 for index in range(app.config.subscribers):
-                    self._spawn(app.name, index)
-            threading.Thread(target=self._supervise, name="tcp children", daemon=True).start()
+                    self.processes.spawn(app.name, index)
 
     def _accept(self) -> None:
         assert self.listener is not None
@@ -421,58 +429,36 @@ class TcpTransport:
             self.sessions.discard(session)
 
     # ----------------------------------------------------------- children
-    def _spawn(self, application: str, index: int) -> None:
-        pipeline = self.hub.pipeline
+    def _publisher_args(self) -> list[str]:
         host, port = p.parse_address(self.address)
         address = f"127.0.0.1:{port}" if host in ("0.0.0.0", "::") else self.address
-        command = [
-            sys.executable,
-            "-m",
-            "wormhole.cli",
-            "subscribe",
-            pipeline.file,
-            "--app",
-            application,
-            "--instance",
-            str(index),
-            "--publisher",
-            address,
-            "--exit-with-parent",
-            str(os.getpid()),
-        ]
-        # Its own session: a Ctrl-C in the terminal reaches the publisher, which
-        # then stops its subscribers in order, not everything at once.
-        self.children[(application, index)] = subprocess.Popen(command, start_new_session=True)
-        self.started[(application, index)] = time.monotonic()
+        return ["--publisher", address]
 
-    def _supervise(self) -> None:
-        backoff: dict[tuple[str, int], float] = {}
-        while not self.stopping.wait(0.2):
-            for key, child in list(self.children.items()):
-                code = child.poll()
-                if code is None or self.stopping.is_set():
-                    continue
-                if code == 2:
-                    self.hub.fail(
-                        WormholeError(
-                            f"subscriber {key[0]}/{key[1]} stopped with a fatal error (see above)"
-                        )
-                    )
-                    return
-                if time.monotonic() - self.started.get(key, 0.0) > 30:
-                    backoff.pop(key, None)  # it ran for a while: restart promptly
-                delay = backoff.get(key, 0.5)
-                log.warning(
-                    "subscriber %s/%d exited with code %s; restarting in %.1fs",
-                    key[0],
-                    key[1],
-                    code,
-                    delay,
-                )
-                if self.stopping.wait(delay):
-                    return
-                backoff[key] = min(delay * 2, 30.0)
-                self._spawn(*key)
+    def add_application(self, app: Any) -> None:
+        """An application added to a running pipeline: start its subscribers (if this
+        publisher runs them). Library subscribers of it may now connect."""
+        hub = self.hub
+        if not (self.spawn and hub is not None and hub.local_subscribers):
+            return
+        if app.config.sink is None or self.processes is None:
+            return
+        for index in range(app.config.subscribers):
+            self.processes.spawn(app.name, index)
+
+    def remove_application(self, name: str) -> None:
+        """An application taken out of a running pipeline: its subscribers finish what
+        they hold and leave."""
+        with self.sessions_lock:
+            sessions = [s for s in self.sessions if s.application == name]
+        for session in sessions:
+            session.flush()
+        deadline = time.monotonic() + self.options.drain_timeout_s
+        while time.monotonic() < deadline and not all(s.idle() for s in sessions):
+            time.sleep(0.01)
+        if self.processes is not None:
+            self.processes.stop(deadline + 1.0, application=name)
+        for session in sessions:
+            session.bye("application removed from the pipeline")
 
     # -------------------------------------------------------------- stop
     def stop(self, drain: bool = True) -> None:
@@ -488,16 +474,8 @@ class TcpTransport:
             while time.monotonic() < deadline and not all(s.idle() for s in sessions):
                 time.sleep(0.01)
         # Subscriber processes leave.
-        for child in self.children.values():
-            if child.poll() is None:
-                child.send_signal(signal.SIGTERM)
-        for key, child in self.children.items():
-            try:
-                child.wait(max(0.0, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                log.warning("subscriber %s/%d did not stop in time; killing it", *key)
-                child.kill()
-                child.wait()
+        if self.processes is not None:
+            self.processes.stop(deadline)
         with self.sessions_lock:
             sessions = list(self.sessions)
         for session in sessions:

@@ -1,0 +1,333 @@
+"""The kafka transport against a real Kafka-protocol broker (Tansu) and real wormhole processes."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import threading
+from pathlib import Path
+from typing import Any
+
+import msgspec
+import pytest
+from conftest import REPO, assert_complete_in_order
+from tcp_support import Process
+
+from wormhole.core.datamarkers import read_datamarkers
+from wormhole.core.publisher_log import inspect_log
+from wormhole.testing import read_envelopes, run_cli, wait_until, write_pipeline
+from wormhole.testing.helpers import free_port, subscriber_pids
+
+pytest.importorskip("confluent_kafka")
+
+from confluent_kafka import Consumer
+from confluent_kafka.admin import AdminClient, NewTopic
+
+from wormhole.connectors.kafka import KafkaSubscriber
+from wormhole.testing.kafka import TansuBroker
+
+# Consumer groups settle in seconds, not the defaults' tens of seconds (see docs/kafka.md).
+FAST_GROUPS = {
+    "session.timeout.ms": 6000,
+    "heartbeat.interval.ms": 500,
+    "max.poll.interval.ms": 10000,
+}
+
+
+def write_riders(directory: Path, riders: int, seconds: int, start: int = 0) -> int:
+    """``riders`` keys, each with positions ``start..start+seconds-1``; one JSON-lines file."""
+    directory.mkdir(parents=True, exist_ok=True)
+    lines = [
+        json.dumps(
+            {"table": "rider_location", "key": {"rider": r}, "after": {"rider": r, "seq": s}}
+        )
+        + "\n"
+        for s in range(start, start + seconds)
+        for r in range(riders)
+    ]
+    (directory / f"{start:06d}.jsonl").write_text("".join(lines))
+    return len(lines)
+
+
+def kafka_pipeline(
+    tmp_path: Path,
+    broker: TansuBroker,
+    applications: dict[str, Any],
+    name: str = "riders",
+    shards: int = 4,
+    **transport: Any,
+) -> Path:
+    return write_pipeline(
+        tmp_path / f"{name}.yml",
+        {
+            "pipeline": name,
+            "state_dir": str(tmp_path / "state"),
+            "dataset": {"shards": shards},
+            "source": {"type": "filelog", "path": str(tmp_path / "data"), "poll_interval_ms": 20},
+            "transport": {
+                "type": "kafka",
+                "bootstrap_servers": broker.bootstrap,
+                "topic_prefix": f"t{free_port()}",  # a fresh topic per test
+                "consumer": FAST_GROUPS,
+                **transport,
+            },
+            "delivery": {"datamarker_interval_ms": 50},
+            "applications": applications,
+        },
+    )
+
+
+def topic_of(pipeline: Path) -> str:
+    import yaml
+
+    raw = yaml.safe_load(pipeline.read_text())
+    return f"{raw['transport']['topic_prefix']}.{raw['pipeline']}"
+
+
+def read_topic(bootstrap: str, topic: str, count: int) -> list[Any]:
+    """Every message of ``topic`` with a plain confluent-kafka consumer (no wormhole code)."""
+    consumer = Consumer(
+        {
+            "bootstrap.servers": bootstrap,
+            "group.id": f"plain-{free_port()}",
+            "auto.offset.reset": "earliest",
+            "enable.auto.commit": False,
+            **FAST_GROUPS,
+        }
+    )
+    consumer.subscribe([topic])
+    messages: list[Any] = []
+
+    def more() -> bool:
+        for m in consumer.consume(1000, 0.5):
+            assert m.error() is None, m.error()
+            messages.append(m)
+        return len(messages) >= count
+
+    try:
+        wait_until(more, 60, f"{count} messages in {topic}")
+    finally:
+        consumer.close()
+    return messages
+
+
+def test_every_update_reaches_applications_in_order_and_plain_consumers_read_it(
+    tmp_path: Path, tansu: TansuBroker
+) -> None:
+    total = write_riders(tmp_path / "data" / "gps", 200, 10)
+    history = tmp_path / "history.jsonl"
+    pipeline = kafka_pipeline(
+        tmp_path,
+        tansu,
+        {
+            "history": {"sink": {"type": "jsonl", "path": str(history)}, "subscribers": 2},
+            # Publisher-side filters apply in the subscriber, before the sink.
+            "odd": {
+                "sink": {"type": "jsonl", "path": str(tmp_path / "odd.jsonl")},
+                "filter": {"plugins": [{"type": "sample", "fraction": 0.5}]},
+            },
+            "library": {},
+        },
+    )
+    result = run_cli("run", str(pipeline), "--once", timeout=120)
+    assert result.returncode == 0, result
+    envelopes = read_envelopes(history)
+    assert len(envelopes) == total
+    assert_complete_in_order(envelopes, 200, 10, duplicates_allowed=False)
+    odd = read_envelopes(tmp_path / "odd.jsonl")
+    kept = {e["key"]["rider"] for e in odd}
+    assert 0 < len(kept) < 200 and len(odd) == 10 * len(kept)
+    # The publisher's datamarkers moved to the end for every application and shard.
+    markers = read_datamarkers(tmp_path / "state")
+    assert {(a, s): m.position for (a, s), m in markers.items()} == {
+        (a, s): total for a in ("history", "odd", "library") for s in range(4)
+    }
+
+    # A consumer that knows nothing of wormhole reads the topic.
+    topic = topic_of(pipeline)
+    messages = read_topic(tansu.bootstrap, topic, total)
+    lines = {json.dumps(e, separators=(",", ":")) for e in envelopes}
+    for m in messages:
+        value = json.loads(m.value())
+        assert json.dumps(value, separators=(",", ":")) in lines
+        assert m.key() == json.dumps(value["key"], separators=(",", ":"), sort_keys=True).encode()
+        headers = dict(m.headers())
+        assert m.partition() == value["shard"] == int(headers["shard"])
+        assert headers["logical"].decode() == value["source"]["logical"]
+    assert len(messages) == total
+
+    # The library subscriber: same API as wormhole.Subscriber, over Kafka.
+    sub = KafkaSubscriber.from_pipeline(pipeline, "library")
+    notices: list[tuple[list[int], list[int]]] = []
+    seen: dict[int, list[int]] = {}
+    sub.on_shard_notice(lambda assigned, revoked: notices.append((assigned, revoked)))
+
+    @sub.on_updates
+    def handle(flow: Any, batch: list[Any]) -> None:
+        assert {u.shard for u in batch} == {flow.shard}
+        for u in batch:
+            seen.setdefault(u.key["rider"], []).append(msgspec.json.decode(u.after)["seq"])
+
+    thread = threading.Thread(target=sub.run, daemon=True)
+    thread.start()
+    try:
+        wait_until(lambda: sub.processed >= total, 60, "the library subscriber to catch up")
+    finally:
+        sub.stop()
+        thread.join(30)
+    assert notices[0] == ([0, 1, 2, 3], [])
+    assert notices[-1] == ([], [0, 1, 2, 3])
+    assert seen == {r: list(range(10)) for r in range(200)}
+
+    # A second run delivers only what is new.
+    more = write_riders(tmp_path / "data" / "gps", 200, 5, start=10)
+    result = run_cli("run", str(pipeline), "--once", timeout=120)
+    assert result.returncode == 0, result
+    envelopes = read_envelopes(history)
+    assert len(envelopes) == total + more, result
+    assert_complete_in_order(envelopes, 200, 15, duplicates_allowed=False)
+
+
+def test_broker_outage_mid_stream_loses_and_reorders_nothing(
+    tmp_path: Path, tansu: TansuBroker
+) -> None:
+    first = write_riders(tmp_path / "data" / "gps", 500, 20)
+    history = tmp_path / "history.jsonl"
+    pipeline = kafka_pipeline(
+        tmp_path, tansu, {"history": {"sink": {"type": "jsonl", "path": str(history)}}}
+    )
+    run = Process("run", str(pipeline), cwd=tmp_path)
+    try:
+        wait_until(lambda: len(read_envelopes(history)) > 0, 60, "delivery to start")
+        tansu.disconnect()
+        try:
+            # The second half of the stream arrives while Kafka is away.
+            total = first + write_riders(tmp_path / "data" / "gps", 500, 20, start=20)
+            at_outage = len(read_envelopes(history))
+            assert at_outage < total, "the outage should come mid-stream"
+            # The publisher keeps reading the source into its log while Kafka is away.
+            log = tmp_path / "state" / "log"
+            wait_until(lambda: inspect_log(log).next_seq == total, 60, "the source to be read")
+        finally:
+            tansu.reconnect()
+        wait_until(lambda: len(read_envelopes(history)) >= total, 90, "delivery after the outage")
+        wait_until(
+            lambda: all(m.position == total for m in read_datamarkers(tmp_path / "state").values()),
+            30,
+            "datamarkers at the end",
+        )
+    finally:
+        assert run.stop() == 0, run.stderr
+    assert_complete_in_order(read_envelopes(history), 500, 40, duplicates_allowed=True)
+
+
+def test_kill_9_of_the_subscriber_mid_stream_redelivers_in_order(
+    tmp_path: Path, tansu: TansuBroker
+) -> None:
+    gps = tmp_path / "data" / "gps"
+    write_riders(gps, 500, 40)
+    history = tmp_path / "history.jsonl"
+    pipeline = kafka_pipeline(
+        tmp_path, tansu, {"history": {"sink": {"type": "jsonl", "path": str(history)}}}
+    )
+    run = Process("run", str(pipeline), cwd=tmp_path)
+    try:
+        wait_until(lambda: len(subscriber_pids(run.pid)) == 1, 30, "the subscriber process")
+        victim = subscriber_pids(run.pid)[0]
+        wait_until(lambda: len(read_envelopes(history)) > 0, 60, "delivery to start")
+
+        os.kill(victim, signal.SIGKILL)
+        assert len(read_envelopes(history)) < 20_000, "the kill should come mid-stream"
+        write_riders(gps, 500, 10, start=40)
+        wait_until(lambda: subscriber_pids(run.pid) not in ([], [victim]), 30, "a new subscriber")
+        wait_until(lambda: len(read_envelopes(history)) >= 25_000, 120, "delivery after the kill")
+    finally:
+        assert run.stop() == 0, run.stderr
+    assert "exited with code -9; restarting" in run.stderr
+    assert_complete_in_order(read_envelopes(history), 500, 50, duplicates_allowed=True)
+
+
+def test_a_topic_whose_partitions_do_not_match_the_shards_is_an_error(
+    tmp_path: Path, tansu: TansuBroker
+) -> None:
+    write_riders(tmp_path / "data" / "gps", 10, 1)
+    pipeline = kafka_pipeline(
+        tmp_path, tansu, {"history": {"sink": {"type": "jsonl", "path": "h.jsonl"}}}
+    )
+    topic = topic_of(pipeline)
+    admin = AdminClient({"bootstrap.servers": tansu.bootstrap})
+    admin.create_topics([NewTopic(topic, 3, 1)])[topic].result()
+    result = run_cli("run", str(pipeline), "--once", cwd=tmp_path, timeout=60)
+    assert result.returncode == 2, result
+    assert f"topic '{topic}' has 3 partitions but dataset.shards is 4" in result.stderr
+
+
+def test_an_unreachable_broker_is_retried_then_named(tmp_path: Path) -> None:
+    write_riders(tmp_path / "data" / "gps", 10, 1)
+    broker = TansuBroker(free_port(), 0, tmp_path, "")
+    pipeline = kafka_pipeline(
+        tmp_path,
+        broker,
+        {"history": {"sink": {"type": "jsonl", "path": "h.jsonl"}}},
+        connect_timeout_s=1,
+    )
+    result = run_cli("run", str(pipeline), "--once", cwd=tmp_path, timeout=60)
+    assert result.returncode == 2, result
+    assert f"transport.bootstrap_servers: cannot reach Kafka at {broker.bootstrap} within 1s" in (
+        result.stderr
+    )
+    assert "retrying" in result.stderr
+
+
+def test_per_table_topics_as_debezium_names_them(tmp_path: Path, tansu: TansuBroker) -> None:
+    data = tmp_path / "data" / "shop"
+    data.mkdir(parents=True)
+    lines = []
+    for i in range(300):
+        table = ("public.orders", "public.users")[i % 2]
+        lines.append({"table": table, "key": {"id": i // 2}, "after": {"id": i // 2, "n": i}})
+    (data / "0.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
+    pipeline = kafka_pipeline(
+        tmp_path,
+        tansu,
+        {
+            "all": {"sink": {"type": "jsonl", "path": str(tmp_path / "all.jsonl")}},
+            "orders": {
+                "sink": {"type": "jsonl", "path": str(tmp_path / "orders.jsonl")},
+                "filter": {"tables": ["public.orders"]},
+            },
+        },
+        name="shop",
+        topic_naming="table",
+    )
+    result = run_cli("run", str(pipeline), "--once", timeout=120)
+    assert result.returncode == 0, result
+    prefix = topic_of(pipeline).rsplit(".", 1)[0]
+    metadata = AdminClient({"bootstrap.servers": tansu.bootstrap}).list_topics(timeout=10)
+    ours = {t: len(m.partitions) for t, m in metadata.topics.items() if t.startswith(prefix)}
+    assert ours == {f"{prefix}.public.orders": 4, f"{prefix}.public.users": 4}
+    orders = read_topic(tansu.bootstrap, f"{prefix}.public.orders", 150)
+    assert {json.loads(m.value())["source"]["table"] for m in orders} == {"public.orders"}
+    everything = read_envelopes(tmp_path / "all.jsonl")
+    assert sorted(e["after"]["n"] for e in everything) == list(range(300))
+    filtered = read_envelopes(tmp_path / "orders.jsonl")
+    assert sorted(e["after"]["n"] for e in filtered) == list(range(0, 300, 2))
+
+
+def test_the_example_pipeline_runs(tmp_path: Path, tansu: TansuBroker) -> None:
+    total = write_riders(tmp_path / "data", 50, 4)
+    env = {
+        "KAFKA_BOOTSTRAP": tansu.bootstrap,
+        "KAFKA_TOPIC_PREFIX": f"example{free_port()}",
+        "FILE_DATA": str(tmp_path / "data"),
+        "FILE_STATE": str(tmp_path / "state"),
+        "FILE_OUT": str(tmp_path / "out"),
+    }
+    pipeline = str(REPO / "pipelines" / "file-to-kafka.yml")
+    result = run_cli("run", pipeline, "--once", env=env, timeout=120)
+    assert result.returncode == 0, result
+    assert len(read_envelopes(tmp_path / "out" / "history.jsonl")) == total
+    messages = read_topic(tansu.bootstrap, f"{env['KAFKA_TOPIC_PREFIX']}.file-to-kafka", total)
+    assert len(messages) == total
+    assert {m.partition() for m in messages} <= set(range(16))

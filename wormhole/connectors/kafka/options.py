@@ -1,0 +1,81 @@
+"""Options of the ``kafka`` transport, shared by the publisher and ``wormhole subscribe``."""
+
+from __future__ import annotations
+
+import re
+from typing import Literal
+
+from pydantic import Field, field_validator
+
+from wormhole.plugins.components import Options
+
+ConfigValue = str | int | float | bool
+
+_TOPIC = re.compile(r"^[A-Za-z0-9._-]+$")
+
+
+class KafkaOptions(Options):
+    """Updates go through a Kafka cluster: one topic per dataset (or per table)."""
+
+    bootstrap_servers: str = Field(
+        "127.0.0.1:9092", description="comma-separated host:port list of Kafka brokers"
+    )
+    topic_prefix: str = Field(
+        "wormhole",
+        description="topics are named <topic_prefix>.<pipeline> (or <topic_prefix>.<table>)",
+    )
+    topic_naming: Literal["dataset", "table"] = Field(
+        "dataset",
+        description="dataset: one topic for the pipeline; table: one topic per source table, "
+        "named <topic_prefix>.<schema>.<table> as Debezium names them",
+    )
+    create_topics: bool = Field(
+        True, description="create missing topics with one partition per shard"
+    )
+    replication_factor: int = Field(
+        -1, ge=-1, description="replication factor of created topics (-1: the broker's default)"
+    )
+    config: dict[str, ConfigValue] = Field(
+        default_factory=dict,
+        description="librdkafka settings for every client (security.protocol, sasl.*, ssl.*, ...)",
+    )
+    producer: dict[str, ConfigValue] = Field(
+        default_factory=dict, description="librdkafka settings for the publisher's producer only"
+    )
+    consumer: dict[str, ConfigValue] = Field(
+        default_factory=dict, description="librdkafka settings for subscribers' consumers only"
+    )
+    connect_timeout_s: float = Field(
+        30.0, gt=0, description="at start, how long to retry reaching the brokers before failing"
+    )
+    batch_updates: int = Field(
+        1000, ge=1, le=100_000, description="a subscriber hands its sink at most this many updates"
+    )
+    spawn: bool = Field(
+        True, description="`wormhole run` starts each application's subscribers as processes"
+    )
+    drain_timeout_s: float = Field(
+        30.0,
+        ge=0,
+        description="on stop, how long the broker and the subscribers may go without progress",
+    )
+
+    @field_validator("topic_prefix")
+    @classmethod
+    def _prefix(cls, value: str) -> str:
+        if not _TOPIC.match(value) or len(value) > 200:
+            raise ValueError(
+                "must be 1-200 characters of A-Z, a-z, 0-9, '.', '_' or '-' (a Kafka topic name)"
+            )
+        return value
+
+    @field_validator("config", "producer", "consumer")
+    @classmethod
+    def _settings(cls, value: dict[str, ConfigValue]) -> dict[str, ConfigValue]:
+        for key in value:
+            if key in ("bootstrap.servers", "group.id"):
+                raise ValueError(
+                    f"{key} is set by wormhole (use bootstrap_servers; the consumer group is "
+                    f"the application's name)"
+                )
+        return value

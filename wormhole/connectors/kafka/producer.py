@@ -1,0 +1,445 @@
+"""The publisher end of the Kafka transport: the publisher log, produced to Kafka.
+
+The transport reads the publisher log itself (``reads_log``): one thread reads
+batches, produces each update to partition ``shard`` of its topic with the
+idempotent producer, and moves each shard's datamarker only when the broker has
+confirmed every update of that shard before it (delivery reports). The
+datamarkers are stored for every application, since they all read the same
+topic; each application's own progress is its consumer group's committed offsets.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import threading
+import time
+from collections import deque
+from functools import partial
+from typing import Any
+
+import msgspec
+
+from wormhole.connectors.kafka.common import (
+    HEADER_LOGICAL,
+    HEADER_SEQ,
+    HEADER_SHARD,
+    Topics,
+    client_config,
+    dataset_topic,
+    kafka,
+    table_topic,
+)
+from wormhole.connectors.kafka.options import KafkaOptions
+from wormhole.core.children import SubscriberProcesses
+from wormhole.core.errors import ConfigError, WormholeError
+from wormhole.core.hub import Hub
+from wormhole.core.publisher_log import Batch
+from wormhole.core.update import envelope
+from wormhole.plugins.components import Datamarker
+
+log = logging.getLogger("wormhole.kafka")
+
+META_KEY = "kafka.produced"
+"""Datamarker-store metadata: per shard, the position up to which the broker confirmed."""
+
+_key_encoder = msgspec.json.Encoder(order="sorted")
+_value_encoder = msgspec.json.Encoder()
+
+
+class ProduceFailed(WormholeError):
+    """Kafka refused an update for good (not a retriable broker outage)."""
+
+
+class KafkaTransport:
+    """Produces the publisher log to Kafka; `wormhole run` also starts sink subscribers."""
+
+    reads_log = True
+
+    def __init__(self, options: KafkaOptions) -> None:
+        self.options = options
+        self.hub: Hub = None  # type: ignore[assignment]
+        self.topic: str | None = None
+        self.topics: Topics | None = None
+        self.producer: Any = None
+        self.thread: threading.Thread | None = None
+        self.abort = threading.Event()
+        self.draining = threading.Event()
+        self.drain_target = 0
+        self.finished = threading.Event()
+        self.failure: BaseException | None = None
+        self.pending: dict[tuple[str, int], deque[tuple[int, int]]] = {}
+        self.next_marker = 0
+        self.failed: dict[tuple[str, int], str] = {}
+        self.skip: list[int] = []
+        self.produced = 0
+        self.saved: list[int] = []
+        self.applications: list[str] = []
+        self.store_lock = threading.Lock()
+        self.processes: SubscriberProcesses | None = None
+        self.stopped = False
+        self.unconfirmed = 0
+        self.last_outage_log = 0.0
+
+    # ------------------------------------------------------------- start
+    def start(self, hub: Hub) -> None:
+        self.hub = hub
+        pipeline = hub.pipeline
+        ck = kafka()
+        for name, app in pipeline.applications.items():
+            if isinstance(app.start, dict):
+                raise ConfigError(
+                    f"applications.{name}.start: a publisher-log position cannot be mapped to "
+                    f"Kafka offsets; with the kafka transport use earliest or latest",
+                    pipeline.file,
+                )
+        self.topics = Topics(self.options, pipeline.shards)
+        self.topics.wait_for_brokers()
+        if self.options.topic_naming == "dataset":
+            self.topic = dataset_topic(self.options, pipeline.name)
+            self.topics.ensure(self.topic)
+        self._load_positions()
+        config = {
+            "enable.idempotence": True,
+            "acks": "all",
+            "linger.ms": 5,
+            "message.timeout.ms": 0,  # retry through any outage: nothing is dropped
+            "queue.buffering.max.messages": 200_000,
+            "batch.num.messages": 10_000,
+        }
+        config.update(client_config(self.options, self.options.producer))
+        config["on_delivery"] = self._report
+        config["error_cb"] = self._client_error
+        try:
+            self.producer = ck.Producer(config)
+        except ck.KafkaException as exc:
+            raise ConfigError(
+                f"transport.producer: librdkafka rejected the settings ({exc.args[0].str()})",
+                pipeline.file,
+            ) from None
+        self.thread = threading.Thread(target=self._run, name="kafka producer", daemon=True)
+        self.thread.start()
+        self.processes = SubscriberProcesses(hub, "kafka")
+        if self.options.spawn and hub.local_subscribers:
+            for name, app in pipeline.applications.items():
+                if app.sink is None or app.external:
+                    continue
+                for index in range(app.subscribers):
+                    self.processes.spawn(name, index)
+
+    def _load_positions(self) -> None:
+        hub = self.hub
+        pipeline = hub.pipeline
+        plog = hub.plog
+        first, end = plog.first_seq, plog.next_seq
+        self.applications = [n for n, a in pipeline.applications.items() if not a.external]
+        stored = hub.store.load()
+        positions = []
+        for shard in range(pipeline.shards):
+            values = [
+                stored[(name, shard)].position
+                for name in self.applications
+                if (name, shard) in stored
+            ]
+            positions.append(min(values) if values else first)
+        meta = hub.store.get_meta(META_KEY)
+        if meta:
+            # What the broker confirmed in earlier runs: an application added since
+            # (start: earliest) must not make the publisher produce it all again.
+            produced = json.loads(meta)
+            if isinstance(produced, list) and len(produced) == pipeline.shards:
+                positions = [min(max(int(p), first), end) for p in produced]
+        self.skip = positions
+        self.saved = [-1] * pipeline.shards
+        self.produced = min(positions) if positions else end
+
+    # ---------------------------------------------------------- delivery
+    def _report(self, err: Any, msg: Any) -> None:
+        if err is not None:
+            self._refused(err, msg)
+
+    def _confirmed(self, key: tuple[str, int], marker: int, err: Any, msg: Any) -> None:
+        if err is not None:
+            self._refused(err, msg)
+            return
+        if key in self.failed:
+            return
+        queue = self.pending[key]
+        if queue and queue[0][1] == marker:
+            queue.popleft()
+
+    def _refused(self, err: Any, msg: Any) -> None:
+        key = (msg.topic(), msg.partition())
+        reason = str(err.str())
+        self.failed.setdefault(key, reason)
+        if self.failure is None:
+            self.failure = ProduceFailed(
+                f"transport: Kafka at {self.options.bootstrap_servers} refused an update for "
+                f"topic {key[0]!r} partition {key[1]} ({reason}); nothing after it was counted "
+                f"as delivered. Fix the cause (topic permissions, message.max.bytes, ...) and run "
+                f"again: delivery resumes from the last confirmed update"
+            )
+
+    def _client_error(self, err: Any) -> None:
+        ck = kafka()
+        if err.fatal():
+            if self.failure is None:
+                self.failure = ProduceFailed(
+                    f"transport: the Kafka producer stopped with a fatal error ({err.str()}); "
+                    f"run again to resume from the last confirmed update"
+                )
+            return
+        if err.code() in (ck.KafkaError._ALL_BROKERS_DOWN, ck.KafkaError._TRANSPORT):
+            now = time.monotonic()
+            if now - self.last_outage_log > 10:
+                self.last_outage_log = now
+                log.warning(
+                    "Kafka at %s: %s; the producer keeps retrying and nothing is lost",
+                    self.options.bootstrap_servers,
+                    err.str(),
+                )
+        else:
+            log.debug("Kafka client: %s", err.str())
+
+    # ---------------------------------------------------------- producing
+    def _run(self) -> None:
+        try:
+            self._loop()
+        except BaseException as exc:
+            if self.failure is None:
+                self.failure = exc
+        finally:
+            with contextlib.suppress(Exception):
+                self._persist()
+            self.finished.set()
+            if self.failure is not None and not self.abort.is_set():
+                self.hub.fail(self.failure)
+
+    def _loop(self) -> None:
+        plog = self.hub.plog
+        producer = self.producer
+        interval = self.hub.pipeline.datamarker_interval
+        next_persist = time.monotonic() + interval
+        reader = plog.reader(self.produced)
+        try:
+            while not self.abort.is_set():
+                if self.failure is not None:
+                    raise self.failure
+                if self.draining.is_set() and reader.position >= self.drain_target:
+                    break
+                batch = reader.read()
+                if batch is None:
+                    producer.poll(0.01)
+                    plog.wait_for(reader.position, 0.05)
+                else:
+                    self._produce(batch)
+                    self.produced = batch.end_seq
+                    producer.poll(0)
+                if time.monotonic() >= next_persist:
+                    self._persist()
+                    next_persist = time.monotonic() + interval
+        finally:
+            reader.close()
+        if self.abort.is_set():
+            return
+        self._flush()
+
+    def _produce(self, batch: Batch) -> None:
+        updates = batch.updates
+        first = batch.first_seq
+        skip = self.skip
+        dataset = self.topic
+        # The last update of each (topic, shard) in the batch carries a delivery
+        # callback; the broker confirms a partition's messages in order.
+        topics: list[str] = []
+        last: dict[tuple[str, int], int] = {}
+        firsts: dict[tuple[str, int], int] = {}
+        for i, u in enumerate(updates):
+            if first + i < skip[u.shard]:
+                topics.append("")
+                continue
+            topic = dataset or self._table_topic(u.table)
+            topics.append(topic)
+            key = (topic, u.shard)
+            last[key] = i
+            if key not in firsts:
+                firsts[key] = first + i
+        markers: dict[int, Any] = {}
+        for key, i in last.items():
+            marker = self.next_marker
+            self.next_marker += 1
+            self.pending.setdefault(key, deque()).append((firsts[key], marker))
+            markers[i] = partial(self._confirmed, key, marker)
+        produce = self.producer.produce
+        encode_key = _key_encoder.encode
+        encode_value = _value_encoder.encode
+        for i, u in enumerate(updates):
+            topic = topics[i]
+            if not topic:
+                continue
+            seq = first + i
+            key_bytes = encode_key(u.key)
+            value = encode_value(envelope(u))
+            headers = [
+                (HEADER_SHARD, b"%d" % u.shard),
+                (HEADER_LOGICAL, u.logical.encode()),
+                (HEADER_SEQ, b"%d" % seq),
+            ]
+            callback = markers.get(i)
+            while True:
+                try:
+                    if callback is None:
+                        produce(topic, value, key_bytes, u.shard, headers=headers)
+                    else:
+                        produce(topic, value, key_bytes, u.shard, callback, headers=headers)
+                    break
+                except BufferError:
+                    # The producer's queue is full (a slow or absent broker): wait for room.
+                    self.producer.poll(0.1)
+                    if self.abort.is_set():
+                        return
+
+    def _table_topic(self, table: str) -> str:
+        topic = table_topic(self.options, table)
+        assert self.topics is not None
+        if topic not in self.topics.known:
+            self.topics.ensure(topic)
+        return topic
+
+    def _flush(self) -> None:
+        """Wait until the broker confirmed everything produced (or stalls too long)."""
+        producer = self.producer
+        remaining = len(producer)
+        progress = time.monotonic()
+        while remaining and not self.abort.is_set():
+            if self.failure is not None:
+                raise self.failure
+            now_remaining = producer.flush(0.5)
+            if now_remaining < remaining:
+                progress = time.monotonic()
+            remaining = now_remaining
+            if remaining and time.monotonic() - progress > self.options.drain_timeout_s:
+                self.unconfirmed = remaining
+                raise WormholeError(
+                    f"transport: Kafka at {self.options.bootstrap_servers} confirmed nothing for "
+                    f"{self.options.drain_timeout_s:g}s (transport.drain_timeout_s) with "
+                    f"{remaining} updates outstanding; they were not counted as delivered and "
+                    f"are produced again on the next run"
+                )
+        if self.failure is not None:
+            raise self.failure
+
+    # -------------------------------------------------------- datamarkers
+    def positions(self) -> list[int]:
+        """Per shard: every update of the shard before it was confirmed by the broker."""
+        produced = self.produced
+        out = [max(produced, s) for s in self.skip]
+        for (_topic, shard), queue in list(self.pending.items()):
+            if queue:
+                with contextlib.suppress(IndexError):  # emptied by a delivery report meanwhile
+                    out[shard] = min(out[shard], queue[0][0])
+        return out
+
+    def _persist(self) -> None:
+        with self.store_lock:
+            positions = self.positions()
+            changed = [
+                Datamarker(name, shard, position)
+                for shard, position in enumerate(positions)
+                if position != self.saved[shard]
+                for name in self.applications
+            ]
+            if not changed:
+                return
+            plog = self.hub.plog
+            if not plog.fsync:
+                plog.sync()
+            self.hub.store.save(changed)
+            self.hub.store.set_meta(META_KEY, json.dumps(positions))
+            self.saved = positions
+
+    def _caught_up(self) -> None:
+        """Wait until every spawned application committed offsets up to the topics' ends,
+        as long as its subscribers make progress."""
+        apps = sorted({app for app, _ in (self.processes.children if self.processes else {})})
+        if not apps or self.producer is None or self.topics is None:
+            return
+        ck = kafka()
+        topics = [self.topic] if self.topic else sorted(self.topics.known)
+        partitions = [
+            ck.TopicPartition(t, s) for t in topics for s in range(self.hub.pipeline.shards)
+        ]
+        consumers = {
+            app: ck.Consumer(
+                client_config(
+                    self.options,
+                    {**self.options.consumer, "group.id": app, "enable.auto.commit": False},
+                )
+            )
+            for app in apps
+        }
+        try:
+            probe = consumers[apps[0]]
+            ends = {
+                (tp.topic, tp.partition): probe.get_watermark_offsets(tp, timeout=10)
+                for tp in partitions
+            }
+            last_lag: dict[str, int] = {}
+            progress = time.monotonic()
+            while apps:
+                for app in list(apps):
+                    lag = 0
+                    for tp in consumers[app].committed(partitions, timeout=10):
+                        low, high = ends[(tp.topic, tp.partition)]
+                        offset = tp.offset if tp.offset >= 0 else low
+                        lag += max(0, high - offset)
+                    if lag == 0:
+                        apps.remove(app)
+                    elif lag < last_lag.get(app, lag + 1):
+                        progress = time.monotonic()
+                    last_lag[app] = lag
+                if not apps:
+                    return
+                if time.monotonic() - progress > self.options.drain_timeout_s:
+                    log.warning(
+                        "applications %s did not catch up with Kafka within %gs without "
+                        "progress; their subscribers stop now and resume from their committed "
+                        "offsets next time",
+                        ", ".join(apps),
+                        self.options.drain_timeout_s,
+                    )
+                    return
+                time.sleep(0.1)
+        except ck.KafkaException as exc:
+            log.warning("cannot read the applications' committed offsets: %s", exc)
+        finally:
+            for consumer in consumers.values():
+                consumer.close()
+
+    # -------------------------------------------------------------- stop
+    def stop(self, drain: bool = True) -> None:
+        if self.stopped:
+            return
+        self.stopped = True
+        error: BaseException | None = None
+        if self.thread is not None:
+            if drain:
+                self.drain_target = self.hub.plog.next_seq
+                self.draining.set()
+                self.finished.wait()
+                error = self.failure
+            else:
+                self.abort.set()
+                self.thread.join(5)
+        if drain and error is None:
+            self._caught_up()
+        if self.processes is not None:
+            self.processes.stop(time.monotonic() + (self.options.drain_timeout_s if drain else 1.0))
+        if self.producer is not None and not drain:
+            # Confirmed updates still move the datamarkers; nothing unconfirmed does.
+            with contextlib.suppress(Exception):
+                self.producer.poll(0)
+                self._persist()
+        if error is not None:
+            raise error

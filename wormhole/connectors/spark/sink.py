@@ -1,0 +1,367 @@
+"""The ``spark`` sink: updates appended to Parquet, and a current-state table per source
+table maintained by Spark, with optional SQL transforms.
+
+Layout under ``path``::
+
+    changes/table=<table>/date=<YYYY-MM-DD>/part-<...>.parquet   every update, appended
+    current/<table>/                                             the live rows (Spark)
+    transforms/<name>/                                           each transform's result (Spark)
+
+**Appending.** Each batch becomes one Parquet file per (table, date), written to
+a temporary name, fsynced and renamed into place before the batch is
+acknowledged: a crash leaves whole files only. The date is the update's
+``ts_ms`` (UTC), or the day it was written when the source gave none. Columns:
+``op, key, before, after`` (JSON text), ``shard, position, logical, ts_ms``,
+``version`` (the per-key version, :mod:`wormhole.core.versions`) and
+``arrival`` (when this sink wrote it, for updates without a version).
+
+**Current state.** Spark reads every change file, keeps each key's newest update
+(highest version, then latest arrival), drops keys whose newest update is a
+delete or older than a truncate of its shard, expands the rows' JSON into
+columns and overwrites ``current/<table>``. Replays after a crash append
+updates again, but versions put them in their place, so the table converges
+to the source table. It runs every ``refresh_s`` seconds and when the sink
+closes (the end of ``wormhole run --once``), in the first subscriber only.
+
+**Transforms.** ``transforms: {name: SQL}`` run after each refresh with a view
+per current table (its name with ``.`` as ``_``, e.g. ``public_users``) and a
+``changes`` view of every update; each result overwrites
+``transforms/<name>``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import functools
+import logging
+import os
+import re
+import shutil
+import sys
+import threading
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+from pydantic import Field
+
+from wormhole.core.errors import SinkError
+from wormhole.core.shard import canonical_key
+from wormhole.core.update import Update
+from wormhole.core.versions import version_of
+from wormhole.plugins.components import Options, SinkContext
+
+log = logging.getLogger("wormhole.spark")
+
+
+class SparkSinkOptions(Options):
+    """Append updates to Parquet; keep current-state tables with Spark."""
+
+    path: str = Field(description="root directory; may contain {application}")
+    master: str = Field(
+        "local[*]", description="Spark master: local[*], local[2], spark://host:7077, yarn, ..."
+    )
+    current_state: bool = Field(True, description="maintain current/<table> with Spark")
+    refresh_s: float = Field(
+        60.0, ge=0, description="seconds between current-state refreshes (0: only at close)"
+    )
+    transforms: dict[str, str] = Field(
+        default_factory=dict,
+        description="name -> Spark SQL over the current tables (views named like "
+        "public_users) and the `changes` view; results overwrite transforms/<name>",
+    )
+    spark_conf: dict[str, str] = Field(
+        default_factory=dict, description="extra Spark settings (spark.executor.memory, ...)"
+    )
+    app_name: str = Field("wormhole", description="Spark application name")
+
+
+_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+
+def view_name(table: str) -> str:
+    """A source table's name as a Spark SQL view name: ``public.users`` -> ``public_users``."""
+    return re.sub(r"[^A-Za-z0-9_]", "_", table)
+
+
+def _schema() -> Any:
+    import pyarrow as pa
+
+    return pa.schema(
+        [
+            ("op", pa.string()),
+            ("key", pa.string()),
+            ("before", pa.string()),
+            ("after", pa.string()),
+            ("shard", pa.int32()),
+            ("position", pa.string()),
+            ("logical", pa.string()),
+            ("ts_ms", pa.int64()),
+            ("version", pa.list_(pa.int64())),
+            ("arrival", pa.int64()),
+        ]
+    )
+
+
+def _text(raw: Any) -> str | None:
+    data = bytes(raw)
+    return None if data == b"null" else data.decode()
+
+
+class SparkSink:
+    def __init__(self, options: SparkSinkOptions) -> None:
+        self.options = options
+        self.root = Path()
+        self.context: SinkContext | None = None
+        self.spark: Any = None
+        self.lock = threading.Lock()
+        self.last_refresh = time.monotonic()
+        self.dirty = False
+        self.files = 0
+        self.schema: Any = None
+
+    # ------------------------------------------------------------------ open
+    def open(self, context: SinkContext) -> None:
+        app = f"applications.{context.application}.sink"
+        try:
+            import pyarrow  # noqa: F401
+            import pyspark  # noqa: F401
+        except ImportError as exc:
+            raise SinkError(
+                f"{app}.type: spark needs pyspark and pyarrow; install the extra: "
+                f"pip install 'wormhole[spark]'"
+            ) from exc
+        for name in self.options.transforms:
+            if not _NAME.match(name):
+                raise SinkError(
+                    f"{app}.transforms.{name}: a transform name must be a plain identifier "
+                    f"(letters, digits, _): it names the output directory"
+                )
+        try:
+            self.root = Path(self.options.path.format(application=context.application))
+        except (KeyError, IndexError, ValueError) as exc:
+            raise SinkError(
+                f"{app}.path: {self.options.path!r} has an unknown placeholder ({exc}); only "
+                f"{{application}} is available"
+            ) from exc
+        try:
+            (self.root / "changes").mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise SinkError(f"{app}.path: cannot create {self.root} ({exc})") from exc
+        self.context = context
+        self.schema = _schema()
+        self.last_refresh = time.monotonic()
+
+    # ----------------------------------------------------------------- write
+    def write(self, updates: list[Update]) -> None:
+        if not updates:
+            return
+        import pyarrow as pa
+
+        arrival = time.time_ns()
+        today = int(time.time() * 1000) // _DAY_MS
+        groups: dict[tuple[str, int], list[Update]] = {}
+        for u in updates:
+            day = today if u.ts_ms is None else u.ts_ms // _DAY_MS
+            group = groups.get((u.table, day))
+            if group is None:
+                groups[(u.table, day)] = group = []
+            group.append(u)
+        written: list[Path] = []
+        for (table, day), group in groups.items():
+            columns = {
+                "op": [u.op for u in group],
+                "key": [canonical_key(u.key).decode() for u in group],
+                "before": [_text(u.before) for u in group],
+                "after": [_text(u.after) for u in group],
+                "shard": [u.shard for u in group],
+                "position": [u.position for u in group],
+                "logical": [u.logical for u in group],
+                "ts_ms": [u.ts_ms for u in group],
+                "version": [_version(u) for u in group],
+                "arrival": [arrival + i for i in range(len(group))],
+            }
+            batch = pa.Table.from_pydict(columns, schema=self.schema)
+            directory = self.root / "changes" / f"table={_escape(table)}" / f"date={_date(day)}"
+            written.append(self._write_file(directory, batch))
+            arrival += len(group)
+        self.files += len(written)
+        self.dirty = True
+        context = self.context
+        if (
+            context is not None
+            and context.subscriber == 0
+            and self.options.current_state
+            and self.options.refresh_s > 0
+            and time.monotonic() - self.last_refresh >= self.options.refresh_s
+        ):
+            self.refresh()
+
+    def _write_file(self, directory: Path, table: Any) -> Path:
+        import pyarrow.parquet as pq
+
+        directory.mkdir(parents=True, exist_ok=True)
+        subscriber = self.context.subscriber if self.context else 0
+        name = f"part-{time.time_ns():020d}-{subscriber}-{uuid.uuid4().hex[:12]}.parquet"
+        final = directory / name
+        temporary = directory / f".{name}.tmp"
+        # Spark ignores files whose names start with "." or "_".
+        with open(temporary, "wb") as f:
+            pq.write_table(table, f, compression="snappy")
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(temporary, final)
+        fd = os.open(directory, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        return final
+
+    # ---------------------------------------------------------------- Spark
+    def _session(self) -> Any:
+        if self.spark is None:
+            from pyspark.sql import SparkSession
+
+            # Python workers run this interpreter, which can import what the rows need.
+            os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+
+            builder = (
+                SparkSession.builder.master(self.options.master)
+                .appName(self.options.app_name)
+                .config("spark.ui.showConsoleProgress", "false")
+            )
+            for key, value in self.options.spark_conf.items():
+                builder = builder.config(key, value)
+            self.spark = builder.getOrCreate()
+        return self.spark
+
+    def refresh(self) -> None:
+        """Rebuild current/<table> (and run the transforms) from every change file."""
+        self.last_refresh = time.monotonic()
+        if not self.options.current_state or not any((self.root / "changes").rglob("*.parquet")):
+            return
+        with self.lock:
+            started = time.monotonic()
+            spark = self._session()
+            tables = refresh_current_state(spark, self.root)
+            for name, sql in self.options.transforms.items():
+                try:
+                    result = spark.sql(sql)
+                except Exception as exc:  # Spark's AnalysisException, ParseException, ...
+                    app = self.context.application if self.context else "?"
+                    first = str(exc).strip().splitlines()[0] if str(exc).strip() else repr(exc)
+                    raise SinkError(
+                        f"applications.{app}.sink.transforms.{name}: Spark cannot run it "
+                        f"({first}); fix the SQL (the current tables are views named like "
+                        f"public_orders, every update is the view `changes`)"
+                    ) from exc
+                _replace_dir(self.root / "transforms" / name, result)
+            self.dirty = False
+            log.info(
+                "current state of %d table(s) refreshed in %.1fs",
+                tables,
+                time.monotonic() - started,
+            )
+
+    def close(self) -> None:
+        context = self.context
+        try:
+            if context is not None and context.subscriber == 0 and self.dirty:
+                self.refresh()
+        finally:
+            # A session this sink started is left to the process (getOrCreate shares it).
+            self.context = None
+
+
+def refresh_current_state(spark: Any, root: Path, sample: int = 2000) -> int:
+    """Rebuild ``root/current/<table>`` from ``root/changes``; returns the table count."""
+    from pyspark.sql import functions as F
+
+    changes = spark.read.parquet(str(root / "changes"))
+    changes.createOrReplaceTempView("changes")
+    # Each key's newest update: the highest version, then the latest arrival.
+    order = F.struct(F.col("version"), F.col("arrival"))
+    latest = (
+        changes.where(F.col("op") != "t")
+        .groupBy("table", "key")
+        .agg(F.max_by(F.struct("op", "after", "shard", "version", "arrival"), order).alias("u"))
+        .select("table", "u.*")
+    )
+    truncates = (
+        changes.where(F.col("op") == "t")
+        .groupBy("table", "shard")
+        .agg(F.max("version").alias("_cut"), F.max("arrival").alias("_cut_arrival"))
+    )
+    live = (
+        latest.join(truncates, ["table", "shard"], "left")
+        .where(
+            F.col("_cut_arrival").isNull()
+            | F.when(
+                F.col("_cut").isNotNull() & F.col("version").isNotNull(),
+                F.col("version") > F.col("_cut"),
+            ).otherwise(F.col("arrival") > F.col("_cut_arrival"))
+        )
+        .where(F.col("op") != "d")
+        .select("table", "after", "arrival")
+        .cache()
+    )
+    # A table whose name looks like a number comes back from partition discovery as one.
+    names = [str(r[0]) for r in changes.select("table").distinct().collect()]
+    for table in names:
+        rows = live.where(F.col("table").cast("string") == table)
+        # The columns: inferred on the driver from the newest rows (a column added by an
+        # ALTER TABLE shows there first), then parsed in the JVM.
+        newest = rows.orderBy(F.col("arrival").desc()).select("after").limit(sample)
+        texts = [r[0] for r in newest.collect()]
+        rows = rows.select("after")
+        if texts:
+            schema = spark.read.json(spark.sparkContext.parallelize(texts)).schema
+            frame = rows.select(F.from_json("after", schema).alias("r")).select("r.*")
+        else:
+            frame = spark.createDataFrame([], "id string")
+        _replace_dir(root / "current" / table, frame)
+        spark.read.parquet(str(root / "current" / table)).createOrReplaceTempView(view_name(table))
+    live.unpersist()
+    return len(names)
+
+
+def _replace_dir(target: Path, frame: Any) -> None:
+    """Write a DataFrame as Parquet into a new directory, then point ``target`` at it.
+
+    ``target`` is a symbolic link swapped by a rename: readers see the old table or the
+    new one, never none.
+    """
+    version = target.with_name(f".{target.name}.{time.time_ns()}.{uuid.uuid4().hex[:6]}")
+    frame.write.mode("overwrite").parquet(str(version))
+    old = os.readlink(target) if target.is_symlink() else None
+    if target.exists() and not target.is_symlink():  # a directory from an older layout
+        shutil.rmtree(target)
+    link = target.with_name(f".{target.name}.link")
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(link)
+    os.symlink(version.name, link)
+    os.replace(link, target)
+    if old is not None:
+        with contextlib.suppress(OSError):
+            shutil.rmtree(target.parent / old)
+
+
+def _escape(value: str) -> str:
+    # Hive-style partition values: escape what Spark would (it unescapes %XX).
+    return re.sub(r"[^A-Za-z0-9._-]", lambda m: f"%{ord(m.group()):02X}", value)
+
+
+_DAY_MS = 86_400_000
+
+
+@functools.lru_cache(maxsize=64)
+def _date(day: int) -> str:
+    return datetime.datetime.fromtimestamp(day * 86_400, datetime.UTC).strftime("%Y-%m-%d")
+
+
+def _version(update: Update) -> list[int] | None:
+    version = version_of(update)
+    return None if version is None else list(version)
