@@ -293,6 +293,35 @@ def test_a_topic_whose_partitions_do_not_match_the_shards_is_an_error(
     assert f"topic '{topic}' has 3 partitions but dataset.shards is 4" in result.stderr
 
 
+def test_an_update_kafka_refuses_stops_the_run_before_it(
+    tmp_path: Path, tansu: TansuBroker
+) -> None:
+    data = tmp_path / "data" / "gps"
+    data.mkdir(parents=True)
+    lines = [{"table": "t", "key": {"id": i}, "after": {"id": i, "v": "x"}} for i in range(40)]
+    lines[25]["after"] = {"id": 25, "v": "x" * 5000}  # over message.max.bytes below
+    (data / "0.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
+    history = tmp_path / "h.jsonl"
+    pipeline = kafka_pipeline(
+        tmp_path,
+        tansu,
+        {"history": {"sink": {"type": "jsonl", "path": str(history)}}},
+        shards=1,
+        producer={"message.max.bytes": 2000},
+    )
+    result = run_cli("run", str(pipeline), "--once", cwd=tmp_path, timeout=120)
+    assert result.returncode == 2, result
+    assert "Kafka refused update 25 of the publisher log (table 't', key {'id': 25}" in (
+        result.stderr
+    )
+    assert "raise transport.producer message.max.bytes" in result.stderr
+    # Nothing at or after the refused update counts as delivered.
+    markers = read_datamarkers(tmp_path / "state")
+    assert markers and all(m.position <= 25 for m in markers.values()), markers
+    delivered = [e["key"]["id"] for e in read_envelopes(history)] if history.exists() else []
+    assert 25 not in delivered and delivered == sorted(delivered), delivered
+
+
 def test_an_unreachable_broker_is_retried_then_named(tmp_path: Path) -> None:
     write_riders(tmp_path / "data" / "gps", 10, 1)
     broker = TansuBroker(free_port(), 0, tmp_path, "")

@@ -48,6 +48,32 @@ _key_encoder = msgspec.json.Encoder(order="sorted")
 _value_encoder = msgspec.json.Encoder()
 
 
+SAFETY: dict[str, Any] = {
+    "enable.idempotence": True,
+    "acks": "all",
+    # A message that fails for good (a permanent broker error) would leave a gap
+    # before later messages of its partition. With the gapless guarantee that is a
+    # fatal producer error instead, so the delivery report of a partition's last
+    # message in a batch vouches for every message before it: only those messages
+    # carry a delivery callback, and no Python call is made per message.
+    "enable.gapless.guarantee": True,
+}
+"""Producer settings that the datamarkers rely on; the pipeline file cannot change them."""
+
+
+class ClientLog:
+    """librdkafka's log lines, into the ``wormhole.kafka.client`` logger."""
+
+    def __init__(self) -> None:
+        self.logger = logging.getLogger("wormhole.kafka.client")
+
+    def log(self, level: int, fmt: str, *args: Any) -> None:
+        text = fmt % args if args else fmt
+        if "enable.gapless.guarantee is experimental" in text:
+            level = logging.DEBUG  # set on purpose (SAFETY), not the user's doing
+        self.logger.log(level, "%s", text)
+
+
 class ProduceFailed(WormholeError):
     """Kafka refused an update for good (not a retriable broker outage)."""
 
@@ -73,6 +99,8 @@ class KafkaTransport:
         self.next_marker = 0
         self.failed: dict[tuple[str, int], str] = {}
         self.skip: list[int] = []
+        self.skip_until = 0
+        self.shard_headers: list[tuple[str, bytes]] = []
         self.produced = 0
         self.saved: list[int] = []
         self.applications: list[str] = []
@@ -94,23 +122,18 @@ class KafkaTransport:
                     f"Kafka offsets; with the kafka transport use earliest or latest",
                     pipeline.file,
                 )
-        self.topics = Topics(self.options, pipeline.shards)
-        self.topics.wait_for_brokers()
-        if self.options.topic_naming == "dataset":
-            self.topic = dataset_topic(self.options, pipeline.name)
-            self.topics.ensure(self.topic)
-        self._load_positions()
-        config = {
-            "enable.idempotence": True,
-            "acks": "all",
+        # The producer first: an idempotent producer needs a producer id from the broker
+        # before it sends anything, and gets it while the topics are checked.
+        config: dict[str, Any] = {
             "linger.ms": 5,
             "message.timeout.ms": 0,  # retry through any outage: nothing is dropped
             "queue.buffering.max.messages": 200_000,
             "batch.num.messages": 10_000,
         }
         config.update(client_config(self.options, self.options.producer))
-        config["on_delivery"] = self._report
+        config.update(SAFETY)
         config["error_cb"] = self._client_error
+        config["logger"] = ClientLog()
         try:
             self.producer = ck.Producer(config)
         except ck.KafkaException as exc:
@@ -118,6 +141,12 @@ class KafkaTransport:
                 f"transport.producer: librdkafka rejected the settings ({exc.args[0].str()})",
                 pipeline.file,
             ) from None
+        self.topics = Topics(self.options, pipeline.shards)
+        self.topics.wait_for_brokers()
+        if self.options.topic_naming == "dataset":
+            self.topic = dataset_topic(self.options, pipeline.name)
+            self.topics.ensure(self.topic)
+        self._load_positions()
         self.thread = threading.Thread(target=self._run, name="kafka producer", daemon=True)
         self.thread.start()
         self.processes = SubscriberProcesses(hub, "kafka")
@@ -151,14 +180,12 @@ class KafkaTransport:
             if isinstance(produced, list) and len(produced) == pipeline.shards:
                 positions = [min(max(int(p), first), end) for p in produced]
         self.skip = positions
+        self.skip_until = max(positions, default=0)
+        self.shard_headers = [(HEADER_SHARD, b"%d" % s) for s in range(pipeline.shards)]
         self.saved = [-1] * pipeline.shards
         self.produced = min(positions) if positions else end
 
     # ---------------------------------------------------------- delivery
-    def _report(self, err: Any, msg: Any) -> None:
-        if err is not None:
-            self._refused(err, msg)
-
     def _confirmed(self, key: tuple[str, int], marker: int, err: Any, msg: Any) -> None:
         if err is not None:
             self._refused(err, msg)
@@ -247,58 +274,117 @@ class KafkaTransport:
 
     def _produce(self, batch: Batch) -> None:
         updates = batch.updates
+        if not updates:
+            return
+        first = batch.first_seq
+        if self.topic is None or first < self.skip_until:
+            self._produce_each(batch)
+            return
+        topic = self.topic
+        # The last update of each shard in the batch carries the delivery callback;
+        # the broker confirms a partition's messages in order (gapless, see SAFETY).
+        last = {u.shard: i for i, u in enumerate(updates)}
+        markers: dict[int, Any] = {}
+        for shard, i in last.items():
+            markers[i] = self._marker((topic, shard), first)
+        produce = self.producer.produce
+        encode_key = _key_encoder.encode
+        encode_value = _value_encoder.encode
+        shard_headers = self.shard_headers
+        seq = first
+        for i, u in enumerate(updates):
+            shard = u.shard
+            headers = [
+                shard_headers[shard],
+                (HEADER_LOGICAL, u.logical.encode()),
+                (HEADER_SEQ, b"%d" % seq),
+            ]
+            seq += 1
+            args = (topic, encode_value(envelope(u)), encode_key(u.key), shard)
+            callback = markers.get(i)
+            try:
+                if callback is None:
+                    produce(*args, headers=headers)
+                else:
+                    produce(*args, callback, headers=headers)
+            except BufferError:
+                if not self._produce_when_room(args, callback, headers):
+                    return
+            except kafka().KafkaException as exc:
+                raise self._unproducible(exc, seq - 1, u) from None
+
+    def _produce_each(self, batch: Batch) -> None:
+        """The general case: per-table topics, or shards still being skipped after a
+        restart (updates the broker confirmed in an earlier run)."""
+        updates = batch.updates
         first = batch.first_seq
         skip = self.skip
         dataset = self.topic
-        # The last update of each (topic, shard) in the batch carries a delivery
-        # callback; the broker confirms a partition's messages in order.
         topics: list[str] = []
         last: dict[tuple[str, int], int] = {}
-        firsts: dict[tuple[str, int], int] = {}
         for i, u in enumerate(updates):
             if first + i < skip[u.shard]:
                 topics.append("")
                 continue
             topic = dataset or self._table_topic(u.table)
             topics.append(topic)
-            key = (topic, u.shard)
-            last[key] = i
-            if key not in firsts:
-                firsts[key] = first + i
-        markers: dict[int, Any] = {}
-        for key, i in last.items():
-            marker = self.next_marker
-            self.next_marker += 1
-            self.pending.setdefault(key, deque()).append((firsts[key], marker))
-            markers[i] = partial(self._confirmed, key, marker)
-        produce = self.producer.produce
+            last[(topic, u.shard)] = i
+        markers = {i: self._marker(key, first) for key, i in last.items()}
         encode_key = _key_encoder.encode
         encode_value = _value_encoder.encode
         for i, u in enumerate(updates):
             topic = topics[i]
             if not topic:
                 continue
-            seq = first + i
-            key_bytes = encode_key(u.key)
-            value = encode_value(envelope(u))
             headers = [
-                (HEADER_SHARD, b"%d" % u.shard),
+                self.shard_headers[u.shard],
                 (HEADER_LOGICAL, u.logical.encode()),
-                (HEADER_SEQ, b"%d" % seq),
+                (HEADER_SEQ, b"%d" % (first + i)),
             ]
-            callback = markers.get(i)
-            while True:
-                try:
-                    if callback is None:
-                        produce(topic, value, key_bytes, u.shard, headers=headers)
-                    else:
-                        produce(topic, value, key_bytes, u.shard, callback, headers=headers)
-                    break
-                except BufferError:
-                    # The producer's queue is full (a slow or absent broker): wait for room.
-                    self.producer.poll(0.1)
-                    if self.abort.is_set():
-                        return
+            args = (topic, encode_value(envelope(u)), encode_key(u.key), u.shard)
+            try:
+                if not self._produce_when_room(args, markers.get(i), headers):
+                    return
+            except kafka().KafkaException as exc:
+                raise self._unproducible(exc, first + i, u) from None
+
+    def _marker(self, key: tuple[str, int], first: int) -> Any:
+        """A delivery callback that confirms ``key``'s part of a batch starting at ``first``."""
+        marker = self.next_marker
+        self.next_marker += 1
+        self.pending.setdefault(key, deque()).append((first, marker))
+        return partial(self._confirmed, key, marker)
+
+    def _unproducible(self, exc: Any, seq: int, update: Any) -> ProduceFailed:
+        """The client refused an update outright (too large, ...): stop before it."""
+        err = exc.args[0] if exc.args else exc
+        reason = err.str() if hasattr(err, "str") else str(err)
+        hint = ""
+        if hasattr(err, "code") and err.code() == kafka().KafkaError.MSG_SIZE_TOO_LARGE:
+            hint = (
+                "; raise transport.producer message.max.bytes (and the topic's "
+                "max.message.bytes on the broker)"
+            )
+        return ProduceFailed(
+            f"transport: Kafka refused update {seq} of the publisher log (table "
+            f"{update.table!r}, key {update.key}, shard {update.shard}): {reason}{hint}; "
+            f"nothing from it on was counted as delivered, and the next run resumes there"
+        )
+
+    def _produce_when_room(self, args: tuple[Any, ...], callback: Any, headers: Any) -> bool:
+        """Produce, waiting while the producer's queue is full (a slow or absent broker);
+        False when stopped meanwhile."""
+        while True:
+            try:
+                if callback is None:
+                    self.producer.produce(*args, headers=headers)
+                else:
+                    self.producer.produce(*args, callback, headers=headers)
+                return True
+            except BufferError:
+                self.producer.poll(0.1)
+                if self.abort.is_set():
+                    return False
 
     def _table_topic(self, table: str) -> str:
         topic = table_topic(self.options, table)
