@@ -339,6 +339,20 @@ def test_an_unreachable_broker_is_retried_then_named(tmp_path: Path) -> None:
     assert "retrying" in result.stderr
 
 
+def test_producer_settings_the_datamarkers_rely_on_cannot_be_changed(tmp_path: Path) -> None:
+    broker = TansuBroker(free_port(), 0, tmp_path, "")
+    pipeline = kafka_pipeline(
+        tmp_path,
+        broker,
+        {"history": {"sink": {"type": "jsonl", "path": "h.jsonl"}}},
+        producer={"acks": 1},
+    )
+    result = run_cli("validate", str(pipeline), cwd=tmp_path, timeout=60)
+    assert result.returncode == 2, result
+    assert "transport.producer" in result.stderr
+    assert "acks is set by wormhole" in result.stderr
+
+
 def test_per_table_topics_as_debezium_names_them(tmp_path: Path, tansu: TansuBroker) -> None:
     data = tmp_path / "data" / "shop"
     data.mkdir(parents=True)

@@ -79,3 +79,14 @@ class KafkaOptions(Options):
                     f"the application's name)"
                 )
         return value
+
+    @field_validator("config", "producer")
+    @classmethod
+    def _producer_safety(cls, value: dict[str, ConfigValue]) -> dict[str, ConfigValue]:
+        for key in ("enable.idempotence", "acks", "enable.gapless.guarantee", "on_delivery"):
+            if key in value:
+                raise ValueError(
+                    f"{key} is set by wormhole: the datamarkers rely on an idempotent producer "
+                    f"with acks=all whose failures leave no gap; remove it"
+                )
+        return value
