@@ -244,6 +244,37 @@ class RiderStream(threading.Thread):
         return self.seconds
 
 
+def test_broker_process_restart_mid_stream_loses_and_reorders_nothing(
+    tmp_path: Path, tansu_s3: TansuBroker
+) -> None:
+    first = write_riders(tmp_path / "data" / "gps", 200, 20)
+    history = tmp_path / "history.jsonl"
+    pipeline = kafka_pipeline(
+        tmp_path, tansu_s3, {"history": {"sink": {"type": "jsonl", "path": str(history)}}}
+    )
+    run = Process("run", str(pipeline), cwd=tmp_path)
+    try:
+        wait_until(lambda: len(read_envelopes(history)) > 0, 60, "delivery to start")
+        tansu_s3.stop()  # the broker process exits; its data is in S3
+        try:
+            total = first + write_riders(tmp_path / "data" / "gps", 200, 20, start=20)
+            at_stop = len(read_envelopes(history))
+            assert at_stop < total, "the restart should come mid-stream"
+            log = tmp_path / "state" / "log"
+            wait_until(lambda: inspect_log(log).next_seq == total, 60, "the source to be read")
+        finally:
+            tansu_s3.start()
+        wait_until(lambda: len(read_envelopes(history)) >= total, 120, "delivery after restart")
+        wait_until(
+            lambda: all(m.position == total for m in read_datamarkers(tmp_path / "state").values()),
+            30,
+            "datamarkers at the end",
+        )
+    finally:
+        assert run.stop() == 0, run.stderr
+    assert_complete_in_order(read_envelopes(history), 200, 40, duplicates_allowed=True)
+
+
 def test_kill_9_of_the_subscriber_mid_stream_redelivers_in_order(
     tmp_path: Path, tansu: TansuBroker
 ) -> None:

