@@ -309,6 +309,38 @@ def test_kill_9_of_the_subscriber_mid_stream_redelivers_in_order(
     assert_complete_in_order(read_envelopes(history), 500, seconds, duplicates_allowed=True)
 
 
+def test_kill_9_of_the_publisher_mid_stream_loses_and_reorders_nothing(
+    tmp_path: Path, tansu: TansuBroker
+) -> None:
+    gps = tmp_path / "data" / "gps"
+    write_riders(gps, 500, 40)
+    stream = RiderStream(gps, 500, start=40)
+    history = tmp_path / "history.jsonl"
+    pipeline = kafka_pipeline(
+        tmp_path, tansu, {"history": {"sink": {"type": "jsonl", "path": str(history)}}}
+    )
+    run = Process("run", str(pipeline), cwd=tmp_path)
+    try:
+        wait_until(lambda: len(subscriber_pids(run.pid)) == 1, 30, "the subscriber process")
+        wait_until(lambda: len(read_envelopes(history)) > 0, 60, "delivery to start")
+        # Updates keep coming while the publisher dies with produced but unconfirmed ones.
+        stream.start()
+        wait_until(lambda: stream.seconds >= 45, 30, "more updates")
+        os.kill(run.pid, signal.SIGKILL)
+        assert run.wait(30) == -signal.SIGKILL
+        wait_until(lambda: stream.seconds >= 50, 30, "updates after the kill")
+        seconds = stream.stop()
+    finally:
+        if stream.is_alive():
+            stream.stop()
+        if run.proc.poll() is None:
+            run.proc.kill()
+    # The next run produces again from the stored positions and delivers the rest.
+    result = run_cli("run", str(pipeline), "--once", cwd=tmp_path, timeout=180)
+    assert result.returncode == 0, result
+    assert_complete_in_order(read_envelopes(history), 500, seconds, duplicates_allowed=True)
+
+
 def test_a_topic_whose_partitions_do_not_match_the_shards_is_an_error(
     tmp_path: Path, tansu: TansuBroker
 ) -> None:
