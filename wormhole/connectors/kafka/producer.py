@@ -69,8 +69,12 @@ class ClientLog:
 
     def log(self, level: int, fmt: str, *args: Any) -> None:
         text = fmt % args if args else fmt
+        facility = args[0] if args else ""
         if "enable.gapless.guarantee is experimental" in text:
             level = logging.DEBUG  # set on purpose (SAFETY), not the user's doing
+        elif facility == "FAIL":
+            # Connection failures are retried; the error callback reports outages once.
+            level = min(level, logging.DEBUG)
         self.logger.log(level, "%s", text)
 
 
