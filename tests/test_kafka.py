@@ -6,6 +6,7 @@ import json
 import os
 import signal
 import threading
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -189,29 +190,29 @@ def test_every_update_reaches_applications_in_order_and_plain_consumers_read_it(
     assert_complete_in_order(envelopes, 200, 15, duplicates_allowed=False)
 
 
-def test_broker_outage_mid_stream_loses_and_reorders_nothing(
-    tmp_path: Path, tansu: TansuBroker
+def broker_away_mid_stream(
+    tmp_path: Path, broker: TansuBroker, away: Callable[[], None], back: Callable[[], None]
 ) -> None:
-    first = write_riders(tmp_path / "data" / "gps", 500, 20)
+    """Half the stream, then the broker goes ``away`` while the other half arrives, then it
+    comes ``back``: every update is delivered, in per-key order."""
+    first = write_riders(tmp_path / "data" / "gps", 200, 20)
     history = tmp_path / "history.jsonl"
     pipeline = kafka_pipeline(
-        tmp_path, tansu, {"history": {"sink": {"type": "jsonl", "path": str(history)}}}
+        tmp_path, broker, {"history": {"sink": {"type": "jsonl", "path": str(history)}}}
     )
     run = Process("run", str(pipeline), cwd=tmp_path)
     try:
         wait_until(lambda: len(read_envelopes(history)) > 0, 60, "delivery to start")
-        tansu.disconnect()
+        away()
         try:
-            # The second half of the stream arrives while Kafka is away.
-            total = first + write_riders(tmp_path / "data" / "gps", 500, 20, start=20)
-            at_outage = len(read_envelopes(history))
-            assert at_outage < total, "the outage should come mid-stream"
+            total = first + write_riders(tmp_path / "data" / "gps", 200, 20, start=20)
+            assert len(read_envelopes(history)) < total, "the broker should go mid-stream"
             # The publisher keeps reading the source into its log while Kafka is away.
             log = tmp_path / "state" / "log"
             wait_until(lambda: inspect_log(log).next_seq == total, 60, "the source to be read")
         finally:
-            tansu.reconnect()
-        wait_until(lambda: len(read_envelopes(history)) >= total, 90, "delivery after the outage")
+            back()
+        wait_until(lambda: len(read_envelopes(history)) >= total, 120, "delivery afterwards")
         wait_until(
             lambda: all(m.position == total for m in read_datamarkers(tmp_path / "state").values()),
             30,
@@ -219,7 +220,21 @@ def test_broker_outage_mid_stream_loses_and_reorders_nothing(
         )
     finally:
         assert run.stop() == 0, run.stderr
-    assert_complete_in_order(read_envelopes(history), 500, 40, duplicates_allowed=True)
+    assert_complete_in_order(read_envelopes(history), 200, 40, duplicates_allowed=True)
+
+
+def test_broker_outage_mid_stream_loses_and_reorders_nothing(
+    tmp_path: Path, tansu: TansuBroker
+) -> None:
+    # Every connection cut and refused; the broker keeps its data.
+    broker_away_mid_stream(tmp_path, tansu, tansu.disconnect, tansu.reconnect)
+
+
+def test_broker_process_restart_mid_stream_loses_and_reorders_nothing(
+    tmp_path: Path, tansu_s3: TansuBroker
+) -> None:
+    # The broker process exits and starts again; its data is in S3.
+    broker_away_mid_stream(tmp_path, tansu_s3, tansu_s3.stop, tansu_s3.start)
 
 
 class RiderStream(threading.Thread):
@@ -242,37 +257,6 @@ class RiderStream(threading.Thread):
         self.halt.set()
         self.join()
         return self.seconds
-
-
-def test_broker_process_restart_mid_stream_loses_and_reorders_nothing(
-    tmp_path: Path, tansu_s3: TansuBroker
-) -> None:
-    first = write_riders(tmp_path / "data" / "gps", 200, 20)
-    history = tmp_path / "history.jsonl"
-    pipeline = kafka_pipeline(
-        tmp_path, tansu_s3, {"history": {"sink": {"type": "jsonl", "path": str(history)}}}
-    )
-    run = Process("run", str(pipeline), cwd=tmp_path)
-    try:
-        wait_until(lambda: len(read_envelopes(history)) > 0, 60, "delivery to start")
-        tansu_s3.stop()  # the broker process exits; its data is in S3
-        try:
-            total = first + write_riders(tmp_path / "data" / "gps", 200, 20, start=20)
-            at_stop = len(read_envelopes(history))
-            assert at_stop < total, "the restart should come mid-stream"
-            log = tmp_path / "state" / "log"
-            wait_until(lambda: inspect_log(log).next_seq == total, 60, "the source to be read")
-        finally:
-            tansu_s3.start()
-        wait_until(lambda: len(read_envelopes(history)) >= total, 120, "delivery after restart")
-        wait_until(
-            lambda: all(m.position == total for m in read_datamarkers(tmp_path / "state").values()),
-            30,
-            "datamarkers at the end",
-        )
-    finally:
-        assert run.stop() == 0, run.stderr
-    assert_complete_in_order(read_envelopes(history), 200, 40, duplicates_allowed=True)
 
 
 def test_kill_9_of_the_subscriber_mid_stream_redelivers_in_order(
