@@ -259,22 +259,32 @@ class RiderStream(threading.Thread):
         return self.seconds
 
 
-def test_kill_9_of_the_subscriber_mid_stream_redelivers_in_order(
-    tmp_path: Path, tansu: TansuBroker
-) -> None:
+def delivering_run(tmp_path: Path, broker: TansuBroker) -> tuple[RiderStream, Path, Path, Process]:
+    """40 seconds of 500 riders, and `wormhole run` delivering them to one subscriber
+    process; returns a RiderStream (not started) for what comes next, the jsonl sink's
+    file, the pipeline file and the run."""
     gps = tmp_path / "data" / "gps"
     write_riders(gps, 500, 40)
-    stream = RiderStream(gps, 500, start=40)
     history = tmp_path / "history.jsonl"
     pipeline = kafka_pipeline(
-        tmp_path, tansu, {"history": {"sink": {"type": "jsonl", "path": str(history)}}}
+        tmp_path, broker, {"history": {"sink": {"type": "jsonl", "path": str(history)}}}
     )
     run = Process("run", str(pipeline), cwd=tmp_path)
     try:
         wait_until(lambda: len(subscriber_pids(run.pid)) == 1, 30, "the subscriber process")
-        victim = subscriber_pids(run.pid)[0]
         wait_until(lambda: len(read_envelopes(history)) > 0, 60, "delivery to start")
+    except BaseException:
+        run.stop()
+        raise
+    return RiderStream(gps, 500, start=40), history, pipeline, run
 
+
+def test_kill_9_of_the_subscriber_mid_stream_redelivers_in_order(
+    tmp_path: Path, tansu: TansuBroker
+) -> None:
+    stream, history, _, run = delivering_run(tmp_path, tansu)
+    try:
+        victim = subscriber_pids(run.pid)[0]
         # The updates keep coming while the subscriber dies and is restarted.
         stream.start()
         os.kill(victim, signal.SIGKILL)
@@ -296,17 +306,8 @@ def test_kill_9_of_the_subscriber_mid_stream_redelivers_in_order(
 def test_kill_9_of_the_publisher_mid_stream_loses_and_reorders_nothing(
     tmp_path: Path, tansu: TansuBroker
 ) -> None:
-    gps = tmp_path / "data" / "gps"
-    write_riders(gps, 500, 40)
-    stream = RiderStream(gps, 500, start=40)
-    history = tmp_path / "history.jsonl"
-    pipeline = kafka_pipeline(
-        tmp_path, tansu, {"history": {"sink": {"type": "jsonl", "path": str(history)}}}
-    )
-    run = Process("run", str(pipeline), cwd=tmp_path)
+    stream, history, pipeline, run = delivering_run(tmp_path, tansu)
     try:
-        wait_until(lambda: len(subscriber_pids(run.pid)) == 1, 30, "the subscriber process")
-        wait_until(lambda: len(read_envelopes(history)) > 0, 60, "delivery to start")
         # Updates keep coming while the publisher dies with produced but unconfirmed ones.
         stream.start()
         wait_until(lambda: stream.seconds >= 45, 30, "more updates")
