@@ -85,6 +85,10 @@ class KafkaSubscriber(Handlers):
             # Some Kafka-protocol brokers answer a fetch only when this wait is over, even
             # when data arrived meanwhile; it bounds the delivery latency they add.
             "fetch.wait.max.ms": 100,
+            # Once a subscriber has 100,000 messages queued, librdkafka pauses fetching
+            # for this long (1 s by default): a subscriber that drains its queue sooner
+            # then waits, idle, for the rest of it.
+            "fetch.queue.backoff.ms": 20,
             "enable.partition.eof": False,
             **(config or {}),
             "bootstrap.servers": bootstrap_servers,
