@@ -312,7 +312,7 @@ class KafkaTransport:
                 else:
                     produce(*args, callback, headers=headers)
             except BufferError:
-                if not self._produce_when_room(args, callback, headers):
+                if not self._produce_when_room(args, callback, headers, seq - 1, u):
                     return
             except kafka().KafkaException as exc:
                 raise self._unproducible(exc, seq - 1, u) from None
@@ -346,11 +346,8 @@ class KafkaTransport:
                 (HEADER_SEQ, b"%d" % (first + i)),
             ]
             args = (topic, encode_value(envelope(u)), encode_key(u.key), u.shard)
-            try:
-                if not self._produce_when_room(args, markers.get(i), headers):
-                    return
-            except kafka().KafkaException as exc:
-                raise self._unproducible(exc, first + i, u) from None
+            if not self._produce_when_room(args, markers.get(i), headers, first + i, u):
+                return
 
     def _marker(self, key: tuple[str, int], first: int) -> Any:
         """A delivery callback that confirms ``key``'s part of a batch starting at ``first``."""
@@ -375,9 +372,12 @@ class KafkaTransport:
             f"nothing from it on was counted as delivered, and the next run resumes there"
         )
 
-    def _produce_when_room(self, args: tuple[Any, ...], callback: Any, headers: Any) -> bool:
-        """Produce, waiting while the producer's queue is full (a slow or absent broker);
-        False when stopped meanwhile."""
+    def _produce_when_room(
+        self, args: tuple[Any, ...], callback: Any, headers: Any, seq: int, update: Any
+    ) -> bool:
+        """Produce update ``seq``, waiting while the producer's queue is full (a slow or
+        absent broker); False when stopped meanwhile."""
+        ck = kafka()
         while True:
             try:
                 if callback is None:
@@ -385,6 +385,8 @@ class KafkaTransport:
                 else:
                     self.producer.produce(*args, callback, headers=headers)
                 return True
+            except ck.KafkaException as exc:
+                raise self._unproducible(exc, seq, update) from None
             except BufferError:
                 self.producer.poll(0.1)
                 if self.abort.is_set():
