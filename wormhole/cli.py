@@ -123,7 +123,6 @@ def cmd_subscribe(args: argparse.Namespace) -> int:
     from wormhole.connectors.tcp.client import Subscriber
     from wormhole.connectors.tcp.options import TcpOptions
     from wormhole.connectors.tcp.server import read_address
-    from wormhole.plugins.components import SinkContext
 
     pipeline = _load(args.pipeline)
     if pipeline.transport.type == "kafka":
@@ -163,17 +162,6 @@ def cmd_subscribe(args: argparse.Namespace) -> int:
                 pipeline.file,
             )
     tls = options.tls.client_context() if options.tls is not None else None
-    sink = sink_component.create()
-    sink.open(
-        SinkContext(
-            pipeline=pipeline.name,
-            application=app.name,
-            subscriber=args.instance,
-            subscribers=app.subscribers,
-            state_dir=pipeline.state_dir,
-            log=logging.getLogger(f"wormhole.sink.{app.name}"),
-        )
-    )
     subscriber = Subscriber(
         app.name,
         publishers,
@@ -185,17 +173,7 @@ def cmd_subscribe(args: argparse.Namespace) -> int:
         heartbeat_ms=options.heartbeat_ms,
         heartbeat_timeout_ms=options.heartbeat_timeout_ms,
     )
-    subscriber.on_batch(sink.write)
-
-    def on_signal(signum: int, frame: FrameType | None) -> None:
-        subscriber.stop()
-
-    signal.signal(signal.SIGINT, on_signal)
-    signal.signal(signal.SIGTERM, on_signal)
-    try:
-        subscriber.run()
-    finally:
-        sink.close()
+    subscriber.serve_sink(sink_component, pipeline, app, args.instance)
     return EXIT_OK
 
 

@@ -8,7 +8,6 @@ only after every handler returned, so the committed offset is the datamarker.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import os
 import re
@@ -213,14 +212,6 @@ class KafkaSubscriber(Handlers):
                 self._consumer = None
                 self._change(set())
 
-    async def run_async(self) -> None:
-        """``run`` in a worker thread; cancelling the task stops the subscriber."""
-        try:
-            await asyncio.to_thread(self.run)
-        except asyncio.CancelledError:
-            self.stop()
-            raise
-
     def latency(self) -> float:
         """Seconds since the batch being handled was written to Kafka (broker clock)."""
         return time.time() - self.message_timestamp_ms / 1000.0
@@ -399,9 +390,6 @@ class KafkaSubscriber(Handlers):
 def subscribe_command(pipeline: Pipeline, app_name: str, instance: int) -> int:
     """``wormhole subscribe`` with the kafka transport: the application's sink, in a
     consumer group named after the application."""
-    import signal
-
-    from wormhole.plugins.components import SinkContext
 
     app, sink_component = sink_application(
         pipeline, app_name, "wormhole.connectors.kafka.KafkaSubscriber"
@@ -417,28 +405,7 @@ def subscribe_command(pipeline: Pipeline, app_name: str, instance: int) -> int:
     subscriber = KafkaSubscriber.from_pipeline(
         pipeline, app_name, instance=str(instance), shards=shards
     )
-    sink = sink_component.create()
-    sink.open(
-        SinkContext(
-            pipeline=pipeline.name,
-            application=app.name,
-            subscriber=instance,
-            subscribers=app.subscribers,
-            state_dir=pipeline.state_dir,
-            log=logging.getLogger(f"wormhole.sink.{app.name}"),
-        )
-    )
-    subscriber.on_batch(sink.write)
-
-    def on_signal(signum: int, frame: Any) -> None:
-        subscriber.stop()
-
-    signal.signal(signal.SIGINT, on_signal)
-    signal.signal(signal.SIGTERM, on_signal)
-    try:
-        subscriber.run()
-    finally:
-        sink.close()
+    subscriber.serve_sink(sink_component, pipeline, app, instance)
     return 0
 
 

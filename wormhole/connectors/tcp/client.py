@@ -98,6 +98,50 @@ class Handlers:
         self._batch_handlers.append(fn)
         return fn
 
+    def run(self) -> None:  # pragma: no cover - each subscriber library defines it
+        raise NotImplementedError
+
+    def stop(self) -> None:  # pragma: no cover - each subscriber library defines it
+        raise NotImplementedError
+
+    async def run_async(self) -> None:
+        """``run`` in a worker thread; cancelling the task stops the subscriber."""
+        try:
+            await asyncio.to_thread(self.run)
+        except asyncio.CancelledError:
+            self.stop()
+            raise
+
+    def serve_sink(self, sink_component: Any, pipeline: Any, app: Any, instance: int) -> None:
+        """``wormhole subscribe``: open ``app``'s sink as subscriber ``instance``, hand it
+        every batch, run until SIGINT or SIGTERM, close it."""
+        import signal
+
+        from wormhole.plugins.components import SinkContext
+
+        sink = sink_component.create()
+        sink.open(
+            SinkContext(
+                pipeline=pipeline.name,
+                application=app.name,
+                subscriber=instance,
+                subscribers=app.subscribers,
+                state_dir=pipeline.state_dir,
+                log=logging.getLogger(f"wormhole.sink.{app.name}"),
+            )
+        )
+        self.on_batch(sink.write)
+
+        def on_signal(signum: int, frame: Any) -> None:
+            self.stop()
+
+        signal.signal(signal.SIGINT, on_signal)
+        signal.signal(signal.SIGTERM, on_signal)
+        try:
+            self.run()
+        finally:
+            sink.close()
+
 
 class Subscriber(Handlers):
     def __init__(
@@ -186,14 +230,6 @@ class Subscriber(Handlers):
                 if self._stop.wait(backoff):
                     return
                 backoff = min(backoff * 2, self.max_backoff)
-
-    async def run_async(self) -> None:
-        """``run`` in a worker thread; cancelling the task stops the subscriber."""
-        try:
-            await asyncio.to_thread(self.run)
-        except asyncio.CancelledError:
-            self.stop()
-            raise
 
     def _lose_shards(self) -> None:
         if self.assigned:
