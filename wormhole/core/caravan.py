@@ -227,13 +227,19 @@ class Caravan:
             frame = Frame(app.name, mine, datamarkers, first, end, batch.appended_ns)
             moved: dict[int, int] = {}
             with hub.lock:
+                # Another caravan may have delivered these flows since they were read
+                # above (the application was moving between caravans): start again from
+                # what they hold now, so nothing goes out twice.
+                stale = any(flows[shard].delivered != delivered[shard] for shard in datamarkers)
                 # Recorded before the hand-over: an acknowledgement can come back at
                 # once, and it is never taken past what was delivered. A reassignment
                 # that moves the flow back later resets this.
-                for shard in datamarkers:
+                for shard in datamarkers if not stale else ():
                     if app.owner[shard] is session and flows[shard].delivered < end:
                         moved[shard] = flows[shard].delivered
                         flows[shard].delivered = end
+            if stale:
+                return self._dispatch(app, batch, shared)
             timed = (
                 shared
                 and self.on_evict is not None
