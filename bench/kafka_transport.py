@@ -43,6 +43,8 @@ from wormhole.testing import run_cli, write_pipeline
 from wormhole.testing.kafka import start_tansu
 
 SHARDS = 16
+LINGER_MS = 5
+"""librdkafka linger.ms on both sides (wormhole's default); --linger-ms changes it."""
 
 
 def write_source(directory: Path, riders: int, seconds: int) -> list[dict[str, object]]:
@@ -77,6 +79,7 @@ def run_wormhole(work: Path, bootstrap: str, prefix: str) -> tuple[float, float]
                 "bootstrap_servers": bootstrap,
                 "topic_prefix": prefix,
                 "replication_factor": 1,
+                "producer": {"linger.ms": LINGER_MS},
             },
             "applications": {"bench": {"sink": {"type": "null"}}},
         },
@@ -140,7 +143,7 @@ def produce_all(bootstrap: str, topic: str, messages: list) -> float:  # type: i
         {
             "bootstrap.servers": bootstrap,
             "enable.idempotence": True,
-            "linger.ms": 5,
+            "linger.ms": LINGER_MS,
             "queue.buffering.max.messages": 200_000,
             "batch.num.messages": 10_000,
         }
@@ -211,12 +214,15 @@ def run_raw_end_to_end(bootstrap: str, topic: str, messages: list) -> tuple[floa
 
 
 def main() -> int:
+    global LINGER_MS
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--riders", type=int, default=10_000)
     parser.add_argument("--seconds", type=int, default=20)
     parser.add_argument("--repeat", type=int, default=2)
+    parser.add_argument("--linger-ms", type=int, default=5)
     parser.add_argument("--consume", nargs=3, help=argparse.SUPPRESS)
     args = parser.parse_args()
+    LINGER_MS = args.linger_ms
     if args.consume:
         bootstrap, topic, count = args.consume
         return consume_main(bootstrap, topic, int(count))
@@ -267,7 +273,7 @@ def main() -> int:
 
         print(
             f"{n:,} and {2 * n:,} updates, {SHARDS} shards, Tansu broker on loopback, "
-            f"best of {args.repeat}"
+            f"linger.ms {LINGER_MS}, best of {args.repeat}"
         )
         print(f"{'measure':<44}  {'updates/s':>10}  {'vs producer':>11}  {'vs pair':>7}")
         for label, rate in (("whole run", whole), ("steady state (2N - N)", steady)):

@@ -125,6 +125,7 @@ def cmd_subscribe(args: argparse.Namespace) -> int:
     from wormhole.connectors.tcp.server import read_address
 
     pipeline = _load(args.pipeline)
+    tune_gc()  # a subscriber decodes many short-lived objects too
     if pipeline.transport.type == "kafka":
         from wormhole.connectors.kafka.consumer import subscribe_command
 

@@ -119,7 +119,7 @@ def snapshot_read(
     )
 
 
-class SourceInfo(msgspec.Struct):
+class SourceInfo(msgspec.Struct, gc=False):
     """The ``source`` object of the update envelope (design contract)."""
 
     connector: str
@@ -130,7 +130,7 @@ class SourceInfo(msgspec.Struct):
     ts_ms: int | None
 
 
-class Envelope(msgspec.Struct):
+class Envelope(msgspec.Struct, gc=False):
     """The update envelope as sinks write it: one JSON object per update.
 
     Field order is the contract's: op, key, shard, before, after, source.

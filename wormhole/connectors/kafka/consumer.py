@@ -218,31 +218,26 @@ class KafkaSubscriber(Handlers):
 
     # -------------------------------------------------------- processing
     def _process(self, messages: list[Any]) -> None:
-        ck = kafka()
         updates: list[Update] = []
+        append = updates.append
+        decode = decode_envelope
+        owned = self._owned
         offsets: dict[tuple[str, int], int] = {}
         for m in messages:
-            err = m.error()
-            if err is not None:
-                if err.fatal():
-                    raise WormholeError(f"Kafka consumer of {self.app}: {err.str()}")
-                if err.code() == ck.KafkaError.UNKNOWN_TOPIC_OR_PART:
-                    log.debug("%s: %s (not created yet?)", self.app, err.str())
-                else:
-                    log.warning("%s: Kafka: %s", self.app, err.str())
+            if m.error() is not None:
+                self._message_error(m)
                 continue
             key = (m.topic(), m.partition())
-            if key not in self._owned:
+            if key not in owned:
                 continue
             try:
-                update = decode_envelope(m.value())
+                append(decode(m.value()))
             except Exception as exc:
                 raise WormholeError(
                     f"topic {key[0]!r} partition {key[1]} offset {m.offset()}: not a wormhole "
                     f"update envelope ({exc}); only the kafka transport of a wormhole publisher "
                     f"should write to this topic"
                 ) from None
-            updates.append(update)
             offsets[key] = m.offset() + 1
         if not offsets:
             return
@@ -257,6 +252,16 @@ class KafkaSubscriber(Handlers):
         # a crash in between delivers those batches again (at-least-once).
         if time.monotonic() >= self._next_commit:
             self._commit()
+
+    def _message_error(self, m: Any) -> None:
+        ck = kafka()
+        err = m.error()
+        if err.fatal():
+            raise WormholeError(f"Kafka consumer of {self.app}: {err.str()}")
+        if err.code() == ck.KafkaError.UNKNOWN_TOPIC_OR_PART:
+            log.debug("%s: %s (not created yet?)", self.app, err.str())
+        else:
+            log.warning("%s: Kafka: %s", self.app, err.str())
 
     def _handle(self, updates: list[Update]) -> None:
         run_handlers(

@@ -298,24 +298,35 @@ class KafkaTransport:
         seq = first
         for i, u in enumerate(updates):
             shard = u.shard
-            headers = [
-                shard_headers[shard],
-                (HEADER_LOGICAL, u.logical.encode()),
-                (HEADER_SEQ, b"%d" % seq),
-            ]
-            seq += 1
-            args = (topic, encode_value(envelope(u)), encode_key(u.key), shard)
-            callback = markers.get(i)
+            # Positional arguments all through: librdkafka's Python binding parses
+            # keyword arguments by building every keyword's name, per call.
             try:
-                if callback is None:
-                    produce(*args, headers=headers)
-                else:
-                    produce(*args, callback, headers=headers)
+                produce(
+                    topic,
+                    encode_value(envelope(u)),
+                    encode_key(u.key),
+                    shard,
+                    markers.get(i),
+                    None,
+                    0,
+                    [
+                        shard_headers[shard],
+                        (HEADER_LOGICAL, u.logical.encode()),
+                        (HEADER_SEQ, b"%d" % seq),
+                    ],
+                )
             except BufferError:
-                if not self._produce_when_room(args, callback, headers, seq - 1, u):
+                args = (topic, encode_value(envelope(u)), encode_key(u.key), shard)
+                headers = [
+                    shard_headers[shard],
+                    (HEADER_LOGICAL, u.logical.encode()),
+                    (HEADER_SEQ, b"%d" % seq),
+                ]
+                if not self._produce_when_room(args, markers.get(i), headers, seq, u):
                     return
             except kafka().KafkaException as exc:
-                raise self._unproducible(exc, seq - 1, u) from None
+                raise self._unproducible(exc, seq, u) from None
+            seq += 1
 
     def _produce_each(self, batch: Batch) -> None:
         """The general case: per-table topics, or shards still being skipped after a
@@ -380,10 +391,7 @@ class KafkaTransport:
         ck = kafka()
         while True:
             try:
-                if callback is None:
-                    self.producer.produce(*args, headers=headers)
-                else:
-                    self.producer.produce(*args, callback, headers=headers)
+                self.producer.produce(*args, callback, None, 0, headers)
                 return True
             except ck.KafkaException as exc:
                 raise self._unproducible(exc, seq, update) from None
