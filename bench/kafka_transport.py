@@ -43,8 +43,8 @@ from wormhole.testing import run_cli, write_pipeline
 from wormhole.testing.kafka import start_tansu
 
 SHARDS = 16
-LINGER_MS = 5
-"""librdkafka linger.ms on both sides (wormhole's default); --linger-ms changes it."""
+LINGER_MS = 50
+"""librdkafka linger.ms on both sides: wormhole's default; --linger-ms changes it."""
 
 
 def write_source(directory: Path, riders: int, seconds: int) -> list[dict[str, object]]:
@@ -219,7 +219,7 @@ def main() -> int:
     parser.add_argument("--riders", type=int, default=10_000)
     parser.add_argument("--seconds", type=int, default=20)
     parser.add_argument("--repeat", type=int, default=2)
-    parser.add_argument("--linger-ms", type=int, default=5)
+    parser.add_argument("--linger-ms", type=int, default=LINGER_MS)
     parser.add_argument("--consume", nargs=3, help=argparse.SUPPRESS)
     args = parser.parse_args()
     LINGER_MS = args.linger_ms

@@ -129,7 +129,9 @@ class KafkaTransport:
         # The producer first: an idempotent producer needs a producer id from the broker
         # before it sends anything, and gets it while the topics are checked.
         config: dict[str, Any] = {
-            "linger.ms": 5,
+            # Batches grow while the producer works through a backlog; once it has
+            # caught up with the publisher log it sends at once (see _loop).
+            "linger.ms": 50,
             "message.timeout.ms": 0,  # retry through any outage: nothing is dropped
             "queue.buffering.max.messages": 200_000,
             "batch.num.messages": 10_000,
@@ -261,7 +263,10 @@ class KafkaTransport:
                     break
                 batch = reader.read()
                 if batch is None:
-                    producer.poll(0.01)
+                    # Caught up with the log: send what lingers now instead of after
+                    # linger.ms (flush wakes the broker threads), and serve delivery
+                    # reports while waiting for the next batch.
+                    producer.flush(0.01)
                     plog.wait_for(reader.position, 0.05)
                 else:
                     self._produce(batch)
