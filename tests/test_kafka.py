@@ -326,6 +326,36 @@ def test_kill_9_of_the_publisher_mid_stream_loses_and_reorders_nothing(
     assert_complete_in_order(read_envelopes(history), 500, seconds, duplicates_allowed=True)
 
 
+def test_updates_at_the_tail_do_not_wait_for_linger(tmp_path: Path, tansu: TansuBroker) -> None:
+    """Batches linger only while the producer works through a backlog: once it has caught
+    up with the publisher log, what it produced goes out at once. With a linger of ten
+    minutes, every update written while the publisher runs must still reach Kafka within
+    the test's wait (a minute)."""
+    pipeline = kafka_pipeline(
+        tmp_path,
+        tansu,
+        {"library": {}},
+        producer={"linger.ms": 600_000},
+    )
+    (tmp_path / "data" / "gps").mkdir(parents=True)
+    run = Process("run", str(pipeline), cwd=tmp_path)
+    admin = AdminClient({"bootstrap.servers": tansu.bootstrap})
+    try:
+        wait_until(
+            lambda: topic_of(pipeline) in admin.list_topics(timeout=5).topics,
+            60,
+            "the publisher to create its topic",
+        )
+        total = 0
+        for start in range(3):
+            # Each file arrives after the producer caught up with the previous one.
+            total += write_riders(tmp_path / "data" / "gps", 50, 1, start=start)
+            messages = read_topic(tansu.bootstrap, topic_of(pipeline), total)
+            assert len(messages) == total
+    finally:
+        assert run.stop() == 0, run.stderr
+
+
 def test_a_topic_whose_partitions_do_not_match_the_shards_is_an_error(
     tmp_path: Path, tansu: TansuBroker
 ) -> None:
