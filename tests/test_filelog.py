@@ -92,6 +92,31 @@ def test_a_malformed_line_stops_with_file_and_line(tmp_path: Path) -> None:
     assert "not a valid update line" in message
 
 
+def test_positions_are_each_lines_byte_offset_with_or_without_blank_lines(
+    tmp_path: Path,
+) -> None:
+    lines = [line(key={"id": i}, after={"id": i, "pad": "x" * i}) for i in range(50)]
+    for name, text in (("plain", "".join(lines)), ("blanks", "\n".join(lines) + " \n")):
+        path = tmp_path / f"{name}.jsonl"
+        path.write_text(text)
+        updates, _ = read_all(open_source(path))
+        assert [u.key["id"] for u in updates] == list(range(50))
+        data = path.read_bytes()
+        for u in updates:
+            offset = int(u.position.rsplit(":", 1)[1])
+            assert json.loads(data[offset:].split(b"\n", 1)[0])["key"] == u.key, name
+
+
+def test_an_object_split_across_two_lines_is_an_error(tmp_path: Path) -> None:
+    """Each line must be a whole update, even where two lines would parse joined."""
+    path = tmp_path / "events.jsonl"
+    path.write_text(
+        line(key={"id": 1}, after={"id": 1}) + '{"key": {"id": 2}\n"after": {"id": 2}}\n'
+    )
+    with pytest.raises(SourceError, match=r"line 2 .*not a valid update line"):
+        read_all(open_source(path))
+
+
 def test_an_update_without_after_is_rejected(tmp_path: Path) -> None:
     path = tmp_path / "events.jsonl"
     path.write_text(line(op="u", key={"id": 1}))
