@@ -187,6 +187,7 @@ class KafkaSubscriber(Handlers):
                 on_lost=self._on_lost,
             )
         next_lookup = 0.0
+        lookup_interval = 0.05
         log.info(
             "subscribing to %s at %s as %s/%s",
             ", ".join(self.topics),
@@ -198,7 +199,10 @@ class KafkaSubscriber(Handlers):
             while not self._stop.is_set():
                 if self.shards is not None and time.monotonic() >= next_lookup:
                     self._assign_fixed(consumer)
-                    next_lookup = time.monotonic() + 2.0
+                    # Soon again while none of the topics exists yet (a subscriber
+                    # starts with its publisher), then every 2 s for new ones.
+                    lookup_interval = 2.0 if self._owned else min(2.0, lookup_interval * 2)
+                    next_lookup = time.monotonic() + lookup_interval
                 messages = consumer.consume(self.batch_updates, 0.1)
                 if messages:
                     self._process(messages)
