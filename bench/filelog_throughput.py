@@ -121,7 +121,7 @@ def main() -> int:
     parser.add_argument("--json", action="store_true", help="also print the figures as JSON")
     args = parser.parse_args()
     gc.freeze()
-    gc.set_threshold(100_000, 50, 100)
+    gc.set_threshold(100_000, 10, 10)  # as `wormhole run` (tune_gc)
     work = Path(tempfile.mkdtemp(prefix="wormhole-bench-"))
     try:
         jsonl = work / "jsonl" / "riders" / "0001.jsonl"

@@ -80,7 +80,7 @@ def main() -> int:
     parser.add_argument("--repeat", type=int, default=3)
     args = parser.parse_args()
     gc.freeze()
-    gc.set_threshold(100_000, 50, 100)
+    gc.set_threshold(100_000, 10, 10)  # as `wormhole run` (tune_gc)
     work = Path(tempfile.mkdtemp(prefix="wormhole-bench-mysql-"))
     servers = start_mariadb()
     server = next(servers)

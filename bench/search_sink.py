@@ -138,7 +138,7 @@ def main() -> int:
     args = parser.parse_args()
     tantivy = import_tantivy()
     gc.freeze()
-    gc.set_threshold(100_000, 50, 100)
+    gc.set_threshold(100_000, 10, 10)  # as `wormhole run` (tune_gc)
     rows = [make_rows(args.rows, 0), make_rows(args.rows, 1)]
     updates = [make_updates(rows[0], 0), make_updates(rows[1], 1)]
     work = Path(tempfile.mkdtemp(prefix="wormhole-bench-search-"))

@@ -146,7 +146,7 @@ def main() -> int:
     parser.add_argument("--latency-seconds", type=float, default=10.0)
     args = parser.parse_args()
     gc.freeze()
-    gc.set_threshold(100_000, 50, 100)
+    gc.set_threshold(100_000, 10, 10)  # as `wormhole run` (tune_gc)
     work = Path(tempfile.mkdtemp(prefix="wormhole-bench-tcp-"))
     try:
         source = work / "riders"

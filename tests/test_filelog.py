@@ -115,6 +115,15 @@ def test_an_object_split_across_two_lines_is_an_error(tmp_path: Path) -> None:
     )
     with pytest.raises(SourceError, match=r"line 2 .*not a valid update line"):
         read_all(open_source(path))
+    # Two updates on one line and one update across the next two: as many objects as lines.
+    path.write_text(
+        line(key={"id": 1}, after={"id": 1}).strip()
+        + ","
+        + line(key={"id": 2}, after={"id": 2})
+        + '{"key": {"id": 3}\n"after": {"id": 3}}\n'
+    )
+    with pytest.raises(SourceError, match=r"line 1 .*not a valid update line"):
+        read_all(open_source(path))
 
 
 def test_an_update_without_after_is_rejected(tmp_path: Path) -> None:

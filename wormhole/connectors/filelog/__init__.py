@@ -24,6 +24,7 @@ import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from itertools import accumulate
+from operator import itemgetter
 from pathlib import Path
 from typing import Any, BinaryIO, Literal
 
@@ -40,11 +41,14 @@ from wormhole.publish import FILE_MAGIC, KIND_FILE_HEADER, KIND_MESSAGES, FileHe
 log = logging.getLogger("wormhole.filelog")
 
 _batch_decoder = msgspec.json.Decoder(list[Update])
+_rows_decoder = msgspec.json.Decoder(list[tuple[Update]])
+"""JSON lines as ``[[line 1],[line 2],...]``: exactly one update per line."""
 _line_decoder = msgspec.json.Decoder(Update)
 _header_decoder = msgspec.json.Decoder(FileHeader)
 _OPEN_BRACE = ord("{")
 _VALID_OPS = frozenset(OPS)
 _PLUS_ONE = (1).__add__
+_FIRST = itemgetter(0)
 
 
 class FilelogOptions(Options):
@@ -366,13 +370,14 @@ class FilelogSource:
         if b"\n\n" not in data and data[:1] != b"\n":
             # No empty lines (the usual case): one decode of the whole chunk, and the
             # lines' offsets from their lengths, without a Python step per line.
+            # Each line is wrapped in its own one-item array, so a line must hold exactly
+            # one object: lines that would only parse joined are rejected too.
             try:
-                updates = _batch_decoder.decode(b"[" + data[:-1].replace(b"\n", b",") + b"]")
+                rows = _rows_decoder.decode(b"[[" + data[:-1].replace(b"\n", b"],[") + b"]]")
             except msgspec.DecodeError:
-                updates = None  # a blank or bad line: the careful path below names it
-            if updates is not None and len(updates) != data.count(b"\n"):
-                updates = None  # lines that only parse joined (an object across lines)
-            if updates is not None:
+                pass  # a blank or bad line: the careful path below names it
+            else:
+                updates = list(map(_FIRST, rows))
                 offsets: Iterable[int] = accumulate(
                     map(_PLUS_ONE, map(len, data.split(b"\n"))), initial=start
                 )
@@ -419,13 +424,11 @@ class FilelogSource:
         if not kept:
             return [], []
         try:
-            updates = _batch_decoder.decode(b"[" + b",".join(kept) + b"]")
+            rows = _rows_decoder.decode(b"[[" + b"],[".join(kept) + b"]]")
         except msgspec.DecodeError:
-            updates = []
-        if len(updates) != len(kept):
-            # A bad line, or lines that only parse joined (one object across lines).
             self._raise_bad_line(stream, kept, offsets)
-        return updates, offsets
+            raise  # pragma: no cover - _raise_bad_line always raises
+        return list(map(_FIRST, rows)), offsets
 
     def _raise_bad_line(self, stream: Stream, lines: list[bytes], offsets: list[int]) -> None:
         for line, off in zip(lines, offsets, strict=True):

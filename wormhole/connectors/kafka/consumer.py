@@ -187,7 +187,7 @@ class KafkaSubscriber(Handlers):
                 on_lost=self._on_lost,
             )
         next_lookup = 0.0
-        lookup_interval = 0.05
+        lookup_interval = 0.025  # doubled before its first use: 50 ms
         log.info(
             "subscribing to %s at %s as %s/%s",
             ", ".join(self.topics),

@@ -126,16 +126,7 @@ class KafkaTransport:
                     f"Kafka offsets; with the kafka transport use earliest or latest",
                     pipeline.file,
                 )
-        # Subscriber processes first: they start (imports, joining) while the producer
-        # is set up; they wait for their topics to appear.
-        self.processes = SubscriberProcesses(hub, "kafka")
-        if self.options.spawn and hub.local_subscribers:
-            for name, app in pipeline.applications.items():
-                if app.sink is None or app.external:
-                    continue
-                for index in range(app.subscribers):
-                    self.processes.spawn(name, index)
-        # Then the producer: an idempotent producer needs a producer id from the broker
+        # The producer first: an idempotent producer needs a producer id from the broker
         # before it sends anything, and gets it while the topics are checked.
         config: dict[str, Any] = {
             # Batches grow while the producer works through a backlog; once it has
@@ -161,6 +152,16 @@ class KafkaTransport:
         if self.options.topic_naming == "dataset":
             self.topic = dataset_topic(self.options, pipeline.name)
             self.topics.ensure(self.topic)
+        # Subscriber processes once the topic passed its checks (a topic with the wrong
+        # partition count must not get offsets committed); they start while the
+        # producer gets going.
+        self.processes = SubscriberProcesses(hub, "kafka")
+        if self.options.spawn and hub.local_subscribers:
+            for name, app in pipeline.applications.items():
+                if app.sink is None or app.external:
+                    continue
+                for index in range(app.subscribers):
+                    self.processes.spawn(name, index)
         self._load_positions()
         self.thread = threading.Thread(target=self._run, name="kafka producer", daemon=True)
         self.thread.start()
