@@ -28,6 +28,7 @@ import json
 import os
 import resource
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -289,6 +290,29 @@ def main() -> int:
                     f"{name + ', ' + label:<44.44}  {value:>10,.0f}  {value / base:>11.2f}  "
                     f"{value / pair:>7.2f}"
                 )
+        # Each round measures both sides minutes apart at most: its own ratio drifts less
+        # with the machine's load than the best-of figures above.
+        whole_ratios = [
+            raw / ours
+            for raw, ours in zip(timings[("raw", 1)], timings[("wormhole", 1)], strict=True)
+        ]
+        steady_ratios = [
+            (raw2 - raw1) / max(1e-9, ours2 - ours1)
+            for raw1, raw2, ours1, ours2 in zip(
+                timings[("raw", 1)],
+                timings[("raw", 2)],
+                timings[("wormhole", 1)],
+                timings[("wormhole", 2)],
+                strict=True,
+            )
+        ]
+        print(
+            "wormhole / raw producer per round: whole run "
+            + ", ".join(f"{r:.2f}" for r in whole_ratios)
+            + f" (median {statistics.median(whole_ratios):.2f}); steady state "
+            + ", ".join(f"{r:.2f}" for r in steady_ratios)
+            + f" (median {statistics.median(steady_ratios):.2f})"
+        )
         print(f"CPU seconds for {2 * n:,} updates (last round): clients + broker = total")
         for name, kind in (
             ("raw producer loop", "raw"),
