@@ -306,30 +306,19 @@ class KafkaTransport:
         seq = first
         for i, u in enumerate(updates):
             shard = u.shard
+            value = encode_value(envelope(u))
+            key = encode_key(u.key)
+            headers = [
+                shard_headers[shard],
+                (HEADER_LOGICAL, u.logical.encode()),
+                (HEADER_SEQ, b"%d" % seq),
+            ]
             # Positional arguments all through: librdkafka's Python binding parses
             # keyword arguments by building every keyword's name, per call.
             try:
-                produce(
-                    topic,
-                    encode_value(envelope(u)),
-                    encode_key(u.key),
-                    shard,
-                    markers.get(i),
-                    None,
-                    0,
-                    [
-                        shard_headers[shard],
-                        (HEADER_LOGICAL, u.logical.encode()),
-                        (HEADER_SEQ, b"%d" % seq),
-                    ],
-                )
+                produce(topic, value, key, shard, markers.get(i), None, 0, headers)
             except BufferError:
-                args = (topic, encode_value(envelope(u)), encode_key(u.key), shard)
-                headers = [
-                    shard_headers[shard],
-                    (HEADER_LOGICAL, u.logical.encode()),
-                    (HEADER_SEQ, b"%d" % seq),
-                ]
+                args = (topic, value, key, shard)
                 if not self._produce_when_room(args, markers.get(i), headers, seq, u):
                     return
             except kafka().KafkaException as exc:
