@@ -299,7 +299,9 @@ def bare_produce(bootstrap: str, topic: str, path: Path) -> int:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--riders", type=int, default=10_000)
-    parser.add_argument("--seconds", type=int, default=20)
+    # N = 400,000: with fewer, one slow N run in a round makes that round's steady-state
+    # figure (the difference of two runs) meaningless.
+    parser.add_argument("--seconds", type=int, default=40)
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--linger-ms", type=int, help="librdkafka linger.ms, both sides")
     parser.add_argument(
