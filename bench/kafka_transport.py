@@ -241,7 +241,10 @@ def with_consumer(
     if consumer.stdout.readline().strip() != "ready":
         raise SystemExit("the raw consumer did not start")
     started = time.monotonic()
-    produce()
+    produced = produce()
+    if isinstance(produced, int) and produced != count:
+        consumer.kill()
+        raise SystemExit(f"produced {produced} messages to {topic}, expected {count}")
     finished = float(consumer.stdout.readline())
     consumer.wait(60)
     used = time.process_time() - cpu + children_cpu() - cpu_children
