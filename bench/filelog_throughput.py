@@ -29,7 +29,7 @@ from pathlib import Path
 import msgspec
 
 from wormhole.core.pipeline import parse_pipeline
-from wormhole.core.publisher import Publisher
+from wormhole.core.publisher import Publisher, tune_gc
 from wormhole.publish import LogWriter
 
 RIDERS = 5000
@@ -120,8 +120,7 @@ def main() -> int:
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--json", action="store_true", help="also print the figures as JSON")
     args = parser.parse_args()
-    gc.freeze()
-    gc.set_threshold(100_000, 10, 10)  # as `wormhole run` (tune_gc)
+    tune_gc()  # as `wormhole run`
     work = Path(tempfile.mkdtemp(prefix="wormhole-bench-"))
     try:
         jsonl = work / "jsonl" / "riders" / "0001.jsonl"

@@ -28,7 +28,7 @@ from pymysqlreplication import BinLogStreamReader
 from pymysqlreplication.row_event import WriteRowsEvent
 
 from wormhole.core.pipeline import parse_pipeline
-from wormhole.core.publisher import Publisher
+from wormhole.core.publisher import Publisher, tune_gc
 from wormhole.testing.mysql import MariaDBServer, start_mariadb
 
 
@@ -79,8 +79,7 @@ def main() -> int:
     parser.add_argument("--rows", type=int, default=500_000)
     parser.add_argument("--repeat", type=int, default=3)
     args = parser.parse_args()
-    gc.freeze()
-    gc.set_threshold(100_000, 10, 10)  # as `wormhole run` (tune_gc)
+    tune_gc()  # as `wormhole run`
     work = Path(tempfile.mkdtemp(prefix="wormhole-bench-mysql-"))
     servers = start_mariadb()
     server = next(servers)

@@ -28,7 +28,7 @@ import psycopg2
 import psycopg2.extras
 
 from wormhole.core.pipeline import parse_pipeline
-from wormhole.core.publisher import Publisher
+from wormhole.core.publisher import Publisher, tune_gc
 from wormhole.testing.postgres import run_sql as sql
 from wormhole.testing.postgres import start_postgres
 
@@ -75,8 +75,7 @@ def main() -> int:
     parser.add_argument("--rows", type=int, default=1_000_000)
     parser.add_argument("--repeat", type=int, default=3)
     args = parser.parse_args()
-    gc.freeze()
-    gc.set_threshold(100_000, 10, 10)  # as `wormhole run` (tune_gc)
+    tune_gc()  # as `wormhole run`
     work = Path(tempfile.mkdtemp(prefix="wormhole-bench-pg-"))
     servers = start_postgres()
     server = next(servers)

@@ -36,6 +36,7 @@ import msgspec
 
 from wormhole.connectors.search import SearchOptions, make_sink
 from wormhole.connectors.search.tantivy_engine import build_schema, import_tantivy
+from wormhole.core.publisher import tune_gc
 from wormhole.core.update import Update
 from wormhole.plugins.components import SinkContext
 
@@ -137,8 +138,7 @@ def main() -> int:
     parser.add_argument("--repeat", type=int, default=3)
     args = parser.parse_args()
     tantivy = import_tantivy()
-    gc.freeze()
-    gc.set_threshold(100_000, 10, 10)  # as `wormhole run` (tune_gc)
+    tune_gc()  # as `wormhole run`
     rows = [make_rows(args.rows, 0), make_rows(args.rows, 1)]
     updates = [make_updates(rows[0], 0), make_updates(rows[1], 1)]
     work = Path(tempfile.mkdtemp(prefix="wormhole-bench-search-"))

@@ -29,7 +29,7 @@ import time
 from pathlib import Path
 
 from wormhole.core.pipeline import parse_pipeline
-from wormhole.core.publisher import Publisher
+from wormhole.core.publisher import Publisher, tune_gc
 from wormhole.publish import LogWriter
 
 HERE = Path(__file__).parent
@@ -145,8 +145,7 @@ def main() -> int:
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--latency-seconds", type=float, default=10.0)
     args = parser.parse_args()
-    gc.freeze()
-    gc.set_threshold(100_000, 10, 10)  # as `wormhole run` (tune_gc)
+    tune_gc()  # as `wormhole run`
     work = Path(tempfile.mkdtemp(prefix="wormhole-bench-tcp-"))
     try:
         source = work / "riders"
