@@ -117,12 +117,16 @@ _envelope_decoder = msgspec.json.Decoder(Envelope)
 def read_envelopes(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
     """Every envelope in a jsonl sink's file, as dicts (``[]`` if it does not exist).
 
-    Each line is checked against the envelope contract on the way.
+    Each complete line is checked against the envelope contract on the way. A last line
+    without its newline is not read: a write still in progress while a test polls the
+    file, or a tail cut by ``kill -9`` that the sink removes when it starts again.
     """
     out = []
     try:
         with open(path, "rb") as f:
             for line in f:
+                if not line.endswith(b"\n"):
+                    break  # only the last line can lack its newline
                 _envelope_decoder.decode(line)  # raises if a line breaks the contract
                 out.append(msgspec.json.decode(line))
     except FileNotFoundError:
