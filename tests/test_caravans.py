@@ -168,3 +168,80 @@ def test_a_start_time_needs_times_in_the_log(tmp_path: Path) -> None:
     result = run_cli("validate", str(bad), cwd=tmp_path)
     assert result.returncode == 2, result
     assert "applications.late.start: time 'yesterday' is not an ISO-8601 time" in result.stderr
+
+
+def test_an_application_with_a_subscriber_is_never_parked_behind_one_without(
+    tmp_path: Path,
+) -> None:
+    """At max_caravans, a new application must not join a caravan that is blocked on
+    another application's first subscriber: it would never be served."""
+    import threading
+
+    from wormhole.connectors.null import NullSink
+    from wormhole.core.caravan import CaravanManager
+    from wormhole.core.hub import ApplicationRuntime, Flow, Hub
+    from wormhole.core.pipeline import parse_pipeline
+    from wormhole.core.publisher_log import PublisherLog
+    from wormhole.core.subscriber import LocalSubscriber
+    from wormhole.core.update import Update
+    from wormhole.testing import wait_until
+
+    pipeline = parse_pipeline(
+        "pipeline: parked\n"
+        f"state_dir: {tmp_path / 'state'}\n"
+        "dataset: {shards: 4}\n"
+        f"source: {{type: filelog, path: {tmp_path / 'data'}}}\n"
+        "applications: {idle: {}, busy: {}, late: {}}\n"
+    )
+    plog = PublisherLog(tmp_path / "log")
+    plog.open()
+    for b in range(10):
+        updates = [
+            Update.create(op="c", key={"id": i}, after={"id": i}, table="t") for i in range(100)
+        ]
+        for u in updates:
+            u.shard = u.key["id"] % 4
+        plog.append(updates, {"batch": b})
+    end = plog.next_seq
+
+    def runtime(name: str) -> ApplicationRuntime:
+        return ApplicationRuntime(
+            config=pipeline.applications[name],
+            flows=[Flow(name, shard, 0, 0, 0) for shard in range(4)],
+            filter=None,
+        )
+
+    idle, busy, late = runtime("idle"), runtime("busy"), runtime("late")
+    hub = Hub(pipeline, {"idle": idle, "busy": busy})
+    stop = threading.Event()
+    subscribers: list[LocalSubscriber] = []
+
+    def subscribe(app: ApplicationRuntime) -> None:
+        subscriber = LocalSubscriber(hub, app.name, 0, NullSink())
+        subscribers.append(subscriber)
+        hub.attach(app.name, subscriber)
+        subscriber.start()
+
+    def acknowledged(app: ApplicationRuntime) -> bool:
+        with hub.lock:
+            return app.min_datamarker() == end
+
+    manager = CaravanManager(hub, plog, stop, max_caravans=1, merge_distance=10)
+    subscribe(busy)
+    manager.start()
+    try:
+        # `idle` never gets a subscriber: it leaves the shared caravan.
+        wait_until(lambda: acknowledged(busy), 30, "busy acknowledges the whole log")
+        wait_until(lambda: manager.splits == 1 and not manager.evicted, 30, "idle moved off")
+        hub.add_application(late)
+        subscribe(late)
+        manager.add_application(late)
+        wait_until(lambda: acknowledged(late), 30, "late acknowledges the whole log")
+        with hub.lock:
+            assert idle.min_datamarker() == 0
+    finally:
+        stop.set()
+        manager.join(10)
+        for subscriber in subscribers:
+            subscriber.stop()
+        plog.close()

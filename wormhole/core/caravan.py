@@ -14,9 +14,14 @@ The :class:`CaravanManager` decides which applications ride together:
 - a caravan that comes within ``merge_distance`` behind another takes over the
   other's applications (at the tail they all end up in one lead caravan);
 - an application that keeps its caravan waiting longer than ``slow_flow_s``
-  (its subscribers do not take what they are given), or that has no subscriber
-  connected, leaves for a caravan of its own (or, at ``max_caravans``, joins the
-  caravan furthest behind): the others never wait for it.
+  (its subscribers do not take what they are given) leaves for a caravan of its
+  own (or, at ``max_caravans``, joins the caravan furthest behind that is not
+  blocked): the others never wait for it;
+- an application with no subscriber connected leaves its shared caravan and is
+  *parked* -- nothing reads for it -- until a subscriber connects. A caravan
+  blocked on its only application's first subscriber is never given other
+  applications while another caravan can take them, and stops waiting when it
+  is given some.
 
 More caravans read more of the log (disk I/O, CPU) and let each application
 move at its own pace; fewer read it once and make applications that are
@@ -42,8 +47,9 @@ log = logging.getLogger("wormhole.caravan")
 class Caravan:
     """A reader of the publisher log serving the flows of some applications.
 
-    Each application currently gets its own caravan, so one whose subscribers
-    are slow falls behind (reading from disk) without holding the others back.
+    The :class:`CaravanManager` decides which applications ride together; one whose
+    subscribers are slow is moved off, so it falls behind (reading from disk) without
+    holding the others back.
     """
 
     def __init__(
@@ -65,7 +71,8 @@ class Caravan:
         self.retiring = threading.Event()
         self.merge_into: Caravan | None = None
         self.waiting = False
-        """Waiting for its only application's first subscriber: not a merge target."""
+        """Blocked until its only application has a subscriber: it cannot dispatch, so it
+        is neither a merge target nor a place for other applications."""
         self.lock = threading.Lock()
         names = ",".join(a.name for a in applications)
         self.thread = threading.Thread(target=self._run, name=f"caravan {names}", daemon=True)
@@ -112,6 +119,26 @@ class Caravan:
         with self.lock:
             self.applications.extend(applications)
             self.behind = True
+        with self.hub.changed:
+            self.hub.changed.notify_all()  # a caravan waiting for a subscriber stops waiting
+
+    def _wait_for_sessions(self, app: ApplicationRuntime) -> str:
+        """Block until ``app`` has a subscriber: "ready"; the caravan is stopping or the
+        application was removed: "stop"; the caravan was given other applications
+        meanwhile: "shared" (they must not wait for this one)."""
+        hub = self.hub
+        self.waiting = True
+        try:
+            with hub.lock:
+                while not app.sessions:
+                    if self.stop.is_set() or hub.applications.get(app.name) is not app:
+                        return "stop"
+                    if len(self.applications) > 1:
+                        return "shared"
+                    hub.changed.wait(0.2)
+            return "ready"
+        finally:
+            self.waiting = False
 
     def retire(self) -> None:
         """Stop at the next batch boundary; the manager hands the applications on."""
@@ -120,11 +147,8 @@ class Caravan:
     def _loop(self) -> None:
         with self.lock:
             apps = list(self.applications)
-        if len(apps) == 1:
-            self.waiting = True
-            if not self.hub.wait_for_sessions(apps[0], self.stop):
-                return
-            self.waiting = False
+        if len(apps) == 1 and self._wait_for_sessions(apps[0]) == "stop":
+            return
         start, rewinds = self._start_position()
         reader = self.log.reader(start)
         self.position = start
@@ -177,9 +201,13 @@ class Caravan:
                 # Nobody to deliver to: the others do not wait for it.
                 self._evict(app, "no subscriber connected")
                 return True
-            if not hub.wait_for_sessions(app, self.stop):
+            waited = self._wait_for_sessions(app)
+            if waited == "stop":
                 return False
-            return self._dispatch(app, batch)
+            if waited == "shared" and self.on_evict is not None:
+                self._evict(app, "no subscriber connected")
+                return True
+            return self._dispatch(app, batch, shared=waited == "shared")
         if min(delivered) >= end:
             return True
         exact = all(d == first for d in delivered)
@@ -288,6 +316,9 @@ class CaravanManager:
         self.lock = threading.Lock()
         self.caravans: list[Caravan] = []
         self.evicted: list[tuple[Caravan, ApplicationRuntime]] = []
+        self.parked: list[ApplicationRuntime] = []
+        """Applications with no subscriber connected: no caravan reads for them until
+        one connects (a caravan waiting for them could hold others up)."""
         self.retired: list[Caravan] = []
         self.merges = 0
         self.splits = 0
@@ -368,13 +399,23 @@ class CaravanManager:
                         target.add(orphans)
                     else:
                         self._place(orphans)
-        # Applications that left a caravan get one of their own, or the one furthest behind.
+        # Applications that left a caravan get one of their own, or the one furthest behind;
+        # one that left for want of a subscriber waits, parked, until it has one.
         evicted, self.evicted = self.evicted, []
         now = time.monotonic()
         for source, app in evicted:
             self.splits += 1
+            if not self._has_sessions(app):
+                self.parked.append(app)
+                continue
             self.recently_evicted[app.name] = now
             self._place([app], avoid=source)
+        for app in list(self.parked):
+            if self.hub.applications.get(app.name) is not app:
+                self.parked.remove(app)  # removed from the pipeline
+            elif self._has_sessions(app):
+                self.parked.remove(app)
+                self._place([app])
         # An application moved off for being slow rejoins only after a while (no churn).
         calm = 15 * self.slow_flow_s
         for name, when in list(self.recently_evicted.items()):
@@ -415,16 +456,26 @@ class CaravanManager:
                     if app in caravan.applications:
                         caravan.applications.remove(app)
             self.evicted = [(c, a) for c, a in self.evicted if a is not app]
+            if app in self.parked:
+                self.parked.remove(app)
+
+    def _has_sessions(self, app: ApplicationRuntime) -> bool:
+        with self.hub.lock:
+            return bool(app.sessions)
 
     def _place(self, apps: list[ApplicationRuntime], avoid: Caravan | None = None) -> None:
         if len(self.caravans) < self.max_caravans:
             self._caravan(apps)
             return
         others = [c for c in self.caravans if c is not avoid and not c.retiring.is_set()]
+        # A caravan blocked on a subscriber that has not connected cannot dispatch: never
+        # the first choice. Given applications anyway (every other caravan is blocked
+        # too), it stops waiting and parks the application it was waiting for.
+        moving = [c for c in others if not c.waiting]
         if not others:
             self._caravan(apps)
             return
-        target = min(others, key=lambda c: c.position)
+        target = min(moving or others, key=lambda c: c.position)
         target.add(apps)
 
 

@@ -218,14 +218,6 @@ class Hub:
             datamarkers = {s: app.flows[s].datamarker for s in assigned.get(key, [])}
             session.notice(assigned.get(key, []), revoked.get(key, []), datamarkers)
 
-    def wait_for_sessions(self, app: ApplicationRuntime, stop: threading.Event) -> bool:
-        with self.lock:
-            while not app.sessions:
-                if stop.is_set() or self.applications.get(app.name) is not app:
-                    return False  # stopping, or the application was removed
-                self.changed.wait(0.2)
-        return True
-
     # ---------------------------------------------------------------- acks
     def acknowledge(
         self,
