@@ -257,6 +257,7 @@ def cmd_status(args: argparse.Namespace) -> int:
             lag = None if position is None else max(0, info.next_seq - position)
             flows.append({"application": name, "shard": shard, "datamarker": position, "lag": lag})
     live = _live_status(pipeline.state_dir)
+    removed = _removed_applications(pipeline, markers, info.next_seq)
     if args.json:
         print(
             json.dumps(
@@ -274,6 +275,7 @@ def cmd_status(args: argparse.Namespace) -> int:
                         ],
                     },
                     "flows": flows,
+                    "removed_applications": removed,
                 }
             )
         )
@@ -300,6 +302,61 @@ def cmd_status(args: argparse.Namespace) -> int:
         marker_text = "-" if flow["datamarker"] is None else f"{flow['datamarker']:,}"
         lag_text = "-" if flow["lag"] is None else f"{flow['lag']:,}"
         print(f"  {flow['application']:<16} {flow['shard']:>5} {marker_text:>12} {lag_text:>10}")
+    for entry in removed:
+        print(
+            f"  warning: application {entry['application']} is not in {pipeline.file}, but its "
+            f"datamarkers keep the publisher log from position {entry['datamarker']:,} "
+            f"({entry['lag']:,} updates); it resumes there if added back. To release the log, "
+            f"run: wormhole forget {pipeline.file} {entry['application']}"
+        )
+    return EXIT_OK
+
+
+def _removed_applications(
+    pipeline: Pipeline, markers: dict[tuple[str, int], Any], end: int
+) -> list[dict[str, Any]]:
+    """Applications with stored datamarkers that the pipeline file no longer names: they
+    hold the publisher log back until added again or forgotten."""
+    lowest: dict[str, int] = {}
+    for (name, _), marker in markers.items():
+        if name not in pipeline.applications:
+            lowest[name] = min(lowest.get(name, marker.position), marker.position)
+    return [
+        {"application": name, "datamarker": position, "lag": max(0, end - position)}
+        for name, position in sorted(lowest.items())
+    ]
+
+
+def cmd_forget(args: argparse.Namespace) -> int:
+    pipeline = _load(args.pipeline)
+    name = args.app
+    if name in pipeline.applications:
+        raise WormholeError(
+            f"applications.{name} is still in {pipeline.file}: forgetting it would only make it "
+            f"start again from its start point. Remove it from the file first (and send a "
+            f"running publisher SIGHUP)"
+        )
+    live = _live_status(pipeline.state_dir)
+    if live is not None and name in live.get("applications", []):
+        raise WormholeError(
+            f"application {name} is still served by the running publisher (pid {live['pid']}): "
+            f"send it SIGHUP to apply {pipeline.file}, then forget {name}"
+        )
+    store = pipeline.datamarker_store.create()
+    store.open(pipeline.name, pipeline.state_dir)
+    try:
+        count = store.forget(name)
+    finally:
+        store.close()
+    if count == 0:
+        raise WormholeError(
+            f"application {name} has no stored datamarkers in {pipeline.state_dir}: nothing to "
+            f"forget (`wormhole status {pipeline.file}` lists removed applications)"
+        )
+    print(
+        f"forgot application {name}: {count} datamarkers deleted; the publisher log it held is "
+        f"collected as the other flows move on"
+    )
     return EXIT_OK
 
 
@@ -381,6 +438,15 @@ def build_parser() -> argparse.ArgumentParser:
     status.add_argument("pipeline")
     status.add_argument("--json", action="store_true")
     status.set_defaults(func=cmd_status)
+
+    forget = sub.add_parser(
+        "forget",
+        help="delete the datamarkers of an application removed from the pipeline file, "
+        "releasing the publisher log it holds",
+    )
+    forget.add_argument("pipeline", help="pipeline file (YAML)")
+    forget.add_argument("app", help="an application no longer in the file")
+    forget.set_defaults(func=cmd_forget)
 
     search = sub.add_parser("search", help="query the index of an application's search sink")
     search.add_argument("pipeline", help="pipeline file (YAML)")

@@ -77,6 +77,14 @@ class SqliteDatamarkerStore:
                 db.execute("ROLLBACK")
             raise StateError(f"cannot save datamarkers to {self.path}: {exc}") from exc
 
+    def forget(self, application: str) -> int:
+        db = self._conn()
+        try:
+            cursor = db.execute("DELETE FROM datamarkers WHERE application = ?", (application,))
+        except sqlite3.Error as exc:
+            raise StateError(f"cannot delete datamarkers from {self.path}: {exc}") from exc
+        return cursor.rowcount
+
     def get_meta(self, key: str) -> str | None:
         row = self._conn().execute("SELECT value FROM meta WHERE key = ?", (key,)).fetchone()
         return None if row is None else str(row[0])

@@ -241,8 +241,9 @@ class Publisher:
         for name, config in self.pipeline.applications.items():
             try:
                 runtime = self._runtime(name, config, stored, plog, new)
-            except StartError as exc:
-                # A new application's start point is wrong: it does not run; the others do.
+            except StateError as exc:
+                # This application's start point or stored datamarkers are unusable: it does
+                # not run, the others do, and the run reports it.
                 log.error("application %s does not start: %s", name, exc)
                 self.start_failures[name] = exc
                 continue
@@ -299,8 +300,15 @@ class Publisher:
                     f"{first} to {end}"
                 )
             if position < first:
-                error = StartError if marker is None else StateError
-                raise error(
+                if marker is not None:
+                    raise StateError(
+                        f"{where} is position {position}, but the publisher log in "
+                        f"{plog.directory} starts at {first}: updates it never acknowledged "
+                        f"were deleted (was the log pruned by hand?). Restore the log, or run "
+                        f"`wormhole forget {self.pipeline.file} {name}` to drop its datamarkers "
+                        f"so that it starts again from applications.{name}.start"
+                    )
+                raise StartError(
                     f"{where} is position {position}, outside the retained publisher log "
                     f"({first} to {end}): the oldest retained position is {first}. Start the "
                     f"application at earliest, latest or a position in that range"
@@ -537,18 +545,23 @@ class Publisher:
         # resume from the persisted ones.
         self._write_live_status(plog, hub)
         upto = hub.min_persisted()
-        external = [
-            n
-            for n, a in self.pipeline.applications.items()
-            if a.external or self.transport_reads_log
-        ]
-        if external:
-            stored = store.load()
-            positions = [
-                stored[(name, shard)].position if (name, shard) in stored else plog.first_seq
-                for name in external
-                for shard in range(self.pipeline.shards)
-            ]
+        # Every stored datamarker holds the log, not only those of the applications the
+        # hub serves: an application read by an outside reader, one taken out of the
+        # pipeline file (it resumes from them when added back, until `wormhole forget`),
+        # one that could not start.
+        stored = store.load()
+        with hub.lock:
+            served = set(hub.applications)
+        positions = [m.position for (name, _), m in stored.items() if name not in served]
+        for name, config in self.pipeline.applications.items():
+            if config.external or self.transport_reads_log:
+                # An outside reader that has stored nothing yet needs the whole log.
+                positions += [
+                    plog.first_seq
+                    for shard in range(self.pipeline.shards)
+                    if (name, shard) not in stored
+                ]
+        if positions:
             upto = min(positions) if upto is None else min(upto, *positions)
         if upto is not None:
             self.removed += plog.collect_garbage(upto, self.pipeline.log.keep_rolled)
@@ -579,6 +592,7 @@ class Publisher:
             "updated_ms": int(time.time() * 1000),
             "log": {"first": plog.first_seq, "end": plog.next_seq},
             "caravans": caravans,
+            "applications": sorted(hub.applications),
             "failed": {name: str(error) for name, error in hub.failed.items()},
         }
         path = self.pipeline.state_dir / "live.json"

@@ -188,6 +188,10 @@ class DatamarkerStore(Protocol):
     def save(self, datamarkers: Iterable[Datamarker]) -> None:
         """Persist durably before returning."""
 
+    def forget(self, application: str) -> int:
+        """Delete every datamarker of ``application`` durably (``wormhole forget``); return
+        how many there were. Called only for an application that is not running."""
+
     def get_meta(self, key: str) -> str | None: ...
 
     def set_meta(self, key: str, value: str) -> None: ...
