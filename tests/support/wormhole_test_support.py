@@ -5,6 +5,9 @@
 * ``flaky``: fails its first ``failures`` writes with an OSError, then appends
   envelopes to ``path`` like jsonl (retry with backoff).
 * ``broken``: raises SinkError on open (a fatal sink problem).
+* ``closing``: writes like jsonl; its ``close`` computes for ``busy_s`` seconds (a long
+  final refresh), or waits ``idle_s`` seconds doing nothing (a hung close), or fails
+  (``fail``), and then appends ``closed <pid>`` to ``marker``.
 """
 
 from __future__ import annotations
@@ -68,6 +71,30 @@ class BrokenSink:
         pass
 
 
+class ClosingOptions(JsonlOptions):
+    marker: str
+    busy_s: float = 0.0
+    idle_s: float = 0.0
+    fail: bool = False
+
+
+class ClosingSink(JsonlSink):
+    def __init__(self, options: ClosingOptions) -> None:
+        super().__init__(options)
+        self.closing = options
+
+    def close(self) -> None:
+        super().close()
+        until = time.monotonic() + self.closing.busy_s
+        while time.monotonic() < until:
+            sum(i * i for i in range(10_000))
+        time.sleep(self.closing.idle_s)
+        if self.closing.fail:
+            raise OSError("simulated failure to close the sink")
+        with open(self.closing.marker, "a") as f:
+            f.write(f"closed {os.getpid()}\n")
+
+
 @hookimpl
 def wormhole_sinks() -> list[ComponentSpec]:
     return [
@@ -76,4 +103,5 @@ def wormhole_sinks() -> list[ComponentSpec]:
         ),
         ComponentSpec("sink", "flaky", FlakySink, FlakyOptions, "fails its first writes"),
         ComponentSpec("sink", "broken", BrokenSink, Options, "fails to open"),
+        ComponentSpec("sink", "closing", ClosingSink, ClosingOptions, "a slow or failing close"),
     ]

@@ -538,7 +538,8 @@ class KafkaTransport:
         if drain and error is None:
             self._caught_up()
         if self.processes is not None:
-            self.processes.stop(time.monotonic() + (self.options.drain_timeout_s if drain else 1.0))
+            stall = self.options.drain_timeout_s if drain else 1.0
+            self.processes.stop(time.monotonic() + stall, stall=stall)
         if self.producer is not None and not drain:
             # Confirmed updates still move the datamarkers; nothing unconfirmed does.
             with contextlib.suppress(Exception):

@@ -456,7 +456,9 @@ class TcpTransport:
         while time.monotonic() < deadline and not all(s.idle() for s in sessions):
             time.sleep(0.01)
         if self.processes is not None:
-            self.processes.stop(deadline + 1.0, application=name)
+            self.processes.stop(
+                deadline + 1.0, application=name, stall=self.options.drain_timeout_s
+            )
         for session in sessions:
             session.bye("application removed from the pipeline")
 
@@ -475,7 +477,7 @@ class TcpTransport:
                 time.sleep(0.01)
         # Subscriber processes leave.
         if self.processes is not None:
-            self.processes.stop(deadline)
+            self.processes.stop(deadline, stall=self.options.drain_timeout_s if drain else 1.0)
         with self.sessions_lock:
             sessions = list(self.sessions)
         for session in sessions:

@@ -1,0 +1,99 @@
+"""The subscriber processes `wormhole run` starts: restarted ones drain like the first, and
+a stop waits for a sink that is still closing, but not for one that hangs or fails."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+from pathlib import Path
+from typing import Any
+
+from tcp_support import Process, tcp_pipeline
+
+from wormhole.testing import free_port, read_envelopes, run_cli, wait_until
+
+
+def _append(path: Path, start: int, count: int) -> None:
+    with open(path, "a") as f:
+        for i in range(start, start + count):
+            f.write(json.dumps({"op": "c", "key": {"id": i}, "after": {"id": i}}) + "\n")
+
+
+def _setup(tmp_path: Path, count: int, **sink: Any) -> tuple[Path, Path, Path]:
+    (tmp_path / "data").mkdir()
+    source = tmp_path / "data" / "events.jsonl"
+    _append(source, 0, count)
+    out, marker = tmp_path / "out.jsonl", tmp_path / "closed.txt"
+    pipeline = tcp_pipeline(
+        tmp_path,
+        free_port(),
+        {"app": {"sink": {"type": "closing", "path": str(out), "marker": str(marker), **sink}}},
+        drain_timeout_s=1,
+    )
+    return pipeline, out, marker
+
+
+def _subscriber_pids(publisher: int) -> list[int]:
+    found = subprocess.run(["pgrep", "-P", str(publisher)], capture_output=True, text=True)
+    return [int(p) for p in found.stdout.split()]
+
+
+def test_a_restarted_subscriber_drains_and_closes_its_sink_at_a_graceful_stop(
+    tmp_path: Path, support_env: dict[str, str]
+) -> None:
+    pipeline, out, marker = _setup(tmp_path, 100, busy_s=1.0)
+    source = tmp_path / "data" / "events.jsonl"
+    publisher = Process("run", str(pipeline), cwd=tmp_path, env=support_env)
+    try:
+        wait_until(lambda: len(read_envelopes(out)) == 100, 60, "the first 100 updates")
+        [first] = _subscriber_pids(publisher.pid)
+        os.kill(first, signal.SIGKILL)
+        # The supervisor starts it again; it takes over and gets new updates.
+        wait_until(
+            lambda: [p for p in _subscriber_pids(publisher.pid) if p != first], 60, "a restart"
+        )
+        [second] = [p for p in _subscriber_pids(publisher.pid) if p != first]
+        _append(source, 100, 50)
+        wait_until(
+            lambda: {e["key"]["id"] for e in read_envelopes(out)} == set(range(150)),
+            60,
+            "updates after the restart",
+        )
+    finally:
+        code = publisher.stop()
+    assert code == 0, publisher.stderr
+    # Killed by the death of the thread that forked it, it would not have closed its sink.
+    assert marker.read_text().split("\n") == [f"closed {second}", ""], publisher.stderr
+
+
+def test_once_waits_for_a_sink_that_is_busy_closing(
+    tmp_path: Path, support_env: dict[str, str]
+) -> None:
+    # Closing takes three times the drain timeout, computing all along (a final refresh).
+    pipeline, out, marker = _setup(tmp_path, 200, busy_s=3.0)
+    result = run_cli("run", str(pipeline), "--once", cwd=tmp_path, env=support_env)
+    assert result.returncode == 0, result
+    assert len(read_envelopes(out)) == 200
+    assert marker.read_text().startswith("closed "), result.stderr
+
+
+def test_once_fails_naming_the_application_whose_sink_hangs_closing(
+    tmp_path: Path, support_env: dict[str, str]
+) -> None:
+    pipeline, _, marker = _setup(tmp_path, 10, idle_s=120.0)
+    result = run_cli("run", str(pipeline), "--once", cwd=tmp_path, env=support_env, timeout=60)
+    assert result.returncode != 0
+    assert "application app made no progress" in result.stderr
+    assert not marker.exists()
+
+
+def test_once_fails_naming_the_application_whose_sink_fails_to_close(
+    tmp_path: Path, support_env: dict[str, str]
+) -> None:
+    pipeline, out, marker = _setup(tmp_path, 10, fail=True)
+    result = run_cli("run", str(pipeline), "--once", cwd=tmp_path, env=support_env)
+    assert len(read_envelopes(out)) == 10
+    assert result.returncode != 0
+    assert "subscriber app/0 of application app exited with code" in result.stderr
