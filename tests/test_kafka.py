@@ -482,3 +482,26 @@ def test_the_example_pipeline_runs(tmp_path: Path, tansu: TansuBroker) -> None:
     messages = read_topic(tansu.bootstrap, f"{env['KAFKA_TOPIC_PREFIX']}.file-to-kafka", total)
     assert len(messages) == total
     assert {m.partition() for m in messages} <= set(range(16))
+
+
+def test_once_fails_naming_an_application_that_did_not_consume_everything(
+    tmp_path: Path, tansu: TansuBroker, support_env: dict[str, str]
+) -> None:
+    write_riders(tmp_path / "data", 10, 5)
+    out = tmp_path / "out.jsonl"
+    pipeline = kafka_pipeline(
+        tmp_path,
+        tansu,
+        {
+            # Its sink never finishes a write: the application makes no progress.
+            "stuck": {"sink": {"type": "gate", "gate": str(tmp_path / "never")}},
+            "fine": {"sink": {"type": "jsonl", "path": str(out)}},
+        },
+        drain_timeout_s=2,
+    )
+    result = run_cli("run", str(pipeline), "--once", cwd=tmp_path, env=support_env, timeout=120)
+    assert result.returncode != 0, result
+    error = result.stderr.split("error:")[-1]
+    assert "did not consume every update: stuck (" in error, result.stderr
+    assert "fine" not in error
+    assert len(read_envelopes(out)) == 50

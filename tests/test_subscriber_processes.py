@@ -6,13 +6,13 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
 from pathlib import Path
 from typing import Any
 
 from tcp_support import Process, tcp_pipeline
 
 from wormhole.testing import free_port, read_envelopes, run_cli, wait_until
+from wormhole.testing.helpers import subscriber_pids
 
 
 def _append(path: Path, start: int, count: int) -> None:
@@ -35,11 +35,6 @@ def _setup(tmp_path: Path, count: int, **sink: Any) -> tuple[Path, Path, Path]:
     return pipeline, out, marker
 
 
-def _subscriber_pids(publisher: int) -> list[int]:
-    found = subprocess.run(["pgrep", "-P", str(publisher)], capture_output=True, text=True)
-    return [int(p) for p in found.stdout.split()]
-
-
 def test_a_restarted_subscriber_drains_and_closes_its_sink_at_a_graceful_stop(
     tmp_path: Path, support_env: dict[str, str]
 ) -> None:
@@ -48,13 +43,13 @@ def test_a_restarted_subscriber_drains_and_closes_its_sink_at_a_graceful_stop(
     publisher = Process("run", str(pipeline), cwd=tmp_path, env=support_env)
     try:
         wait_until(lambda: len(read_envelopes(out)) == 100, 60, "the first 100 updates")
-        [first] = _subscriber_pids(publisher.pid)
+        [first] = subscriber_pids(publisher.pid)
         os.kill(first, signal.SIGKILL)
         # The supervisor starts it again; it takes over and gets new updates.
         wait_until(
-            lambda: [p for p in _subscriber_pids(publisher.pid) if p != first], 60, "a restart"
+            lambda: [p for p in subscriber_pids(publisher.pid) if p != first], 60, "a restart"
         )
-        [second] = [p for p in _subscriber_pids(publisher.pid) if p != first]
+        [second] = [p for p in subscriber_pids(publisher.pid) if p != first]
         _append(source, 100, 50)
         wait_until(
             lambda: {e["key"]["id"] for e in read_envelopes(out)} == set(range(150)),
@@ -92,7 +87,7 @@ def test_once_fails_naming_the_application_whose_sink_hangs_closing(
 def test_once_fails_naming_the_application_whose_sink_fails_to_close(
     tmp_path: Path, support_env: dict[str, str]
 ) -> None:
-    pipeline, out, marker = _setup(tmp_path, 10, fail=True)
+    pipeline, out, _ = _setup(tmp_path, 10, fail=True)
     result = run_cli("run", str(pipeline), "--once", cwd=tmp_path, env=support_env)
     assert len(read_envelopes(out)) == 10
     assert result.returncode != 0

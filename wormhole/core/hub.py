@@ -115,6 +115,9 @@ class Hub:
         self.failure: BaseException | None = None
         self.local_subscribers = True
         """Whether the transport runs the applications' sinks here (`wormhole run`)."""
+        self.once = False
+        """``--once``: a graceful stop must leave every application with everything; a
+        transport that cannot tell that it did fails the run instead of exiting 0."""
         self.failed: dict[str, BaseException] = {}
         """Applications stopped by an error of their own (a filter naming a missing column)."""
         self.plog: Any = None

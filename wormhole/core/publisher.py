@@ -150,6 +150,7 @@ class Publisher:
             hub = self.hub = Hub(pipeline, self._applications(store, plog))
             hub.failed.update(self.start_failures)
             hub.local_subscribers = self.local_subscribers
+            hub.once = self.once
             hub.plog = plog
             hub.store = store
             transport.start(hub)

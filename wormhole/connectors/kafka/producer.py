@@ -505,16 +505,31 @@ class KafkaTransport:
                 if not apps:
                     return
                 if time.monotonic() - progress > self.options.drain_timeout_s:
+                    behind = ", ".join(f"{app} ({last_lag[app]} offsets)" for app in apps)
+                    if self.hub.once:
+                        # --once promises every application everything: not so here.
+                        raise WormholeError(
+                            f"--once: applications did not consume every update: {behind} "
+                            f"behind in Kafka after {self.options.drain_timeout_s:g}s without "
+                            f"progress (transport.drain_timeout_s); see their subscribers' "
+                            f"messages above (a sink retrying a write, say). They resume from "
+                            f"their committed offsets on the next run"
+                        )
                     log.warning(
                         "applications %s did not catch up with Kafka within %gs without "
                         "progress; their subscribers stop now and resume from their committed "
                         "offsets next time",
-                        ", ".join(apps),
+                        behind,
                         self.options.drain_timeout_s,
                     )
                     return
                 time.sleep(0.1)
         except ck.KafkaException as exc:
+            if self.hub.once:
+                raise WormholeError(
+                    f"--once: cannot tell whether every application consumed everything: "
+                    f"reading their committed offsets failed ({exc})"
+                ) from exc
             log.warning("cannot read the applications' committed offsets: %s", exc)
         finally:
             for consumer in consumers.values():
@@ -536,7 +551,10 @@ class KafkaTransport:
                 self.abort.set()
                 self.thread.join(5)
         if drain and error is None:
-            self._caught_up()
+            try:
+                self._caught_up()
+            except WormholeError as exc:
+                error = exc  # the subscribers still stop first
         if self.processes is not None:
             stall = self.options.drain_timeout_s if drain else 1.0
             self.processes.stop(time.monotonic() + stall, stall=stall)
