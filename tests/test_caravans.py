@@ -245,3 +245,39 @@ def test_an_application_with_a_subscriber_is_never_parked_behind_one_without(
         for subscriber in subscribers:
             subscriber.stop()
         plog.close()
+
+
+def test_read_rates_of_caravans_that_are_gone_are_forgotten(tmp_path: Path) -> None:
+    """The live status keeps a read rate per caravan; caravans come and go for as long
+    as a pipeline runs (merges, splits), and their figures must go with them."""
+    from types import SimpleNamespace
+
+    from wormhole.core.hub import Hub
+    from wormhole.core.pipeline import parse_pipeline
+    from wormhole.core.publisher import Publisher
+    from wormhole.core.publisher_log import PublisherLog
+
+    pipeline = parse_pipeline(
+        "pipeline: rates\n"
+        f"state_dir: {tmp_path / 'state'}\n"
+        f"source: {{type: filelog, path: {tmp_path / 'data'}}}\n"
+        "applications: {a: {}}\n"
+    )
+    pipeline.state_dir.mkdir()
+    plog = PublisherLog(tmp_path / "log")
+    plog.open()
+    publisher = Publisher(pipeline)
+    hub = Hub(pipeline, {})
+    manager = SimpleNamespace(caravans=[])
+    publisher.caravans = manager  # type: ignore[assignment]
+    for round_ in range(50):
+        manager.caravans = [
+            SimpleNamespace(
+                applications=[], position=round_, batches=0, updates_read=round_, bytes_read=0
+            )
+        ]
+        publisher._write_live_status(plog, hub)
+    assert len(publisher._rates) == 1
+    live = json.loads((pipeline.state_dir / "live.json").read_text())
+    assert live["caravans"][0]["read_rate"] == 0.0  # a new caravan: no rate yet
+    plog.close()

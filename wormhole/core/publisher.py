@@ -87,7 +87,7 @@ class Publisher:
         self.transport_reads_log = False
         self.start_failures: dict[str, Exception] = {}
         self.caravans: CaravanManager | None = None
-        self._rates: dict[int, tuple[float, int]] = {}
+        self._rates: dict[int, tuple[Any, float, int]] = {}
 
     def request_reload(self) -> None:
         """Re-read the pipeline file (SIGHUP): add and remove applications."""
@@ -572,12 +572,14 @@ class Publisher:
         (caravans, their positions and read rates), rewritten every datamarker interval."""
         now = time.monotonic()
         caravans = []
+        rates: dict[int, tuple[Any, float, int]] = {}
         for caravan in list(self.caravans.caravans if self.caravans else []):
             last = self._rates.get(id(caravan))
             rate = 0.0
-            if last is not None and now > last[0]:
-                rate = (caravan.updates_read - last[1]) / (now - last[0])
-            self._rates[id(caravan)] = (now, caravan.updates_read)
+            # The caravan itself is kept with its figures: an id can be reused by a new one.
+            if last is not None and last[0] is caravan and now > last[1]:
+                rate = (caravan.updates_read - last[2]) / (now - last[1])
+            rates[id(caravan)] = (caravan, now, caravan.updates_read)
             caravans.append(
                 {
                     "applications": [a.name for a in caravan.applications],
@@ -588,6 +590,7 @@ class Publisher:
                     "read_rate": round(rate, 1),
                 }
             )
+        self._rates = rates  # caravans that are gone are forgotten
         status = {
             "pid": os.getpid(),
             "updated_ms": int(time.time() * 1000),
