@@ -1,13 +1,15 @@
 from __future__ import annotations
 
 import logging
+import os
 import zlib
 from pathlib import Path
+from typing import Any
 
 import pytest
 from conftest import fill_filesystem
 
-from wormhole.core.errors import LogCorruptError
+from wormhole.core.errors import LogCorruptError, StateError
 from wormhole.core.framing import HEADER_SIZE
 from wormhole.core.publisher_log import PublisherLog, inspect_log
 from wormhole.core.shard import shard_of, stable_hash
@@ -159,8 +161,6 @@ def test_inspect_reads_extent_without_changing_the_log(tmp_path: Path) -> None:
 
 
 def test_an_unwritable_log_directory_is_a_state_error(tmp_path: Path) -> None:
-    from wormhole.core.errors import StateError
-
     blocker = tmp_path / "file"
     blocker.write_text("not a directory")
     with pytest.raises(StateError, match="choose a writable state_dir"):
@@ -234,3 +234,117 @@ def test_a_truncated_rolled_segment_is_an_error_not_a_loop(tmp_path: Path) -> No
         for _ in range(100):
             assert reader.read() is not None
     again.close()
+
+
+# A segment roll with log.fsync off: the old segment's tail must reach the disk before the
+# new segment's header, and open() must notice when it did not (a log written before that
+# ordering, or a segment damaged since).
+def _record_durability_events(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, str]]:
+    """("sync", file name) for every fsync/fdatasync and ("create", name) for every os.open,
+    in call order: a power loss cannot run here, the order that decides what survives can."""
+    events: list[tuple[str, str]] = []
+    real_fsync, real_fdatasync, real_open = os.fsync, os.fdatasync, os.open
+
+    def name_of(fd: int) -> str:
+        return Path(os.readlink(f"/proc/self/fd/{fd}")).name
+
+    def fsync(fd: int) -> None:
+        events.append(("sync", name_of(fd)))
+        real_fsync(fd)
+
+    def fdatasync(fd: int) -> None:
+        events.append(("sync", name_of(fd)))
+        real_fdatasync(fd)
+
+    def open_(path: Any, flags: int, mode: int = 0o777, *, dir_fd: int | None = None) -> int:
+        events.append(("create", Path(path).name))
+        return real_open(path, flags, mode, dir_fd=dir_fd)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    monkeypatch.setattr(os, "fdatasync", fdatasync)
+    monkeypatch.setattr(os, "open", open_)
+    return events
+
+
+def test_a_roll_makes_the_old_segment_durable_before_the_new_header(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    plog = PublisherLog(tmp_path, roll_size=4096, fsync=False)
+    plog.open()
+    events = _record_durability_events(monkeypatch)
+    while len(plog.segments) < 2:
+        plog.append(updates(plog.next_seq, 10), {"pos": plog.next_seq})
+    assert ("sync", "log.0.0") in events
+    assert events.index(("sync", "log.0.0")) < events.index(("create", "log.0.1")), events
+    plog.close()
+
+
+def test_a_new_session_makes_the_recovered_segment_durable_before_its_header(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    crashed = PublisherLog(tmp_path, fsync=False)
+    crashed.open()
+    crashed.append(updates(0, 10), {"pos": 1})  # in the page cache only; then the crash
+    events = _record_durability_events(monkeypatch)
+    again = PublisherLog(tmp_path, fsync=False)
+    again.open()
+    assert ("sync", "log.0.0") in events
+    assert events.index(("sync", "log.0.0")) < events.index(("create", "log.1.0")), events
+    again.close()
+    crashed.close()
+
+
+@pytest.mark.parametrize("cut", ["at a record boundary", "inside a record"])
+def test_a_rolled_segment_that_lost_its_tail_is_reported_at_open(tmp_path: Path, cut: str) -> None:
+    plog = PublisherLog(tmp_path, roll_size=4096, fsync=False)
+    plog.open()
+    while len(plog.segments) < 3:
+        plog.append(updates(plog.next_seq, 10), {"pos": plog.next_seq})
+    old = plog.segments[0]
+    assert old.index
+    last_offset = old.index[-1][2]
+    plog.close()
+    # What a crash leaves when log.0.1's header reached the disk before log.0.0's last batch.
+    with open(old.path, "r+b") as f:
+        f.truncate(last_offset if cut == "at a record boundary" else last_offset + 30)
+    sizes = {p.name: p.stat().st_size for p in tmp_path.glob("log.*")}
+    with pytest.raises(StateError) as err:
+        PublisherLog(tmp_path, roll_size=4096).open()
+    message = str(err.value)
+    assert "log.0.0" in message and "log.0.1" in message, message
+    assert "restore" in message.lower(), message
+    # Nothing was cut, and no new session was started over the damage.
+    assert {p.name: p.stat().st_size for p in tmp_path.glob("log.*")} == sizes
+
+
+def test_open_accepts_every_roll_and_session_boundary_of_an_intact_log(tmp_path: Path) -> None:
+    for _session in range(3):
+        plog = PublisherLog(tmp_path, roll_size=4096, fsync=False)
+        plog.open()
+        for i in range(12):
+            plog.append(updates(plog.next_seq, 10), {"pos": i})
+        plog.close()
+    plog = PublisherLog(tmp_path, roll_size=4096)
+    assert plog.open().next_seq == 360
+    assert drain(plog, 0) == list(range(360))
+    plog.close()
+
+
+def test_a_rolled_segment_with_a_zero_filled_tail_is_a_gap_not_corruption(
+    tmp_path: Path,
+) -> None:
+    plog = PublisherLog(tmp_path, roll_size=4096, fsync=False)
+    plog.open()
+    while len(plog.segments) < 2:
+        plog.append(updates(plog.next_seq, 10), {"pos": plog.next_seq})
+    old = plog.segments[0]
+    assert old.index
+    last_offset = old.index[-1][2]
+    plog.close()
+    # Blocks allocated for the last batch but never written before power loss.
+    size = old.path.stat().st_size
+    with open(old.path, "r+b") as f:
+        f.seek(last_offset)
+        f.write(b"\0" * (size - last_offset + (2 << 20)))
+    with pytest.raises(StateError, match=r"log\.0\.0 ends at seq .* log\.0\.1 starts"):
+        PublisherLog(tmp_path, roll_size=4096).open()

@@ -40,6 +40,8 @@ from wormhole.core.errors import LogCorruptError, StateError
 from wormhole.core.framing import (
     HEADER,
     HEADER_SIZE,
+    MAGIC,
+    VERSION,
     TornTail,
     fsync_directory,
     log_file_key,
@@ -55,6 +57,7 @@ log = logging.getLogger("wormhole.publisher_log")
 KIND_SEGMENT = 1
 KIND_BATCH = 2
 DEFAULT_ROLL_SIZE = 1 << 30
+_SCAN_WINDOW = 1 << 16
 
 
 class SegmentHeader(msgspec.Struct):
@@ -205,6 +208,7 @@ class PublisherLog:
                 Segment(session, roll, path, header.first_seq, size=path.stat().st_size)
             )
         segments.reverse()
+        self._check_continuity(segments)
         for older, newer in itertools.pairwise(segments):
             older.end_seq = newer.first_seq
         self.segments = segments
@@ -256,6 +260,38 @@ class PublisherLog:
                 raise LogCorruptError(str(path), torn.offset, torn.reason) from None
         raise LogCorruptError(str(path), 0, "empty segment in the middle of the log")
 
+    def _check_continuity(self, segments: list[Segment]) -> None:
+        """Each rolled segment must end where the next one starts.
+
+        A segment's header is written only after the segment before it is durable, but a log
+        written without that ordering (or damaged since) can hold a later segment whose
+        predecessor lost its tail in a crash; readers would fail on that gap much later.
+        """
+        for older, newer in itertools.pairwise(segments):
+            end, whole, size = _segment_extent(older.path)
+            if end == newer.first_seq:
+                continue
+            cut = (
+                f" ({older.name} holds whole records only up to byte {whole} of {size})"
+                if whole != size
+                else ""
+            )
+            if end < newer.first_seq:
+                what = (
+                    f"updates {end} to {newer.first_seq - 1} are missing (what a crash leaves "
+                    f"when {newer.name} reached the disk before the end of {older.name}, "
+                    f"possible with log.fsync: false)"
+                )
+            else:
+                what = "the two segments overlap, so they do not belong to the same log"
+            raise StateError(
+                f"publisher log {self.directory}: {older.name} ends at seq {end} but the "
+                f"next segment {newer.name} starts at seq {newer.first_seq}{cut}; {what}. "
+                f"Restore {older.name} from a copy, or start over with a new state_dir; to "
+                f"keep the later segments and accept the loss, move {older.name} and every "
+                f"segment before it out of {self.directory}"
+            )
+
     def _recover_segment(
         self, session: int, roll: int, path: Path, truncated: list[str]
     ) -> tuple[Segment, bytes, int] | None:
@@ -302,6 +338,9 @@ class PublisherLog:
                 os.fsync(f.fileno())
                 truncated.append(f"{path.name}@{torn.offset}")
                 good_end = torn.offset
+            # With log.fsync off this segment may be in the page cache only; it must be on
+            # disk before the new session's first segment is, or a crash leaves a gap.
+            os.fsync(f.fileno())
         if header is None:
             path.unlink()
             fsync_directory(str(self.directory))
@@ -317,7 +356,12 @@ class PublisherLog:
             SegmentHeader(session, roll, self.next_seq, Raw(self._checkpoint_raw))
         )
         record = make_frame(KIND_SEGMENT, self.next_seq, 0, header)
+        old = self._fd
         try:
+            if old is not None:
+                # With log.fsync off the old segment's tail may still be in the page cache;
+                # if the new header reached the disk first, a crash would leave a gap.
+                os.fsync(old)
             fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_APPEND, 0o644)
             _write_all(fd, record)
             os.fsync(fd)
@@ -326,9 +370,8 @@ class PublisherLog:
             raise StateError(
                 f"cannot write the publisher log segment {path}: {exc.strerror}"
             ) from exc
-        old, self._fd = self._fd, fd
+        self._fd = fd
         if old is not None:
-            os.fsync(old)  # with fsync off, a roll is still a point of durability
             os.close(old)
         with self._lock:
             self.segments.append(
@@ -478,9 +521,11 @@ class PublisherLog:
                 segment.path.unlink()
                 removed.append(segment.name)
             except FileNotFoundError:
-                pass
-        if removed:
+                continue
+            # Oldest first, each removal durable before the next: a crash in between leaves
+            # the log without its oldest segments, never with a hole that open() rejects.
             fsync_directory(str(self.directory))
+        if removed:
             log.info("garbage-collected publisher log segments %s", ", ".join(removed))
         return removed
 
@@ -577,6 +622,51 @@ class LogReader:
         if len(updates) != count or record.first != first:
             raise LogCorruptError(str(segment.path), offset, "record does not match its index")
         return Batch.of(first, updates)
+
+
+def _segment_extent(path: Path) -> tuple[int, int, int]:
+    """``(end seq, bytes of whole records, file size)`` of a segment, from record headers.
+
+    A tail that is cut short or zero-filled ends the whole records; damage with data
+    after it is corruption.
+    """
+    unpack = HEADER.unpack_from
+    with open(path, "rb", buffering=0) as f:
+        fd = f.fileno()
+        size = os.fstat(fd).st_size
+        end = 0
+        offset = 0
+        # Headers are read through a window so that a segment of small records costs one
+        # read per window, not one per record.
+        window = b""
+        window_at = 0
+        while offset + HEADER_SIZE <= size:
+            at = offset - window_at
+            if at + HEADER_SIZE > len(window):
+                window = os.pread(fd, _SCAN_WINDOW, offset)
+                window_at, at = offset, 0
+            magic, version, kind, length, _crc, first, count = unpack(window, at)
+            if magic != MAGIC or version != VERSION:
+                if _zero_from(fd, offset, size):
+                    break
+                raise LogCorruptError(str(path), offset, "bad record header")
+            if offset + HEADER_SIZE + length > size:
+                break
+            if kind == KIND_SEGMENT:
+                end = first
+            elif kind == KIND_BATCH:
+                end = first + count
+            offset += HEADER_SIZE + length
+    return end, offset, size
+
+
+def _zero_from(fd: int, offset: int, size: int) -> bool:
+    while offset < size:
+        chunk = os.pread(fd, min(size - offset, 1 << 20), offset)
+        if not chunk or chunk.count(0) != len(chunk):
+            return False
+        offset += len(chunk)
+    return True
 
 
 def _write_all(fd: int, data: bytes) -> None:
