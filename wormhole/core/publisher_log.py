@@ -13,6 +13,10 @@ and the source checkpoint after them. So the newest segment alone tells where th
 source must resume, and the source is confirmed only after the batch that
 contains its changes is on disk.
 
+A batch whose record would exceed ``max_record`` bytes is written as several
+*batch part* records followed by one batch record; only that last record carries
+the checkpoint, so recovery cuts back an incomplete batch as a whole.
+
 Updates are numbered by a publisher sequence number (``seq``) that runs across
 sessions and rolls: a datamarker is a seq, meaning "every update before this one
 was handled".
@@ -36,10 +40,13 @@ from typing import Any, BinaryIO
 import msgspec
 from msgspec import Raw
 
-from wormhole.core.errors import LogCorruptError, StateError
+from wormhole.core.errors import LogCorruptError, SourceError, StateError
 from wormhole.core.framing import (
     HEADER,
     HEADER_SIZE,
+    MAGIC,
+    MAX_RECORD,
+    VERSION,
     TornTail,
     fsync_directory,
     log_file_key,
@@ -54,7 +61,14 @@ log = logging.getLogger("wormhole.publisher_log")
 
 KIND_SEGMENT = 1
 KIND_BATCH = 2
+# Kinds 3 and 4 are the LogWriter's.
+KIND_BATCH_PART = 5
+"""An early part of a batch too large for one record; the batch ends with a KIND_BATCH record."""
+BATCH_KINDS = (KIND_BATCH, KIND_BATCH_PART)
 DEFAULT_ROLL_SIZE = 1 << 30
+DEFAULT_MAX_RECORD = MAX_RECORD
+"""The longest record payload written: what recovery accepts as whole (framing.MAX_RECORD)."""
+_SCAN_WINDOW = 1 << 16
 
 
 class SegmentHeader(msgspec.Struct):
@@ -97,7 +111,8 @@ class PreparedBatch:
     updates: list[Update]
     checkpoint: Any
     checkpoint_raw: bytes
-    record: bytes
+    records: list[tuple[int, int, bytes]]
+    """``(first seq, count, framed record)``: one record, or the parts of a large batch."""
 
 
 @dataclass(slots=True)
@@ -138,9 +153,16 @@ class PublisherLog:
         roll_size: int = DEFAULT_ROLL_SIZE,
         fsync: bool = True,
         tail_updates: int = 262_144,
+        max_record: int = DEFAULT_MAX_RECORD,
     ) -> None:
+        if not 0 < max_record <= MAX_RECORD:
+            raise ValueError(
+                f"max_record {max_record} is outside 1 to {MAX_RECORD} (framing.MAX_RECORD), "
+                f"the longest record recovery accepts as whole"
+            )
         self.directory = Path(directory)
         self.roll_size = roll_size
+        self.max_record = max_record
         self.fsync = fsync
         self.tail_updates = tail_updates
         self.segments: list[Segment] = []
@@ -205,6 +227,7 @@ class PublisherLog:
                 Segment(session, roll, path, header.first_seq, size=path.stat().st_size)
             )
         segments.reverse()
+        self._check_continuity(segments)
         for older, newer in itertools.pairwise(segments):
             older.end_seq = newer.first_seq
         self.segments = segments
@@ -256,6 +279,38 @@ class PublisherLog:
                 raise LogCorruptError(str(path), torn.offset, torn.reason) from None
         raise LogCorruptError(str(path), 0, "empty segment in the middle of the log")
 
+    def _check_continuity(self, segments: list[Segment]) -> None:
+        """Each rolled segment must end where the next one starts.
+
+        A segment's header is written only after the segment before it is durable, but a log
+        written without that ordering (or damaged since) can hold a later segment whose
+        predecessor lost its tail in a crash; readers would fail on that gap much later.
+        """
+        for older, newer in itertools.pairwise(segments):
+            end, whole, size = _segment_extent(older.path)
+            if end == newer.first_seq:
+                continue
+            cut = (
+                f" ({older.name} holds whole records only up to byte {whole} of {size})"
+                if whole != size
+                else ""
+            )
+            if end < newer.first_seq:
+                what = (
+                    f"updates {end} to {newer.first_seq - 1} are missing (what a crash leaves "
+                    f"when {newer.name} reached the disk before the end of {older.name}, "
+                    f"possible with log.fsync: false)"
+                )
+            else:
+                what = "the two segments overlap, so they do not belong to the same log"
+            raise StateError(
+                f"publisher log {self.directory}: {older.name} ends at seq {end} but the "
+                f"next segment {newer.name} starts at seq {newer.first_seq}{cut}; {what}. "
+                f"Restore {older.name} from a copy, or start over with a new state_dir; to "
+                f"keep the later segments and accept the loss, move {older.name} and every "
+                f"segment before it out of {self.directory}"
+            )
+
     def _recover_segment(
         self, session: int, roll: int, path: Path, truncated: list[str]
     ) -> tuple[Segment, bytes, int] | None:
@@ -264,6 +319,10 @@ class PublisherLog:
         next_seq = 0
         index: list[tuple[int, int, int]] = []
         good_end = 0
+        # (offset, index length, next_seq) where the parts of a batch began, until its last
+        # record arrives: the parts alone are a batch that was never confirmed.
+        incomplete: tuple[int, int, int] | None = None
+        cut: int | None = None
         with open(path, "r+b") as f:
             try:
                 for record in read_records(f, str(path)):
@@ -275,33 +334,52 @@ class PublisherLog:
                         header = _header_decoder.decode(record.payload)
                         checkpoint = bytes(header.checkpoint)
                         next_seq = header.first_seq
-                    elif record.kind == KIND_BATCH:
+                    elif record.kind in BATCH_KINDS:
                         if record.first != next_seq:
                             raise LogCorruptError(
                                 str(path),
                                 record.offset,
                                 f"batch starts at seq {record.first}, expected {next_seq}",
                             )
-                        raw_checkpoint, _ = _batch_decoder.decode(record.payload)
-                        checkpoint = bytes(raw_checkpoint)
+                        if record.kind == KIND_BATCH:
+                            raw_checkpoint, _ = _batch_decoder.decode(record.payload)
+                            checkpoint = bytes(raw_checkpoint)
+                            incomplete = None
+                        elif incomplete is None:
+                            incomplete = (record.offset, len(index), next_seq)
                         index.append((record.first, record.count, record.offset))
                         next_seq = record.first + record.count
                     good_end = record.end
             except TornTail as torn:
-                size = os.fstat(f.fileno()).st_size
                 log.warning(
                     "%s: torn tail at offset %d (%s); truncating %d bytes left by an "
                     "interrupted write",
                     path,
                     torn.offset,
                     torn.reason,
-                    size - torn.offset,
+                    os.fstat(f.fileno()).st_size - torn.offset,
                 )
-                f.truncate(torn.offset)
+                cut = good_end = torn.offset
+            if incomplete is not None:
+                offset, kept, resume = incomplete
+                log.warning(
+                    "%s: an incomplete batch from seq %d at offset %d (its last record, which "
+                    "carries the checkpoint, is missing); truncating it: it was never "
+                    "confirmed, so the source sends it again",
+                    path,
+                    resume,
+                    offset,
+                )
+                del index[kept:]
+                next_seq = resume
+                cut = good_end = offset
+            if cut is not None:
+                f.truncate(cut)
                 f.flush()
-                os.fsync(f.fileno())
-                truncated.append(f"{path.name}@{torn.offset}")
-                good_end = torn.offset
+                truncated.append(f"{path.name}@{cut}")
+            # With log.fsync off this segment may be in the page cache only; it must be on
+            # disk before the new session's first segment is, or a crash leaves a gap.
+            os.fsync(f.fileno())
         if header is None:
             path.unlink()
             fsync_directory(str(self.directory))
@@ -317,7 +395,12 @@ class PublisherLog:
             SegmentHeader(session, roll, self.next_seq, Raw(self._checkpoint_raw))
         )
         record = make_frame(KIND_SEGMENT, self.next_seq, 0, header)
+        old = self._fd
         try:
+            if old is not None:
+                # With log.fsync off the old segment's tail may still be in the page cache;
+                # if the new header reached the disk first, a crash would leave a gap.
+                os.fsync(old)
             fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_APPEND, 0o644)
             _write_all(fd, record)
             os.fsync(fd)
@@ -326,9 +409,8 @@ class PublisherLog:
             raise StateError(
                 f"cannot write the publisher log segment {path}: {exc.strerror}"
             ) from exc
-        old, self._fd = self._fd, fd
+        self._fd = fd
         if old is not None:
-            os.fsync(old)  # with fsync off, a roll is still a point of durability
             os.close(old)
         with self._lock:
             self.segments.append(
@@ -344,11 +426,47 @@ class PublisherLog:
         in the order they were prepared.
         """
         first = self._reserved
-        self._reserved += len(updates)
         checkpoint_raw = _encoder.encode(checkpoint)
         payload = _encoder.encode((Raw(checkpoint_raw), updates))
-        record = make_frame(KIND_BATCH, first, len(updates), payload)
-        return PreparedBatch(first, updates, checkpoint, checkpoint_raw, record)
+        if len(payload) <= self.max_record:
+            records = [(first, len(updates), make_frame(KIND_BATCH, first, len(updates), payload))]
+        else:
+            del payload  # over the bound (1 GiB by default): not worth holding twice
+            records = self._split(first, updates, checkpoint_raw)
+        self._reserved += len(updates)
+        return PreparedBatch(first, updates, checkpoint, checkpoint_raw, records)
+
+    def _split(
+        self, first: int, updates: list[Update], checkpoint_raw: bytes
+    ) -> list[tuple[int, int, bytes]]:
+        """The records of a batch too large for one: parts, then the last with the checkpoint.
+
+        Payloads are joined from each update's own encoding, byte for byte as the encoder
+        writes them (``[checkpoint,[u1,u2]]``), so every record's size is known before it
+        is built.
+        """
+        encoded = [_encoder.encode(u) for u in updates]
+        overhead = max(len(b"[null,[]]"), len(checkpoint_raw) + len(b"[,[]]"))
+        try:
+            ranges = split_ranges([len(e) for e in encoded], overhead, self.max_record)
+        except UpdateTooLarge as err:
+            raise _too_large(updates[err.index], err.size, self.max_record) from None
+        records = []
+        for i, (start, stop) in enumerate(ranges):
+            last = i == len(ranges) - 1
+            payload = b"".join(
+                (
+                    b"[",
+                    checkpoint_raw if last else b"null",
+                    b",[",
+                    b",".join(encoded[start:stop]),
+                    b"]]",
+                )
+            )
+            kind = KIND_BATCH if last else KIND_BATCH_PART
+            seq = first + start
+            records.append((seq, stop - start, make_frame(kind, seq, stop - start, payload)))
+        return records
 
     def discard_prepared(self) -> None:
         """Forget batches prepared but not committed (the writer gave up on them)."""
@@ -366,10 +484,11 @@ class PublisherLog:
                 f"batch prepared at seq {prepared.first_seq} committed at {self.next_seq}"
             )
         updates = prepared.updates
-        record = prepared.record
+        records = prepared.records
         segment = self.segments[-1]
         try:
-            _write_all(self._fd, record)
+            for _first, _count, record in records:
+                _write_all(self._fd, record)
             if self.fsync:
                 os.fdatasync(self._fd)
         except OSError:
@@ -382,12 +501,13 @@ class PublisherLog:
         batch = Batch.of(first, updates, time.monotonic_ns())
         with self._lock:
             assert segment.index is not None
-            segment.index.append((first, len(updates), segment.size))
-            segment.size += len(record)
+            for record_first, count, record in records:
+                segment.index.append((record_first, count, segment.size))
+                segment.size += len(record)
+                self.bytes_written += len(record)
             self.next_seq = batch.end_seq
             self.checkpoint = prepared.checkpoint
             self._checkpoint_raw = prepared.checkpoint_raw
-            self.bytes_written += len(record)
             if updates:
                 self._tail.append(batch)
                 self._tail_starts.append(first)
@@ -478,9 +598,11 @@ class PublisherLog:
                 segment.path.unlink()
                 removed.append(segment.name)
             except FileNotFoundError:
-                pass
-        if removed:
+                continue
+            # Oldest first, each removal durable before the next: a crash in between leaves
+            # the log without its oldest segments, never with a hole that open() rejects.
             fsync_directory(str(self.directory))
+        if removed:
             log.info("garbage-collected publisher log segments %s", ", ".join(removed))
         return removed
 
@@ -544,7 +666,7 @@ class LogReader:
             raise LogCorruptError(
                 str(segment.path), end, f"the segment ends inside a record ({size} bytes)"
             )
-        index = [(r.first, r.count, r.offset) for r in records if r.kind == KIND_BATCH]
+        index = [(r.first, r.count, r.offset) for r in records if r.kind in BATCH_KINDS]
         with self.log._lock:
             if segment.index is None:
                 segment.index = index
@@ -577,6 +699,95 @@ class LogReader:
         if len(updates) != count or record.first != first:
             raise LogCorruptError(str(segment.path), offset, "record does not match its index")
         return Batch.of(first, updates)
+
+
+class UpdateTooLarge(Exception):
+    """Update ``index`` of a batch, ``size`` bytes encoded, fits no record."""
+
+    def __init__(self, index: int, size: int) -> None:
+        super().__init__(index, size)
+        self.index = index
+        self.size = size
+
+
+def split_ranges(sizes: list[int], overhead: int, bound: int) -> list[tuple[int, int]]:
+    """Consecutive ``(start, stop)`` slices of a batch's updates, each a record within ``bound``.
+
+    ``sizes`` are the updates' encoded lengths; a record's payload is ``overhead`` bytes
+    plus its updates and a comma between each two. Raises UpdateTooLarge for an update that
+    does not fit a record on its own.
+    """
+    ranges = []
+    start = 0
+    used = overhead
+    for i, size in enumerate(sizes):
+        if overhead + size > bound:
+            raise UpdateTooLarge(i, size)
+        grown = used + size + (1 if i > start else 0)
+        if grown > bound:
+            ranges.append((start, i))
+            start, grown = i, overhead + size
+        used = grown
+    ranges.append((start, len(sizes)))
+    return ranges
+
+
+def _too_large(update: Update, size: int, bound: int) -> SourceError:
+    key = msgspec.json.encode(update.key).decode()
+    if len(key) > 200:
+        key = key[:200] + "…"
+    at = f" at {update.position}" if update.position else ""
+    return SourceError(
+        f"an update too large for the publisher log: table {update.table or '?'}, key {key}"
+        f"{at} encodes to {size:,} bytes, over the {bound:,}-byte limit of a record. It "
+        f"cannot be published: leave its table out of the source, or keep values this "
+        f"large out of the database"
+    )
+
+
+def _segment_extent(path: Path) -> tuple[int, int, int]:
+    """``(end seq, bytes of whole records, file size)`` of a segment, from record headers.
+
+    A tail that is cut short or zero-filled ends the whole records; damage with data
+    after it is corruption.
+    """
+    unpack = HEADER.unpack_from
+    with open(path, "rb", buffering=0) as f:
+        fd = f.fileno()
+        size = os.fstat(fd).st_size
+        end = 0
+        offset = 0
+        # Headers are read through a window so that a segment of small records costs one
+        # read per window, not one per record.
+        window = b""
+        window_at = 0
+        while offset + HEADER_SIZE <= size:
+            at = offset - window_at
+            if at + HEADER_SIZE > len(window):
+                window = os.pread(fd, _SCAN_WINDOW, offset)
+                window_at, at = offset, 0
+            magic, version, kind, length, _crc, first, count = unpack(window, at)
+            if magic != MAGIC or version != VERSION:
+                if _zero_from(fd, offset, size):
+                    break
+                raise LogCorruptError(str(path), offset, "bad record header")
+            if offset + HEADER_SIZE + length > size:
+                break
+            if kind == KIND_SEGMENT:
+                end = first
+            elif kind in BATCH_KINDS:
+                end = first + count
+            offset += HEADER_SIZE + length
+    return end, offset, size
+
+
+def _zero_from(fd: int, offset: int, size: int) -> bool:
+    while offset < size:
+        chunk = os.pread(fd, min(size - offset, 1 << 20), offset)
+        if not chunk or chunk.count(0) != len(chunk):
+            return False
+        offset += len(chunk)
+    return True
 
 
 def _write_all(fd: int, data: bytes) -> None:
@@ -651,7 +862,7 @@ def read_log_range(
             continue  # collected meanwhile: the coverage check below notices a gap
         with f:
             for record in list(scan_headers(f, str(path))):
-                if record.kind != KIND_BATCH or record.count == 0:
+                if record.kind not in BATCH_KINDS or record.count == 0:
                     continue
                 last = record.first + record.count
                 if last <= covered or record.first >= end:
@@ -695,7 +906,7 @@ def position_at_time(directory: str | os.PathLike[str], ts_ms: int) -> int | Non
             continue
         with f:
             for record in list(scan_headers(f, str(path))):
-                if record.kind != KIND_BATCH or record.count == 0:
+                if record.kind not in BATCH_KINDS or record.count == 0:
                     continue
                 end = max(end, record.first + record.count)
                 _, updates = _updates_only_decoder.decode(
