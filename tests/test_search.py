@@ -23,12 +23,13 @@ import pytest
 from conftest import REPO
 from tcp_support import Process
 
+from wormhole.connectors.filelog import natural_name
 from wormhole.connectors.search import SearchOptions, make_sink, query, tantivy_engine
 from wormhole.connectors.search.opensearch import OpenSearchUnavailable
 from wormhole.core.datamarkers import read_datamarkers
 from wormhole.core.errors import SinkError
 from wormhole.core.update import Update
-from wormhole.core.versions import natural_name, version_number, version_of
+from wormhole.core.versions import version_number, version_of
 from wormhole.plugins.components import SinkContext
 from wormhole.publish import LogWriter
 from wormhole.testing import run_cli, wait_until, write_pipeline

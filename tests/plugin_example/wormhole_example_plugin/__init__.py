@@ -5,19 +5,31 @@ Registers, through the ``wormhole`` entry-point group:
 * a ``csv`` sink writing ``op,table,key,after`` rows (fsynced before the batch
   is acknowledged), and
 * a ``key-range`` filter keeping updates whose integer key column lies in
-  ``[low, high]``.
+  ``[low, high]``, and
+* a ``ledger`` source reading a file of numbered entries, with its own position
+  mapper, so that replay-safe sinks can order its updates per key.
 """
 
 from __future__ import annotations
 
 import csv
 import io
+import json
 import os
+from typing import Any
 
 from pydantic import Field
 
 from wormhole.core.update import Update
-from wormhole.plugins.components import ComponentSpec, Options, SinkContext
+from wormhole.plugins.components import (
+    ComponentSpec,
+    NoOptions,
+    Options,
+    SinkContext,
+    SourceBatch,
+    SourceContext,
+    Version,
+)
 from wormhole.plugins.hookspecs import hookimpl
 
 
@@ -99,5 +111,98 @@ def wormhole_filters() -> list[ComponentSpec]:
             factory=key_range,
             options=KeyRangeOptions,
             description="Keep updates whose integer key column lies in [low, high].",
+        )
+    ]
+
+
+class LedgerOptions(Options):
+    """A ledger: one JSON object per line, ``{"n": N, "table", "op", "key", "after"}``, with
+    ``n`` growing along the file (a datastore's own change numbers)."""
+
+    path: str
+
+
+class LedgerSource:
+    """Reads the whole ledger once; the native position of an entry is ``ledger:<n>``."""
+
+    def __init__(self, options: LedgerOptions) -> None:
+        self.options = options
+        self.entries: list[dict[str, Any]] = []
+        self.done = 0
+
+    def open(self, context: SourceContext, checkpoint: Any) -> None:
+        with open(self.options.path) as f:
+            self.entries = [json.loads(line) for line in f if line.strip()]
+        self.done = int(checkpoint or 0)
+
+    def read(self, timeout: float) -> SourceBatch | None:
+        if self.done >= len(self.entries):
+            return None
+        updates = [
+            Update.create(
+                op=e["op"],
+                key=e["key"],
+                after=e.get("after"),
+                table=e["table"],
+                connector="ledger",
+                position=f"ledger:{e['n']}",
+                logical=f"ledger:{e['n']}",
+            )
+            for e in self.entries[self.done :]
+        ]
+        self.done = len(self.entries)
+        return SourceBatch(updates, self.done)
+
+    def capture_end(self) -> Any:
+        return len(self.entries)
+
+    def reached(self, end: Any) -> bool:
+        return self.done >= int(end)
+
+    def confirm(self, checkpoint: Any) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+class LedgerPositionMapper:
+    """``ledger:<n>`` is the same on every copy; an entry's version is ``(n,)``."""
+
+    def __init__(self, options: NoOptions | None = None) -> None:
+        pass
+
+    def to_logical(self, native: str) -> str:
+        return native
+
+    def to_native(self, logical: str) -> str:
+        return logical
+
+    def version(self, update: Update) -> Version:
+        return (int(update.position.rsplit(":", 1)[1]),)
+
+
+@hookimpl
+def wormhole_sources() -> list[ComponentSpec]:
+    return [
+        ComponentSpec(
+            kind="source",
+            name="ledger",
+            factory=LedgerSource,
+            options=LedgerOptions,
+            description="Numbered entries from a ledger file.",
+        )
+    ]
+
+
+@hookimpl
+def wormhole_position_mappers() -> list[ComponentSpec]:
+    return [
+        ComponentSpec(
+            kind="position_mapper",
+            name="ledger",
+            factory=LedgerPositionMapper,
+            options=NoOptions,
+            description="Ledger entry numbers as per-key versions.",
         )
     ]

@@ -7,7 +7,8 @@ from typing import Any
 from pydantic import Field
 
 from wormhole.connectors.mysql.options import MySQLOptions
-from wormhole.plugins.components import ComponentSpec, Options
+from wormhole.core.update import Update
+from wormhole.plugins.components import ComponentSpec, Options, Version
 from wormhole.plugins.hookspecs import hookimpl
 
 
@@ -20,7 +21,11 @@ def _source(options: MySQLOptions) -> Any:
 class MapperOptions(Options):
     """Where to look positions up."""
 
-    dsn: str = Field(description="the server whose binlog the positions refer to (mysql://...)")
+    dsn: str | None = Field(
+        None,
+        description="the server whose binlog the positions refer to (mysql://...); needed to "
+        "map positions, not for versions",
+    )
 
 
 class MySQLPositionMapper:
@@ -31,14 +36,40 @@ class MySQLPositionMapper:
     change of that transaction" (index -1). Binlog file names and offsets differ
     on every copy of a database; GTIDs do not, so compare logical positions across
     servers.
+
+    Versions (MariaDB): ``logical`` is the transaction's GTID
+    ``domain-server-sequence`` and the last part of ``position`` the change's index
+    in the transaction; a change's version is ``(sequence, index + 1)``. MariaDB keeps
+    a domain's sequence numbers increasing across servers, so versions stay
+    comparable after the source moves to a replica. A snapshot read is ``(lowest
+    sequence in the snapshot's GTID position, 0)``. Sequence numbers of different
+    GTID domains are compared as they are, so rows written through several domains
+    get no protection beyond per-key order. MySQL GTIDs (``uuid:sequence``) restart
+    with every server uuid: they give no version.
     """
 
     def __init__(self, options: MapperOptions) -> None:
-        self.settings = MySQLOptions(dsn=options.dsn).connection()
+        self.settings = MySQLOptions(dsn=options.dsn).connection() if options.dsn else None
+
+    def version(self, update: Update) -> Version | None:
+        if ":" in update.logical:
+            return None  # MySQL uuid:sequence
+        if update.op == "r":
+            parts = [p for p in update.logical.split(",") if p.strip()]
+            if not parts:
+                return None
+            return (min(_gtid_sequence(p) for p in parts), 0)
+        index = update.position.rsplit(":", 1)[1]
+        return (_gtid_sequence(update.logical), int(index) + 1)
 
     def _events(self, sql: str, args: Any = None) -> list[tuple[Any, ...]]:
         import pymysql
 
+        if self.settings is None:
+            raise ValueError(
+                "position_mapper mysql: set its dsn to the server whose binlog the positions "
+                "refer to"
+            )
         conn = pymysql.connect(**self.settings, autocommit=True)
         try:
             with conn.cursor() as cur:
@@ -62,6 +93,13 @@ class MySQLPositionMapper:
                 if str(row[2]).lower() == "gtid" and _gtid_of(str(row[5])) == logical:
                     return f"{file}:{row[1]}:-1"
         raise ValueError(f"GTID {logical} is not in the server's binlogs (purged?)")
+
+
+def _gtid_sequence(gtid: str) -> int:
+    parts = gtid.strip().split("-")
+    if len(parts) != 3 or not all(p.isdigit() for p in parts):
+        raise ValueError(f"not a MariaDB GTID: {gtid!r}")
+    return int(parts[2])
 
 
 def _gtid_of(info: str) -> str:

@@ -5,7 +5,8 @@ from __future__ import annotations
 from typing import Any
 
 from wormhole.connectors.postgres.options import PostgresOptions
-from wormhole.plugins.components import ComponentSpec, NoOptions
+from wormhole.core.update import Update
+from wormhole.plugins.components import ComponentSpec, NoOptions, Version
 from wormhole.plugins.hookspecs import hookimpl
 
 
@@ -20,6 +21,10 @@ class PostgresPositionMapper:
 
     A logical position names a whole transaction; mapped back it means "before
     the first change of that transaction".
+
+    Versions: a change's is ``(commit LSN, index + 1)``. A snapshot read (op ``r``)
+    is ``(snapshot LSN, 0)``: every key is read once, and every change streamed
+    after the snapshot commits at or after that LSN, so it is newer.
     """
 
     def to_logical(self, native: str) -> str:
@@ -27,6 +32,19 @@ class PostgresPositionMapper:
 
     def to_native(self, logical: str) -> str:
         return f"{logical.partition(':')[0]}:-1"
+
+    def version(self, update: Update) -> Version:
+        lsn, _, index = update.position.rpartition(":")
+        if update.op == "r":
+            return (_lsn(lsn), 0)
+        return (_lsn(lsn), int(index) + 1)
+
+
+def _lsn(text: str) -> int:
+    high, slash, low = text.partition("/")
+    if not slash:
+        raise ValueError(f"not an LSN: {text!r}")
+    return (int(high, 16) << 32) | int(low, 16)
 
 
 @hookimpl
