@@ -13,10 +13,11 @@ from types import FrameType
 from typing import Any
 
 from wormhole.core.errors import ConfigError, WormholeError
-from wormhole.core.pipeline import Pipeline, load_pipeline, sink_application
+from wormhole.core.pipeline import Pipeline, load_pipeline
 from wormhole.core.publisher import Publisher, RunSummary, tune_gc
 from wormhole.core.publisher_log import inspect_log
-from wormhole.plugins.components import KINDS
+from wormhole.core.subscriber import catch_stop_signals
+from wormhole.plugins.components import KINDS, SubscribeRequest
 
 EXIT_OK = 0
 EXIT_USAGE = 2
@@ -118,63 +119,19 @@ def _exit_with_parent(parent: int) -> None:
 
 
 def cmd_subscribe(args: argparse.Namespace) -> int:
+    catch_stop_signals()
     if args.exit_with_parent:
         _exit_with_parent(args.exit_with_parent)
-    from wormhole.connectors.tcp.client import Subscriber
-    from wormhole.connectors.tcp.options import TcpOptions
-    from wormhole.connectors.tcp.server import read_address
-
     pipeline = _load(args.pipeline)
     tune_gc()  # a subscriber decodes many short-lived objects too
-    if pipeline.transport.type == "kafka":
-        from wormhole.connectors.kafka.consumer import subscribe_command
-
-        return subscribe_command(pipeline, args.app, args.instance)
-    options = pipeline.transport.options
-    if not isinstance(options, TcpOptions):
+    subscribe = pipeline.transport.registered.spec.subscribe
+    if subscribe is None:
         raise ConfigError(
             f"transport.type: {pipeline.transport.type} has no separate subscribers; "
-            f"`wormhole subscribe` needs the tcp transport",
+            f"`wormhole subscribe` needs a transport that has them",
             pipeline.file,
         )
-    app, sink_component = sink_application(pipeline, args.app, "wormhole.Subscriber")
-    publishers: Any = args.publisher or []
-    if not publishers:
-        from wormhole.connectors.tcp.protocol import parse_address
-
-        host, port = parse_address(options.listen)
-        if port:
-            publishers = [f"{'127.0.0.1' if host in ('0.0.0.0', '::') else host}:{port}"]
-        elif (address := read_address(pipeline.state_dir)) is not None:
-            # Read again before every connection: a restarted publisher gets a new port.
-            state_dir = pipeline.state_dir
-            last = [address]
-
-            def publishers() -> list[str]:
-                found = read_address(state_dir)
-                if found:
-                    last[0] = found
-                return [last[0]]
-        else:
-            raise ConfigError(
-                "--publisher: the publisher listens on a port chosen at start "
-                f"(transport.listen {options.listen}) and no running publisher left its address "
-                f"in {pipeline.state_dir}; pass --publisher HOST:PORT or set a fixed port",
-                pipeline.file,
-            )
-    tls = options.tls.client_context() if options.tls is not None else None
-    subscriber = Subscriber(
-        app.name,
-        publishers,
-        options.token,
-        instance=str(args.instance),
-        tls=tls,
-        server_name=options.tls.server_name if options.tls else None,
-        credits=options.credits,
-        heartbeat_ms=options.heartbeat_ms,
-        heartbeat_timeout_ms=options.heartbeat_timeout_ms,
-    )
-    subscriber.serve_sink(sink_component, pipeline, app, args.instance)
+    subscribe(SubscribeRequest(pipeline, args.app, args.instance, args.publisher or []))
     return EXIT_OK
 
 

@@ -167,6 +167,10 @@ class SubscriberProcesses:
                 f"finish closing (transport.drain_timeout_s is how long a stopping subscriber "
                 f"may sit idle)"
             )
+        if code == -signal.SIGTERM:
+            # Ended by the signal's default action: it had not reached `wormhole subscribe`'s
+            # handlers yet, which are installed before its sink opens. Nothing to close.
+            return None
         if code != 0:
             return (
                 f"subscriber {name} of application {key[0]} exited with code {code} while "

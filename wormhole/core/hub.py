@@ -121,7 +121,7 @@ class Hub:
         self.failed: dict[str, BaseException] = {}
         """Applications stopped by an error of their own (a filter naming a missing column)."""
         self.plog: Any = None
-        """The publisher log, for a transport that reads it itself (``reads_log = True``)."""
+        """The publisher log, for a transport that reads it itself (spec ``reads_log``)."""
         self.store: Any = None
         """The datamarker store, for a transport that stores the applications' datamarkers."""
         for app in applications.values():

@@ -65,8 +65,8 @@ class DeliveryConfig(Options):
     datamarker_interval_ms: int = Field(
         1000, ge=10, description="how often acknowledged datamarkers are persisted"
     )
-    store: dict[str, Any] = Field(
-        default_factory=lambda: {"type": "sqlite"}, description="datamarker store component"
+    store: dict[str, Any] | None = Field(
+        None, description="datamarker store component (default: the registry's default store)"
     )
     max_caravans: int = Field(
         8, ge=1, le=1024, description="most readers of the publisher log at once"
@@ -201,8 +201,8 @@ class PipelineModel(Options):
     state_dir: str | None = Field(None, description="default .wormhole/<pipeline>")
     dataset: DatasetConfig = Field(default_factory=DatasetConfig)
     source: dict[str, Any] = Field(description="source component: {type: NAME, ...options}")
-    transport: dict[str, Any] = Field(
-        default_factory=lambda: {"type": "tcp"}, description="transport component"
+    transport: dict[str, Any] | None = Field(
+        None, description="transport component (default: the registry's default transport)"
     )
     delivery: DeliveryConfig = Field(default_factory=DeliveryConfig)
     log: LogConfig = Field(default_factory=LogConfig)
@@ -424,14 +424,18 @@ def parse_pipeline(
     # run of `wormhole validate` shows everything.
     source_c = _component(registry, "source", data.get("source"), "source", problems)
     transport_c = _component(
-        registry, "transport", data.get("transport", {"type": "tcp"}), "transport", problems
+        registry,
+        "transport",
+        data.get("transport", {"type": registry.default_name("transport")}),
+        "transport",
+        problems,
     )
-    transport_type = transport_c.type if transport_c is not None else None
+    requires_sink = transport_c is not None and transport_c.registered.spec.requires_sink
     delivery = data.get("delivery") if isinstance(data.get("delivery"), dict) else {}
     store_c = _component(
         registry,
         "datamarker_store",
-        delivery.get("store", {"type": "sqlite"}),
+        delivery.get("store", {"type": registry.default_name("datamarker_store")}),
         "delivery.store",
         problems,
     )
@@ -447,10 +451,11 @@ def parse_pipeline(
                 sink_c = _component(registry, "sink", raw_app.get("sink"), f"{base}.sink", problems)
                 if sink_c is None:
                     continue
-            elif transport_type == "inprocess" and not raw_app.get("external"):
+            elif requires_sink and not raw_app.get("external"):
                 problems.append(
-                    f"{base}.sink: field required (the inprocess transport runs every "
-                    f"application's sink; use the tcp transport for library subscribers)"
+                    f"{base}.sink: field required (the {transport_c.type if transport_c else ''} "
+                    f"transport runs every application's sink; use a transport with separate "
+                    f"subscribers for library subscribers)"
                 )
             filters = []
             raw_filter = raw_app.get("filter")
@@ -479,9 +484,13 @@ def parse_pipeline(
         model is not None
         and model.delivery.mode == "multiple-copy"
         and store_c is not None
-        and store_c.type == "sqlite"
+        and not store_c.registered.spec.shared
     ):
-        shared = [n for n in registry.names("datamarker_store") if n != "sqlite"]
+        shared = [
+            n
+            for n in registry.names("datamarker_store")
+            if registry.components["datamarker_store"][n].spec.shared
+        ]
         problems.append(
             "delivery.mode: multiple-copy keeps datamarkers as logical positions in a shared "
             f"store; set delivery.store to one (known stores: "

@@ -146,7 +146,7 @@ class Publisher:
             # A transport that reads the publisher log itself (Kafka) takes over delivery:
             # every application is then external to the hub, and the transport stores
             # their datamarkers as its destination confirms updates.
-            self.transport_reads_log = bool(getattr(transport, "reads_log", False))
+            self.transport_reads_log = pipeline.transport.registered.spec.reads_log
             hub = self.hub = Hub(pipeline, self._applications(store, plog))
             hub.failed.update(self.start_failures)
             hub.local_subscribers = self.local_subscribers

@@ -18,6 +18,19 @@ log = logging.getLogger("wormhole.subscriber")
 
 MAX_BACKOFF = 30.0
 
+stop_signalled = threading.Event()
+"""Set by ``wormhole subscribe``'s first signal handler: a SIGTERM or SIGINT that came
+before the sink was serving (the subscriber stops as soon as it starts)."""
+
+
+def catch_stop_signals() -> None:
+    """Record SIGTERM / SIGINT from the start of a subscriber process, so that one sent while
+    it is still starting ends it gracefully (exit 0, sink closed) rather than by the signal."""
+    import signal
+
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, lambda signum, frame: stop_signalled.set())
+
 
 class _Revoke:
     __slots__ = ("shards",)

@@ -47,7 +47,9 @@ class ComponentSpec:
     """A component a plugin provides.
 
     ``factory(options)`` builds one instance from validated options; it is called
-    once per use (a sink once per subscriber).
+    once per use (a sink once per subscriber). The capability fields after
+    ``description`` tell the engine how to treat the component, so that it never
+    has to know a component by name.
     """
 
     kind: Kind
@@ -55,6 +57,34 @@ class ComponentSpec:
     factory: Callable[[Any], Any]
     options: type[BaseModel] = NoOptions
     description: str = ""
+    default: bool = False
+    """The component of its kind that a pipeline file naming none gets (the built-in
+    ``tcp`` transport and ``sqlite`` datamarker store); at most one per kind."""
+    requires_sink: bool = False
+    """Transport: it runs every application's sink itself (so each must name one)."""
+    reads_log: bool = False
+    """Transport: it reads the publisher log and stores the applications' datamarkers itself,
+    instead of taking frames from caravans (every application is then outside the hub)."""
+    shared: bool = False
+    """Datamarker store: shared by publishers on several machines (multiple-copy delivery)."""
+    subscribe: Callable[[SubscribeRequest], None] | None = None
+    """Transport: run one subscriber of an application with its sink until stopped
+    (``wormhole subscribe``, and the processes ``wormhole run`` starts)."""
+
+
+@dataclass(frozen=True)
+class SubscribeRequest:
+    """What ``wormhole subscribe`` asks of a transport's ``subscribe``."""
+
+    pipeline: Any
+    """The validated :class:`wormhole.core.pipeline.Pipeline`."""
+    application: str
+    """The application to subscribe as (``--app``); the transport checks that it has a sink
+    (:func:`wormhole.core.pipeline.sink_application`)."""
+    instance: int
+    """This subscriber's number, 0 .. subscribers - 1."""
+    publishers: list[str]
+    """``--publisher HOST:PORT`` values given on the command line (may be empty)."""
 
 
 # --------------------------------------------------------------------- sources

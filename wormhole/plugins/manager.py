@@ -123,6 +123,12 @@ class Registry:
                 f"plugin {plugin} ({dist[0]}) returned {spec!r} from its {kind} hook; "
                 f"expected ComponentSpec(kind={kind!r}, ...)"
             )
+        if spec.default and (other := self.default_name(kind)) is not None:
+            raise PluginError(
+                f"{kind} {spec.name!r} of {dist[0]} and {other!r} of "
+                f"{self.components[kind][other].distribution} both declare themselves the "
+                f"default {kind.replace('_', ' ')}; only one may"
+            )
         existing = self.components[kind].get(spec.name)
         if existing is not None:
             raise PluginError(
@@ -130,6 +136,13 @@ class Registry:
                 f"{dist[0]}; uninstall one of them"
             )
         self.components[kind][spec.name] = Registered(spec, dist[0], dist[1], plugin)
+
+    def default_name(self, kind: Kind) -> str | None:
+        """The component used when a pipeline file names none of this kind."""
+        for name, registered in self.components[kind].items():
+            if registered.spec.default:
+                return name
+        return None
 
     def names(self, kind: Kind) -> list[str]:
         return sorted(self.components[kind])

@@ -103,5 +103,6 @@ def wormhole_transports() -> list[ComponentSpec]:
             factory=InprocessTransport,
             options=InprocessOptions,
             description="Subscribers as threads of the publisher process.",
+            requires_sink=True,
         )
     ]

@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from wormhole.connectors.kafka.options import KafkaOptions
-from wormhole.plugins.components import ComponentSpec
+from wormhole.plugins.components import ComponentSpec, SubscribeRequest
 from wormhole.plugins.hookspecs import hookimpl
 
 if TYPE_CHECKING:
@@ -35,6 +35,12 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(name)
 
 
+def _subscribe(request: SubscribeRequest) -> None:
+    from wormhole.connectors.kafka.consumer import subscribe_command
+
+    subscribe_command(request.pipeline, request.application, request.instance)
+
+
 @hookimpl
 def wormhole_transports() -> list[ComponentSpec]:
     return [
@@ -45,6 +51,8 @@ def wormhole_transports() -> list[ComponentSpec]:
             options=KafkaOptions,
             description="Updates go through a Kafka cluster: a topic per dataset (or table), "
             "partition = shard, a consumer group per application.",
+            reads_log=True,
+            subscribe=_subscribe,
         )
     ]
 

@@ -1,6 +1,6 @@
 """The publisher end of the Kafka transport: the publisher log, produced to Kafka.
 
-The transport reads the publisher log itself (``reads_log``): one thread reads
+The transport reads the publisher log itself (its spec's ``reads_log``): one thread reads
 batches, produces each update to partition ``shard`` of its topic with the
 idempotent producer, and moves each shard's datamarker only when the broker has
 confirmed every update of that shard before it (delivery reports). The
@@ -97,8 +97,6 @@ class ProduceFailed(WormholeError):
 
 class KafkaTransport:
     """Produces the publisher log to Kafka; `wormhole run` also starts sink subscribers."""
-
-    reads_log = True
 
     def __init__(self, options: KafkaOptions) -> None:
         self.options = options

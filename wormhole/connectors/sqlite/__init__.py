@@ -22,5 +22,6 @@ def wormhole_datamarker_stores() -> list[ComponentSpec]:
             factory=lambda o: SqliteDatamarkerStore(o.filename),
             options=SqliteStoreOptions,
             description="Datamarkers in SQLite in the state dir (single-copy delivery).",
+            default=True,
         )
     ]

@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from wormhole.connectors.tcp.options import TcpOptions, TlsOptions
-from wormhole.plugins.components import ComponentSpec
+from wormhole.plugins.components import ComponentSpec, SubscribeRequest
 from wormhole.plugins.hookspecs import hookimpl
 
 
@@ -18,6 +18,12 @@ def _transport(options: TcpOptions) -> Any:
     from wormhole.connectors.tcp.server import TcpTransport
 
     return TcpTransport(options)
+
+
+def _subscribe(request: SubscribeRequest) -> None:
+    from wormhole.connectors.tcp.command import subscribe
+
+    subscribe(request)
 
 
 @hookimpl
@@ -30,6 +36,8 @@ def wormhole_transports() -> list[ComponentSpec]:
             options=TcpOptions,
             description="Subscribers connect over TCP/TLS: one connection per subscriber, "
             "credits, heartbeats.",
+            subscribe=_subscribe,
+            default=True,
         )
     ]
 

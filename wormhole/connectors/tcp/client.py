@@ -41,7 +41,7 @@ from typing import Any, NamedTuple
 
 from wormhole.connectors.tcp import protocol as p
 from wormhole.core.errors import WormholeError
-from wormhole.core.subscriber import run_handlers
+from wormhole.core.subscriber import run_handlers, stop_signalled
 from wormhole.core.update import Update
 
 log = logging.getLogger("wormhole.subscriber")
@@ -137,6 +137,8 @@ class Handlers:
 
         signal.signal(signal.SIGINT, on_signal)
         signal.signal(signal.SIGTERM, on_signal)
+        if stop_signalled.is_set():
+            self.stop()  # asked to stop while starting
         try:
             self.run()
         finally:
