@@ -1,4 +1,5 @@
-"""The ``wormhole`` command: run, validate, plugins, status, search."""
+"""The ``wormhole`` command: run, publish, subscribe, validate, plugins, status, forget, and
+the commands plugins add."""
 
 from __future__ import annotations
 
@@ -317,19 +318,6 @@ def cmd_forget(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def cmd_search(args: argparse.Namespace) -> int:
-    from wormhole.connectors.search import query_application
-
-    pipeline = _load(args.pipeline)
-    for hit in query_application(pipeline, args.app, args.query, args.limit):
-        if args.json:
-            record = {"id": hit.id, "table": hit.table, "score": hit.score, "row": hit.row}
-            print(json.dumps(record))
-        else:
-            print(json.dumps(hit.row))
-    return EXIT_OK
-
-
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="wormhole",
@@ -405,20 +393,19 @@ def build_parser() -> argparse.ArgumentParser:
     forget.add_argument("app", help="an application no longer in the file")
     forget.set_defaults(func=cmd_forget)
 
-    search = sub.add_parser("search", help="query the index of an application's search sink")
-    search.add_argument("pipeline", help="pipeline file (YAML)")
-    search.add_argument("app", help="an application whose sink is search")
-    search.add_argument("query", help="e.g. name:ada, 'ada lovelace', 'age:[30 TO 40]', '*'")
-    search.add_argument("--limit", type=int, default=10, help="at most N rows (default 10)")
-    search.add_argument(
-        "--json", action="store_true", help="one object per row: id, table, score, row"
-    )
-    search.set_defaults(func=cmd_search)
+    # Commands that plugins add (the search connector's `wormhole search`, say).
+    from wormhole.plugins.manager import default_registry
+
+    default_registry().pm.hook.wormhole_commands(commands=sub)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
+    try:
+        parser = build_parser()
+    except WormholeError as exc:  # a plugin that fails to load
+        print(f"error: {exc}", file=sys.stderr)
+        return exc.exit_code
     args = parser.parse_args(argv)
     level = "debug" if args.verbose else args.log_level
     os.environ["WORMHOLE_LOG_LEVEL"] = level  # for subscriber processes we start

@@ -86,6 +86,20 @@ def wormhole_datamarker_stores() -> list[ComponentSpec]:
 
 
 @hookspec
+def wormhole_commands(commands: Any) -> None:
+    """Add subcommands to the ``wormhole`` command line.
+
+    Called once when the command line is built. ``commands`` is the argparse
+    sub-parsers object: call ``commands.add_parser(NAME, help=...)``, add arguments,
+    and ``set_defaults(func=FUNCTION)``; ``FUNCTION(args)`` runs the command and
+    returns its exit code. Raise :class:`wormhole.core.errors.WormholeError` (or
+    ``ConfigError``) for errors the user can fix: the CLI prints them without a
+    traceback. Built-in example: ``wormhole search`` (the search connector).
+    Return value ignored.
+    """
+
+
+@hookspec
 def wormhole_pipeline_started(pipeline: Any) -> None:
     """Called after the publisher opened its state and source, before delivery starts.
 

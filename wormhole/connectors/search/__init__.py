@@ -103,3 +103,32 @@ def wormhole_sinks() -> list[ComponentSpec]:
             description="Keep a full-text index (Tantivy, or OpenSearch) in step with the tables.",
         )
     ]
+
+
+@hookimpl
+def wormhole_commands(commands: Any) -> None:
+    search = commands.add_parser("search", help="query the index of an application's search sink")
+    search.add_argument("pipeline", help="pipeline file (YAML)")
+    search.add_argument("app", help="an application whose sink is search")
+    search.add_argument("query", help="e.g. name:ada, 'ada lovelace', 'age:[30 TO 40]', '*'")
+    search.add_argument("--limit", type=int, default=10, help="at most N rows (default 10)")
+    search.add_argument(
+        "--json", action="store_true", help="one object per row: id, table, score, row"
+    )
+    search.set_defaults(func=_search_command)
+
+
+def _search_command(args: Any) -> int:
+    """``wormhole search PIPELINE APP QUERY``: the matching rows as JSON lines."""
+    import json
+
+    from wormhole.core.pipeline import load_pipeline
+
+    pipeline = load_pipeline(args.pipeline)
+    for hit in query_application(pipeline, args.app, args.query, args.limit):
+        if args.json:
+            record = {"id": hit.id, "table": hit.table, "score": hit.score, "row": hit.row}
+            print(json.dumps(record))
+        else:
+            print(json.dumps(hit.row))
+    return 0
