@@ -254,8 +254,8 @@ def test_read_rates_of_caravans_that_are_gone_are_forgotten(tmp_path: Path) -> N
 
     from wormhole.core.hub import Hub
     from wormhole.core.pipeline import parse_pipeline
-    from wormhole.core.publisher import Publisher
     from wormhole.core.publisher_log import PublisherLog
+    from wormhole.core.status import LiveStatus
 
     pipeline = parse_pipeline(
         "pipeline: rates\n"
@@ -266,18 +266,14 @@ def test_read_rates_of_caravans_that_are_gone_are_forgotten(tmp_path: Path) -> N
     pipeline.state_dir.mkdir()
     plog = PublisherLog(tmp_path / "log")
     plog.open()
-    publisher = Publisher(pipeline)
+    live = LiveStatus(pipeline.state_dir)
     hub = Hub(pipeline, {})
-    manager = SimpleNamespace(caravans=[])
-    publisher.caravans = manager  # type: ignore[assignment]
     for round_ in range(50):
-        manager.caravans = [
-            SimpleNamespace(
-                applications=[], position=round_, batches=0, updates_read=round_, bytes_read=0
-            )
-        ]
-        publisher._write_live_status(plog, hub)
-    assert len(publisher._rates) == 1
-    live = json.loads((pipeline.state_dir / "live.json").read_text())
-    assert live["caravans"][0]["read_rate"] == 0.0  # a new caravan: no rate yet
+        caravan = SimpleNamespace(
+            applications=[], position=round_, batches=0, updates_read=round_, bytes_read=0
+        )
+        live.write(plog, hub, [caravan])  # type: ignore[list-item]
+    assert len(live._rates) == 1
+    status = json.loads((pipeline.state_dir / "live.json").read_text())
+    assert status["caravans"][0]["read_rate"] == 0.0  # a new caravan: no rate yet
     plog.close()

@@ -17,6 +17,7 @@ from wormhole.core.errors import ConfigError, WormholeError
 from wormhole.core.pipeline import Pipeline, load_pipeline
 from wormhole.core.publisher import Publisher, RunSummary, tune_gc
 from wormhole.core.publisher_log import inspect_log
+from wormhole.core.status import read_live_status
 from wormhole.core.subscriber import catch_stop_signals
 from wormhole.plugins.components import KINDS, SubscribeRequest
 
@@ -186,13 +187,7 @@ def cmd_plugins(args: argparse.Namespace) -> int:
 
 
 def _live_status(state_dir: Path) -> dict[str, Any] | None:
-    """The running publisher's live.json, or None if no publisher is running there."""
-    try:
-        live = json.loads((state_dir / "live.json").read_text())
-        os.kill(int(live["pid"]), 0)
-    except (OSError, ValueError, KeyError, TypeError):
-        return None
-    return dict(live)
+    return read_live_status(state_dir)
 
 
 def cmd_status(args: argparse.Namespace) -> int:

@@ -15,6 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from wormhole.core.flows import Flow
 from wormhole.core.pipeline import Application, Pipeline
 from wormhole.core.update import Update
 from wormhole.plugins.components import Datamarker
@@ -22,18 +23,6 @@ from wormhole.plugins.components import Datamarker
 log = logging.getLogger("wormhole.hub")
 
 BatchFilter = Callable[[list[Update]], list[Update]]
-
-
-@dataclass(slots=True)
-class Flow:
-    application: str
-    shard: int
-    datamarker: int
-    """Acknowledged: every update before this seq was handled."""
-    persisted: int
-    """The datamarker last written to the datamarker store."""
-    delivered: int
-    """End seq of the last frame handed to a subscriber (>= datamarker)."""
 
 
 @dataclass(slots=True)
@@ -308,3 +297,6 @@ class Hub:
                 if app.name not in self.failed
                 for f in app.flows
             )
+
+
+__all__ = ["ApplicationRuntime", "Flow", "Frame", "Hub", "SubscriberSession"]

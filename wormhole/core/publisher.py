@@ -9,33 +9,27 @@ until everything the source held at start has been acknowledged).
 
 from __future__ import annotations
 
-import errno
 import fcntl
 import gc
-import json
 import logging
 import os
-import queue
 import threading
 import time
-import zlib
 from dataclasses import dataclass, field
 from typing import Any
 
-import msgspec
-
 from wormhole.core.caravan import CaravanManager
-from wormhole.core.errors import ConfigError, StartError, StateError, WormholeError
-from wormhole.core.hub import ApplicationRuntime, Flow, Hub
+from wormhole.core.errors import ConfigError, StateError, WormholeError
+from wormhole.core.flows import application_filter, start_flows
+from wormhole.core.hub import ApplicationRuntime, Hub
 from wormhole.core.pipeline import Application, Pipeline, load_pipeline
-from wormhole.core.publisher_log import PreparedBatch, PublisherLog, position_at_time
-from wormhole.core.update import Update
-from wormhole.plugins.components import Datamarker, SourceBatch, SourceContext
-from wormhole.plugins.filters import compile_filter
+from wormhole.core.publisher_log import PublisherLog
+from wormhole.core.retention import Retention
+from wormhole.core.status import LiveStatus
+from wormhole.core.tailer import Tailer
+from wormhole.plugins.components import Datamarker, SourceContext
 
 log = logging.getLogger("wormhole.publisher")
-
-_canonical = msgspec.json.Encoder(order="sorted").encode
 
 
 @dataclass
@@ -77,17 +71,15 @@ class Publisher:
         self.transport: Any = None
         self.tail_stop = threading.Event()
         self.delivery_stop = threading.Event()
-        self.tail_done = threading.Event()
-        self.source_updates = 0
         self.failure: BaseException | None = None
         self.hub: Hub | None = None
-        self.log: PublisherLog | None = None
-        self.removed: list[str] = []
-        self._appender_alive = True
-        self.transport_reads_log = False
+        self.publisher_log: PublisherLog | None = None
+        self.tailer: Tailer | None = None
+        self.retention: Retention | None = None
+        self.live = LiveStatus(pipeline.state_dir)
+        self.transport_reads_log = pipeline.transport.registered.spec.reads_log
         self.start_failures: dict[str, Exception] = {}
         self.caravans: CaravanManager | None = None
-        self._rates: dict[int, tuple[Any, float, int]] = {}
 
     def request_reload(self) -> None:
         """Re-read the pipeline file (SIGHUP): add and remove applications."""
@@ -123,7 +115,7 @@ class Publisher:
         tailer = None
         try:
             self._check_meta(store)
-            plog = self.log = PublisherLog(
+            plog = self.publisher_log = PublisherLog(
                 state_dir / "log",
                 roll_size=int(pipeline.log.roll_size),
                 fsync=pipeline.log.fsync,
@@ -143,10 +135,10 @@ class Publisher:
             )
             end = source.capture_end() if self.once else None
             transport = self.transport = pipeline.transport.create()
-            # A transport that reads the publisher log itself (Kafka) takes over delivery:
-            # every application is then external to the hub, and the transport stores
-            # their datamarkers as its destination confirms updates.
-            self.transport_reads_log = pipeline.transport.registered.spec.reads_log
+            # A transport that reads the publisher log itself (spec `reads_log`) takes over
+            # delivery: every application is then external to the hub, and the transport
+            # stores their datamarkers as its destination confirms updates.
+            self.retention = Retention(pipeline, store, plog, self.transport_reads_log)
             hub = self.hub = Hub(pipeline, self._applications(store, plog))
             hub.failed.update(self.start_failures)
             hub.local_subscribers = self.local_subscribers
@@ -164,8 +156,14 @@ class Publisher:
                 slow_flow_s=pipeline.caravans.slow_flow_s,
             )
             caravans.start()
-            tailer = threading.Thread(
-                target=self._tail, args=(source, plog, end), name="tailer", daemon=True
+            tailer = self.tailer = Tailer(
+                source,
+                plog,
+                pipeline.shards,
+                self.tail_stop,
+                end=end,
+                once=self.once,
+                on_failure=self.stop_requested.set,
             )
             tailer.start()
             self._supervise(store, plog, hub)
@@ -176,7 +174,9 @@ class Publisher:
             caravans.join()
             transport.stop()
             transport = None
-            self._persist(store, plog, hub)
+            self._persist(plog, hub)
+            if self.failure is None and tailer.failure is not None:
+                self.failure = tailer.failure
             if self.failure is None and hub.failure is not None:
                 self.failure = hub.failure
             if self.failure is None and hub.failed:
@@ -263,192 +263,13 @@ class Publisher:
     ) -> ApplicationRuntime | None:
         """One application's flows (None for an external one), from its stored datamarkers
         or its start point; new datamarkers are appended to ``new``."""
-        first, end = plog.first_seq, plog.next_seq
-        flows = []
-        fresh: list[Datamarker] = []
-        time_position: int | None = None
-        for shard in range(self.pipeline.shards):
-            marker = stored.get((name, shard))
-            if marker is not None:
-                position = marker.position
-                where = f"the datamarker of application {name} shard {shard}"
-            elif isinstance(config.start, dict) and "time" in config.start:
-                if time_position is None:
-                    time_position = position_at_time(plog.directory, config.start["time"])
-                if time_position is None:
-                    raise StartError(
-                        f"applications.{name}.start: the updates in the publisher log carry no "
-                        f"source time (ts_ms), so a start time cannot be placed; start at "
-                        f"earliest, latest or a position"
-                    )
-                position = max(time_position, first)
-                fresh.append(Datamarker(name, shard, position))
-                where = f"applications.{name}.start"
-            else:
-                position = self._start_position(config.start, first, end, name)
-                fresh.append(Datamarker(name, shard, position))
-                where = f"applications.{name}.start"
-            if position > end:
-                error = StartError if marker is None else StateError
-                raise error(
-                    f"{where} is position {position}, past the end of the publisher log "
-                    f"({end}) in {plog.directory}: updates that were acknowledged are "
-                    f"missing from the log (was the state_dir replaced or damaged?). "
-                    f"Restore it, or start over with a new state_dir"
-                    if marker is not None
-                    else f"{where} is position {position}, past the end of the publisher log "
-                    f"({end}): start the application at earliest, latest or a position in "
-                    f"{first} to {end}"
-                )
-            if position < first:
-                if marker is not None:
-                    raise StateError(
-                        f"{where} is position {position}, but the publisher log in "
-                        f"{plog.directory} starts at {first}: updates it never acknowledged "
-                        f"were deleted (was the log pruned by hand?). Restore the log, or run "
-                        f"`wormhole forget {self.pipeline.file} {name}` to drop its datamarkers "
-                        f"so that it starts again from applications.{name}.start"
-                    )
-                raise StartError(
-                    f"{where} is position {position}, outside the retained publisher log "
-                    f"({first} to {end}): the oldest retained position is {first}. Start the "
-                    f"application at earliest, latest or a position in that range"
-                )
-            flows.append(Flow(name, shard, position, position, position))
+        flows, fresh = start_flows(config, self.pipeline.shards, stored, plog, self.pipeline.file)
         new.extend(fresh)
         if config.external or self.transport_reads_log:
             # Read by an outside reader that stores its own datamarkers: no flows here,
-            # but the log is kept for it (see _persist).
+            # but the log is kept for it (see Retention).
             return None
-        plugins = [component.create() for component in config.filters]
-        return ApplicationRuntime(
-            config=config,
-            flows=flows,
-            filter=compile_filter(
-                config.tables,
-                config.ops,
-                plugins,
-                where=config.where,
-                columns=config.columns,
-                application=name,
-            ),
-        )
-
-    @staticmethod
-    def _start_position(start: Any, first: int, end: int, name: str) -> int:
-        if start == "earliest":
-            return first
-        if start == "latest":
-            return end
-        return int(start["position"])
-
-    # --------------------------------------------------------------- tailer
-    # Two threads: the tailer reads, shards and encodes; the appender writes,
-    # fsyncs and confirms. Writing and fsync release the GIL, so the next batch
-    # is parsed while this one reaches the disk.
-    def _tail(self, source: Any, plog: PublisherLog, end: Any) -> None:
-        prepared: queue.Queue[PreparedBatch | None] = queue.Queue(maxsize=2)
-        appender = threading.Thread(
-            target=self._append_loop, args=(source, plog, prepared), name="appender", daemon=True
-        )
-        appender.start()
-        try:
-            self._tail_loop(source, plog, end, prepared)
-        except BaseException as exc:
-            self.failure = exc
-            self.stop_requested.set()
-        finally:
-            self._put(prepared, None, force=True)
-            appender.join()
-            self.tail_done.set()
-
-    def _put(
-        self,
-        prepared: queue.Queue[PreparedBatch | None],
-        item: PreparedBatch | None,
-        force: bool = False,
-    ) -> bool:
-        while True:
-            try:
-                prepared.put(item, timeout=0.1)
-                return True
-            except queue.Full:
-                if self.tail_stop.is_set() and not force:
-                    return False
-                if force and not self._appender_alive:
-                    return False
-
-    def _tail_loop(
-        self, source: Any, plog: PublisherLog, end: Any, prepared: queue.Queue[Any]
-    ) -> None:
-        shards = self.pipeline.shards
-        crc = zlib.crc32
-        canonical = _canonical
-        once = self.once
-        if once and source.reached(end):
-            return
-        while not self.tail_stop.is_set() and self._appender_alive:
-            batch: SourceBatch | None = source.read(0.2)
-            if batch is None:
-                if once and source.reached(end):
-                    return
-                continue
-            updates = batch.updates
-            truncates = False
-            for u in updates:
-                u.shard = crc(canonical(u.key)) % shards
-                if u.op == "t":
-                    truncates = True
-            if truncates:
-                updates = batch.updates = _broadcast_truncates(updates, shards)
-            if not self._put(prepared, plog.prepare(updates, batch.checkpoint)):
-                return
-            if once and source.reached(end):
-                return
-
-    def _append_loop(
-        self, source: Any, plog: PublisherLog, prepared: queue.Queue[PreparedBatch | None]
-    ) -> None:
-        try:
-            while (item := prepared.get()) is not None:
-                if not self._commit(plog, item):
-                    break
-                self.source_updates += len(item.updates)
-                source.confirm(item.checkpoint)
-        except BaseException as exc:
-            self.failure = exc
-            self.stop_requested.set()
-        finally:
-            self._appender_alive = False
-            plog.discard_prepared()
-            # Unblock a tailer waiting to hand over a batch.
-            while True:
-                try:
-                    prepared.get_nowait()
-                except queue.Empty:
-                    break
-
-    def _commit(self, plog: PublisherLog, prepared: PreparedBatch) -> bool:
-        delay = 0.1
-        while True:
-            try:
-                plog.commit(prepared)
-                return True
-            except OSError as exc:
-                if exc.errno not in (errno.ENOSPC, errno.EDQUOT, errno.EIO, errno.EAGAIN):
-                    raise StateError(
-                        f"cannot write the publisher log in {plog.directory}: {exc}"
-                    ) from exc
-                log.error(
-                    "cannot append to the publisher log in %s (%s); nothing was lost, "
-                    "retrying in %.1fs: free space on that disk",
-                    plog.directory,
-                    exc.strerror,
-                    delay,
-                )
-                if self.tail_stop.wait(delay):
-                    return False
-                delay = min(delay * 2, 30.0)
+        return ApplicationRuntime(config=config, flows=flows, filter=application_filter(config))
 
     # ------------------------------------------------------------ supervise
     def _supervise(self, store: Any, plog: PublisherLog, hub: Hub) -> None:
@@ -458,7 +279,8 @@ class Publisher:
         while True:
             if self.stop_requested.is_set() or hub.failure is not None or self.failure:
                 return
-            if self.once and self.tail_done.is_set():
+            assert self.tailer is not None
+            if self.once and self.tailer.done.is_set():
                 if target is None:
                     target = plog.next_seq
                 if hub.all_acknowledged(target):
@@ -469,7 +291,7 @@ class Publisher:
                 self.reload_requested.clear()
                 self._reload(store, plog, hub)
             if time.monotonic() >= next_persist:
-                self._persist(store, plog, hub)
+                self._persist(plog, hub)
                 next_persist = time.monotonic() + interval
 
     def _reload(self, store: Any, plog: PublisherLog, hub: Hub) -> None:
@@ -500,7 +322,7 @@ class Publisher:
             remove = getattr(self.transport, "remove_application", None)
             if remove is not None:
                 remove(name)
-            self._persist(store, plog, hub)
+            self._persist(plog, hub)
             hub.remove_application(name)
             pipeline.applications.pop(name, None)
             log.info("application %s removed (its datamarkers are kept)", name)
@@ -534,78 +356,10 @@ class Publisher:
                 ", ".join(sorted(changed)),
             )
 
-    def _persist(self, store: Any, plog: PublisherLog, hub: Hub) -> None:
-        changed = hub.unpersisted()
-        if changed:
-            if not plog.fsync:
-                # Datamarkers must never be on disk ahead of the data they point past.
-                plog.sync()
-            store.save(changed)
-            hub.mark_persisted(changed)
-        # Only datamarkers already on disk may free segments: after a crash, flows
-        # resume from the persisted ones.
-        self._write_live_status(plog, hub)
-        upto = hub.min_persisted()
-        # Every stored datamarker holds the log, not only those of the applications the
-        # hub serves: an application read by an outside reader, one taken out of the
-        # pipeline file (it resumes from them when added back, until `wormhole forget`),
-        # one that could not start.
-        stored = store.load()
-        with hub.lock:
-            served = set(hub.applications)
-        positions = [m.position for (name, _), m in stored.items() if name not in served]
-        for name, config in self.pipeline.applications.items():
-            if config.external or self.transport_reads_log:
-                # An outside reader that has stored nothing yet needs the whole log.
-                positions += [
-                    plog.first_seq
-                    for shard in range(self.pipeline.shards)
-                    if (name, shard) not in stored
-                ]
-        if positions:
-            upto = min(positions) if upto is None else min(upto, *positions)
-        if upto is not None:
-            self.removed += plog.collect_garbage(upto, self.pipeline.log.keep_rolled)
-
-    def _write_live_status(self, plog: PublisherLog, hub: Hub) -> None:
-        """``<state_dir>/live.json``: what ``wormhole status`` shows of a running publisher
-        (caravans, their positions and read rates), rewritten every datamarker interval."""
-        now = time.monotonic()
-        caravans = []
-        rates: dict[int, tuple[Any, float, int]] = {}
-        for caravan in list(self.caravans.caravans if self.caravans else []):
-            last = self._rates.get(id(caravan))
-            rate = 0.0
-            # The caravan itself is kept with its figures: an id can be reused by a new one.
-            if last is not None and last[0] is caravan and now > last[1]:
-                rate = (caravan.updates_read - last[2]) / (now - last[1])
-            rates[id(caravan)] = (caravan, now, caravan.updates_read)
-            caravans.append(
-                {
-                    "applications": [a.name for a in caravan.applications],
-                    "position": caravan.position,
-                    "batches": caravan.batches,
-                    "updates_read": caravan.updates_read,
-                    "bytes_read_from_disk": caravan.bytes_read,
-                    "read_rate": round(rate, 1),
-                }
-            )
-        self._rates = rates  # caravans that are gone are forgotten
-        status = {
-            "pid": os.getpid(),
-            "updated_ms": int(time.time() * 1000),
-            "log": {"first": plog.first_seq, "end": plog.next_seq},
-            "caravans": caravans,
-            "applications": sorted(hub.applications),
-            "failed": {name: str(error) for name, error in hub.failed.items()},
-        }
-        path = self.pipeline.state_dir / "live.json"
-        temporary = path.with_name(".live.json.tmp")
-        try:
-            temporary.write_text(json.dumps(status))
-            os.replace(temporary, path)
-        except OSError as exc:  # status only: never fatal
-            log.debug("cannot write %s: %s", path, exc)
+    def _persist(self, plog: PublisherLog, hub: Hub) -> None:
+        assert self.retention is not None
+        self.retention.persist(hub)
+        self.live.write(plog, hub, list(self.caravans.caravans if self.caravans else []))
 
     def _summary(
         self, started: float, plog: PublisherLog, hub: Hub, truncated: list[str]
@@ -613,10 +367,10 @@ class Publisher:
         summary = RunSummary(
             pipeline=self.pipeline.name,
             elapsed=time.monotonic() - started,
-            source_updates=self.source_updates,
+            source_updates=self.tailer.updates if self.tailer else 0,
             log_end=plog.next_seq,
             truncated=truncated,
-            removed_segments=self.removed,
+            removed_segments=self.retention.removed if self.retention else [],
             log_bytes_read=plog.bytes_read,
             caravan_merges=self.caravans.merges if self.caravans else 0,
             caravan_splits=self.caravans.splits if self.caravans else 0,
@@ -627,19 +381,6 @@ class Publisher:
                 name, app.acknowledged_updates, marker, plog.next_seq - marker
             )
         return summary
-
-
-def _broadcast_truncates(updates: list[Update], shards: int) -> list[Update]:
-    """Every flow must see a truncate in order with its own updates: one copy per shard."""
-    out: list[Update] = []
-    for u in updates:
-        if u.op != "t":
-            out.append(u)
-            continue
-        for shard in range(shards):
-            copy = msgspec.structs.replace(u, shard=shard)
-            out.append(copy)
-    return out
 
 
 def tune_gc() -> None:

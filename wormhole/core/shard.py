@@ -14,6 +14,8 @@ from typing import Any
 
 import msgspec
 
+from wormhole.core.update import Update
+
 _canonical = msgspec.json.Encoder(order="sorted").encode
 
 
@@ -30,3 +32,24 @@ def stable_hash(key: dict[str, Any]) -> int:
 def shard_of(key: dict[str, Any], shards: int) -> int:
     """The shard a key belongs to."""
     return zlib.crc32(_canonical(key)) % shards
+
+
+def assign_shards(updates: list[Update], shards: int) -> list[Update]:
+    """Set every update's shard, in place; a truncate (op ``t``) concerns every flow, so it
+    is copied to each shard, in order with that shard's updates. Returns the batch."""
+    crc = zlib.crc32
+    canonical = _canonical
+    truncates = False
+    for u in updates:
+        u.shard = crc(canonical(u.key)) % shards
+        if u.op == "t":
+            truncates = True
+    if not truncates:
+        return updates
+    out: list[Update] = []
+    for u in updates:
+        if u.op != "t":
+            out.append(u)
+            continue
+        out.extend(msgspec.structs.replace(u, shard=shard) for shard in range(shards))
+    return out

@@ -1,0 +1,154 @@
+"""The tailer: the one reader of the datastore log, writing into the publisher log.
+
+Two threads: the tailer reads a batch from the source, shards it and encodes it;
+the appender writes it to the publisher log, fsyncs it (per policy) and only then
+confirms the source position to the datastore. Writing and fsync release the GIL,
+so the next batch is parsed while this one reaches the disk.
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+import queue
+import threading
+from typing import Any
+
+from wormhole.core.errors import StateError
+from wormhole.core.publisher_log import PreparedBatch, PublisherLog
+from wormhole.core.shard import assign_shards
+from wormhole.plugins.components import Source, SourceBatch
+
+log = logging.getLogger("wormhole.publisher")
+
+TRANSIENT_WRITE_ERRORS = (errno.ENOSPC, errno.EDQUOT, errno.EIO, errno.EAGAIN)
+
+
+class Tailer:
+    """Reads ``source`` into ``plog`` until ``stop`` is set, or, with ``end`` (``--once``),
+    until the source has returned everything up to it. ``done`` is set when both threads
+    have finished; ``failure`` holds what stopped them, if anything did."""
+
+    def __init__(
+        self,
+        source: Source,
+        plog: PublisherLog,
+        shards: int,
+        stop: threading.Event,
+        end: Any = None,
+        once: bool = False,
+        on_failure: Any = None,
+    ) -> None:
+        self.source = source
+        self.plog = plog
+        self.shards = shards
+        self.stop = stop
+        self.end = end
+        self.once = once
+        self.on_failure = on_failure
+        """Called with no arguments when either thread fails (the publisher stops)."""
+        self.done = threading.Event()
+        self.failure: BaseException | None = None
+        self.updates = 0
+        """Updates appended to the publisher log (and confirmed to the source)."""
+        self._appender_alive = True
+        self._prepared: queue.Queue[PreparedBatch | None] = queue.Queue(maxsize=2)
+        self.thread = threading.Thread(target=self._run, name="tailer", daemon=True)
+
+    def start(self) -> None:
+        self.thread.start()
+
+    def join(self, timeout: float | None = None) -> None:
+        self.thread.join(timeout)
+
+    def _failed(self, exc: BaseException) -> None:
+        if self.failure is None:
+            self.failure = exc
+        if self.on_failure is not None:
+            self.on_failure()
+
+    def _run(self) -> None:
+        appender = threading.Thread(target=self._append_loop, name="appender", daemon=True)
+        appender.start()
+        try:
+            self._read_loop()
+        except BaseException as exc:
+            self._failed(exc)
+        finally:
+            self._put(None, force=True)
+            appender.join()
+            self.done.set()
+
+    def _put(self, item: PreparedBatch | None, force: bool = False) -> bool:
+        while True:
+            try:
+                self._prepared.put(item, timeout=0.1)
+                return True
+            except queue.Full:
+                if self.stop.is_set() and not force:
+                    return False
+                if force and not self._appender_alive:
+                    return False
+
+    def _finished(self) -> bool:
+        return self.once and bool(self.source.reached(self.end))
+
+    def _read_loop(self) -> None:
+        source, plog, shards = self.source, self.plog, self.shards
+        if self._finished():
+            return
+        while not self.stop.is_set() and self._appender_alive:
+            batch: SourceBatch | None = source.read(0.2)
+            if batch is None:
+                if self._finished():
+                    return
+                continue
+            batch.updates = assign_shards(batch.updates, shards)
+            if not self._put(plog.prepare(batch.updates, batch.checkpoint)):
+                return
+            if self._finished():
+                return
+
+    def _append_loop(self) -> None:
+        try:
+            while (item := self._prepared.get()) is not None:
+                if not self._commit(item):
+                    break
+                self.updates += len(item.updates)
+                self.source.confirm(item.checkpoint)
+        except BaseException as exc:
+            self._failed(exc)
+        finally:
+            self._appender_alive = False
+            self.plog.discard_prepared()
+            # Unblock a tailer waiting to hand over a batch.
+            while True:
+                try:
+                    self._prepared.get_nowait()
+                except queue.Empty:
+                    break
+
+    def _commit(self, prepared: PreparedBatch) -> bool:
+        """Append, retrying with backoff while the disk is full (nothing is lost meanwhile:
+        the source is confirmed only after the append); False if stopped meanwhile."""
+        plog = self.plog
+        delay = 0.1
+        while True:
+            try:
+                plog.commit(prepared)
+                return True
+            except OSError as exc:
+                if exc.errno not in TRANSIENT_WRITE_ERRORS:
+                    raise StateError(
+                        f"cannot write the publisher log in {plog.directory}: {exc}"
+                    ) from exc
+                log.error(
+                    "cannot append to the publisher log in %s (%s); nothing was lost, "
+                    "retrying in %.1fs: free space on that disk",
+                    plog.directory,
+                    exc.strerror,
+                    delay,
+                )
+                if self.stop.wait(delay):
+                    return False
+                delay = min(delay * 2, 30.0)
