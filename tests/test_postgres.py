@@ -350,3 +350,131 @@ def test_schema_changes_heartbeats_and_key_changes(tmp_path: Path, postgres_dsn:
         cur.execute("SELECT count(*) FROM events_heartbeat")
         assert cur.fetchone()[0] == 1
     conn.close()
+
+
+KEY_SCHEMA = [
+    "CREATE TABLE a1 (id int PRIMARY KEY, v text)",
+    "CREATE TABLE a2 (id2 int NOT NULL, v int)",
+    "CREATE TABLE a3 (id int PRIMARY KEY, code int NOT NULL, v int)",
+    "CREATE UNIQUE INDEX a3_code ON a3 (code)",
+    # Key values stored out of line: an update that leaves them alone does not send them.
+    "CREATE TABLE b1 (k text PRIMARY KEY, big text, v int)",
+    "ALTER TABLE b1 ALTER COLUMN k SET STORAGE EXTERNAL, ALTER COLUMN big SET STORAGE EXTERNAL",
+    "CREATE TABLE b2 (k text PRIMARY KEY, big text, v int)",
+    "ALTER TABLE b2 ALTER COLUMN k SET STORAGE EXTERNAL, ALTER COLUMN big SET STORAGE EXTERNAL",
+    "ALTER TABLE b2 REPLICA IDENTITY FULL",
+    "CREATE TABLE f1 (id int PRIMARY KEY, v text, extra int)",
+    "ALTER TABLE f1 REPLICA IDENTITY FULL",
+    "CREATE TABLE f2 (id int PRIMARY KEY, v text)",
+    "ALTER TABLE f2 REPLICA IDENTITY FULL",
+    "CREATE TABLE n1 (id int PRIMARY KEY, v text)",
+    "ALTER TABLE n1 REPLICA IDENTITY NOTHING",
+]
+KEY_TABLES = ["public.a1", "public.a2", "public.a3", "public.b1", "public.b2"]
+KEY_TABLES += ["public.f1", "public.f2", "public.n1"]
+BIG_KEY = "repeat('k', 2000)"
+# Each step's DDL comes before its changes, so that a run after each step decodes every
+# change before any later DDL: the keys as the catalog had them at once.
+KEY_STEPS = [
+    [
+        "INSERT INTO a1 VALUES (1, 'x')",
+        "UPDATE a1 SET v = 'y' WHERE id = 1",
+        "DELETE FROM a1 WHERE id = 1",
+        "INSERT INTO a2 VALUES (1, 10)",
+        "INSERT INTO a3 VALUES (1, 100, 1)",
+        "UPDATE a3 SET v = 2",
+        f"INSERT INTO b1 VALUES ({BIG_KEY}, repeat('b', 2000), 1)",
+        "UPDATE b1 SET v = 2",
+        f"INSERT INTO b2 VALUES ({BIG_KEY}, repeat('b', 2000), 1)",
+        "UPDATE b2 SET v = 2",
+        "DELETE FROM b2",
+        "INSERT INTO f1 VALUES (1, 'x', 5)",
+        "UPDATE f1 SET v = 'y'",
+        "INSERT INTO f2 VALUES (1, 'x')",
+        "UPDATE f2 SET v = 'y'",
+        "INSERT INTO n1 VALUES (1, 'x')",
+    ],
+    [
+        "DROP TABLE a1",
+        "ALTER TABLE a2 ADD COLUMN id serial PRIMARY KEY",
+        "INSERT INTO a2 (id2, v) VALUES (2, 20)",
+        "ALTER TABLE a3 REPLICA IDENTITY USING INDEX a3_code",
+        "UPDATE a3 SET v = 3",
+        "ALTER TABLE f1 DROP COLUMN extra",
+        "UPDATE f1 SET v = 'z'",
+        "ALTER TABLE f2 DROP CONSTRAINT f2_pkey, ADD COLUMN uid serial PRIMARY KEY",
+        "UPDATE f2 SET v = 'z'",
+        "DROP TABLE b1, b2, n1",
+    ],
+    [
+        "DROP TABLE f1",
+        "ALTER TABLE a2 DROP CONSTRAINT a2_pkey",
+        "ALTER TABLE a3 REPLICA IDENTITY DEFAULT",
+    ],
+]
+
+
+def _keys_pipeline(tmp_path: Path, dsn: str, name: str) -> Path:
+    return write_pipeline(
+        tmp_path / f"{name}.yml",
+        {
+            "pipeline": name,
+            "state_dir": str(tmp_path / name),
+            "source": {"type": "postgres", "dsn": dsn, "tables": KEY_TABLES, "publication": "k"},
+            "transport": {"type": "inprocess"},
+            "applications": {
+                "out": {"sink": {"type": "jsonl", "path": str(tmp_path / name / "out.jsonl")}}
+            },
+        },
+    )
+
+
+def test_a_change_is_keyed_as_its_table_was_whether_decoded_at_once_or_after_ddl(
+    tmp_path: Path, postgres_dsn: str
+) -> None:
+    sql(postgres_dsn, *KEY_SCHEMA)
+    prompt = _keys_pipeline(tmp_path, postgres_dsn, "prompt")
+    late = _keys_pipeline(tmp_path, postgres_dsn, "late")
+    for pipeline in (prompt, late):  # both slots start before the first change
+        assert run_cli("run", str(pipeline), "--once", cwd=tmp_path).returncode == 0
+    for step in KEY_STEPS:
+        sql(postgres_dsn, *step)
+        result = run_cli("run", str(prompt), "--once", cwd=tmp_path)
+        assert result.returncode == 0, result
+    result = run_cli("run", str(late), "--once", cwd=tmp_path)
+    assert result.returncode == 0, result
+
+    def keys(name: str) -> list[tuple[str, str, dict[str, Any], str]]:
+        return [
+            (e["op"], e["source"]["table"][7:], e["key"], e["source"]["position"])
+            for e in read_envelopes(tmp_path / name / "out.jsonl")
+        ]
+
+    at_once, after_ddl = keys("prompt"), keys("late")
+    assert after_ddl == at_once
+    big = "k" * 2000
+    expected = [
+        ("c", "a1", {"id": 1}),
+        ("u", "a1", {"id": 1}),
+        ("d", "a1", {"id": 1}),
+        ("c", "a2", {"id2": 1, "v": 10}),  # no primary key yet: every column
+        ("c", "a3", {"id": 1}),
+        ("u", "a3", {"id": 1}),
+        ("c", "b1", {"k": big}),
+        ("u", "b1", {"k": big}),  # the key did not change: one update, never a key change
+        ("c", "b2", {"k": big}),
+        ("u", "b2", {"k": big}),
+        ("d", "b2", {"k": big}),
+        ("c", "f1", {"id": 1}),
+        ("u", "f1", {"id": 1}),
+        ("c", "f2", {"id": 1}),
+        ("u", "f2", {"id": 1}),
+        ("c", "n1", {"id": 1}),
+        ("c", "a2", {"id": 2}),
+        ("u", "a3", {"code": 100}),
+        ("u", "f1", {"id": 1}),
+        ("u", "f2", {"uid": 1}),
+    ]
+    assert [k[:3] for k in at_once] == expected
+    b1 = [e for e in read_envelopes(tmp_path / "late" / "out.jsonl") if e["op"] == "u"][2]
+    assert b1["source"]["table"] == "public.b1" and b1["after"]["k"] == big
