@@ -612,3 +612,72 @@ def test_a_change_is_keyed_as_its_table_was_whether_decoded_at_once_or_after_ddl
     assert [k[:3] for k in at_once] == expected
     b1 = [e for e in read_envelopes(tmp_path / "late" / "out.jsonl") if e["op"] == "u"][2]
     assert b1["source"]["table"] == "public.b1" and b1["after"]["k"] == big
+
+
+def test_an_unchanged_toasted_key_missing_from_the_wal_stops_with_the_fix_named(
+    tmp_path: Path, postgres_dsn: str, caplog: Any
+) -> None:
+    """Servers before the May 2022 minor releases leave such a key out of the WAL.
+
+    No such server runs here: its UPDATE message (no old key, the key marked as an
+    unchanged TOASTed value) is built by hand; the catalog checks use the real server.
+    """
+    import logging
+    import struct
+
+    import pytest
+
+    from wormhole.connectors.postgres import pgoutput as pg
+    from wormhole.connectors.postgres.options import PostgresOptions
+    from wormhole.connectors.postgres.schema_history import SchemaHistory
+    from wormhole.connectors.postgres.source import PostgresSource, logs_unchanged_toasted_keys
+    from wormhole.core.errors import SourceError
+
+    assert not logs_unchanged_toasted_keys(140002) and logs_unchanged_toasted_keys(140003)
+    assert not logs_unchanged_toasted_keys(100020) and logs_unchanged_toasted_keys(100021)
+    assert logs_unchanged_toasted_keys(150000) and not logs_unchanged_toasted_keys(90624)
+    sql(
+        postgres_dsn,
+        "CREATE TABLE b1 (k text PRIMARY KEY, v int)",
+        "CREATE TABLE ints (id int PRIMARY KEY, v text)",
+        "CREATE TABLE whole (k text PRIMARY KEY, v int)",
+        "ALTER TABLE whole REPLICA IDENTITY FULL",
+        "CREATE PUBLICATION p FOR TABLE b1, ints, whole",
+    )
+    source = PostgresSource(PostgresOptions(dsn=postgres_dsn))
+    source.conn = source._connect()
+    source.publication = "p"
+    try:
+        for version, warned in ((140002, True), (140003, False), (150004, False)):
+            source.server_version = version
+            caplog.clear()
+            with caplog.at_level(logging.WARNING, "wormhole.postgres"):
+                source._warn_about_out_of_line_keys()
+            listed = "can be stored out of line: public.b1. Set ALTER TABLE" in caplog.text
+            assert listed is warned, caplog.text
+            assert "REPLICA IDENTITY FULL" in caplog.text or not warned
+            assert "ints" not in caplog.text and "whole" not in caplog.text
+        source.history = SchemaHistory(tmp_path / "history.json")
+        relation = pg.parse_relation(
+            b"R"
+            + struct.pack("!I", 7)
+            + b"public\0b1\0d"
+            + struct.pack("!H", 2)
+            + (b"\x01k\0" + struct.pack("!Ii", 25, -1))  # flags 1: an identity column
+            + (b"\x00v\0" + struct.pack("!Ii", 23, -1))
+        )
+        source._describe(relation)
+        assert relation.key_columns == ["k"]
+        # New tuple only: k unchanged TOAST ('u'), v = '2' ('t').
+        message = b"U" + struct.pack("!I", 7) + b"N" + struct.pack("!H", 2) + b"ut"
+        message += struct.pack("!I", 1) + b"2"
+        op, _, before, after, unchanged, full = pg.parse_change(message, {7: relation})
+        assert (op, before, unchanged) == ("u", None, ["k"])
+        with pytest.raises(SourceError) as raised:
+            source._change(op, relation, before, after, unchanged, full)
+        text = str(raised.value)
+        assert "update of public.b1" in text and "key column(s) k unchanged" in text
+        assert 'ALTER TABLE "public"."b1" REPLICA IDENTITY FULL' in text
+        assert "remove the state_dir" in text
+    finally:
+        source.conn.close()
