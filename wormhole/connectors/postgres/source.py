@@ -565,7 +565,7 @@ class PostgresSource:
 
     def _checkpoint(self) -> dict[str, Any]:
         if self.history is not None:
-            # Before the batch that the keys it holds went into.
+            # Durable no later than the batch keyed by what it learnt.
             self.history.save()
         return {
             "phase": "stream",
