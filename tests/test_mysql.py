@@ -472,3 +472,84 @@ def test_a_savepoint_does_not_end_its_transaction(
         assert source.emitted["pos"] > start.checkpoint["pos"] or after is None
     finally:
         source.close()
+
+
+MARIA_KEY_SCHEMA = [
+    "CREATE TABLE m1 (id INT PRIMARY KEY, v TEXT)",
+    "CREATE TABLE m2 (id2 INT NOT NULL, v INT)",
+    "CREATE TABLE m3 (id INT PRIMARY KEY, code INT NOT NULL, v INT)",
+    "CREATE TABLE m4 (name VARCHAR(100) NOT NULL, v INT, PRIMARY KEY (name(10)))",
+    "CREATE TABLE m5 (u INT NOT NULL, v INT, UNIQUE KEY (u))",
+]
+# Each step's DDL comes before its changes: a run after each step decodes every change
+# before any later DDL.
+MARIA_KEY_STEPS = [
+    [
+        "INSERT INTO m1 VALUES (1, 'x')",
+        "UPDATE m1 SET v = 'y' WHERE id = 1",
+        "DELETE FROM m1 WHERE id = 1",
+        "INSERT INTO m2 VALUES (1, 10)",
+        "INSERT INTO m3 VALUES (1, 100, 1)",
+        "UPDATE m3 SET v = 2",
+        "INSERT INTO m4 VALUES ('a-long-name', 1)",
+        "UPDATE m4 SET v = 2",
+        "INSERT INTO m5 VALUES (1, 1)",
+        "UPDATE m5 SET v = 2",
+    ],
+    [
+        "DROP TABLE m1",
+        "ALTER TABLE m2 ADD COLUMN id INT AUTO_INCREMENT PRIMARY KEY",
+        "INSERT INTO m2 (id2, v) VALUES (2, 20)",
+        "ALTER TABLE m3 DROP PRIMARY KEY, ADD PRIMARY KEY (code)",
+        "UPDATE m3 SET v = 3",
+        "ALTER TABLE m4 DROP PRIMARY KEY, ADD COLUMN id INT AUTO_INCREMENT PRIMARY KEY",
+        "ALTER TABLE m5 ADD COLUMN id INT AUTO_INCREMENT PRIMARY KEY FIRST",
+    ],
+    [
+        "DROP TABLE m3",
+        "ALTER TABLE m2 MODIFY id INT NOT NULL, DROP PRIMARY KEY",
+    ],
+]
+
+
+def test_a_change_is_keyed_as_its_table_was_whether_decoded_at_once_or_after_ddl(
+    tmp_path: Path, mariadb_server: MariaDBServer, mysql_database: str
+) -> None:
+    db = mysql_database
+    mariadb_server.sql(*MARIA_KEY_SCHEMA, database=db)
+    pipelines = {}
+    for name in ("prompt", "late"):
+        (tmp_path / name).mkdir()
+        pipelines[name] = my_pipeline(
+            tmp_path / name, mariadb_server.dsn(), tables=[f"{db}.*"], snapshot="never"
+        )
+        assert run_cli("run", str(pipelines[name]), "--once", cwd=tmp_path).returncode == 0
+    for step in MARIA_KEY_STEPS:
+        mariadb_server.sql(*step, database=db)
+        result = run_cli("run", str(pipelines["prompt"]), "--once", cwd=tmp_path)
+        assert result.returncode == 0, result
+    result = run_cli("run", str(pipelines["late"]), "--once", cwd=tmp_path)
+    assert result.returncode == 0, result
+
+    def keys(name: str) -> list[tuple[str, str, dict[str, Any], str]]:
+        return [
+            (e["op"], e["source"]["table"].split(".")[1], e["key"], e["source"]["position"])
+            for e in read_envelopes(tmp_path / name / "out.jsonl")
+        ]
+
+    at_once, after_ddl = keys("prompt"), keys("late")
+    assert after_ddl == at_once
+    assert [k[:3] for k in at_once] == [
+        ("c", "m1", {"id": 1}),
+        ("u", "m1", {"id": 1}),
+        ("d", "m1", {"id": 1}),
+        ("c", "m2", {"id2": 1, "v": 10}),  # no primary key yet: every column
+        ("c", "m3", {"id": 1}),
+        ("u", "m3", {"id": 1}),
+        ("c", "m4", {"name": "a-long-name"}),  # a primary key on a prefix of the column
+        ("u", "m4", {"name": "a-long-name"}),
+        ("c", "m5", {"u": 1}),  # a UNIQUE NOT NULL key stands in for the primary key
+        ("u", "m5", {"u": 1}),
+        ("c", "m2", {"id": 2}),
+        ("u", "m3", {"code": 100}),
+    ]

@@ -78,8 +78,68 @@ WORKLOAD_SCHEMA = [
     "CREATE TABLE no_identity (v text)",
     "ALTER TABLE no_identity REPLICA IDENTITY NOTHING",
     "CREATE TABLE bulk (id int PRIMARY KEY, v text)",
+    # Tables whose key changes between a change and its decode.
+    "CREATE TABLE k_dropped (id int PRIMARY KEY, v text)",
+    "CREATE TABLE k_rekeyed (id int PRIMARY KEY, code int NOT NULL, v text)",
+    "CREATE TABLE k_reidentified (id int PRIMARY KEY, code int NOT NULL, v text)",
+    "CREATE UNIQUE INDEX k_reidentified_code ON k_reidentified (code)",
+    "CREATE TABLE k_keyless (a int NOT NULL, v int)",
+    "CREATE TABLE k_toast (k text PRIMARY KEY, big text, v int)",
+    "ALTER TABLE k_toast ALTER COLUMN k SET STORAGE EXTERNAL",
+    "ALTER TABLE k_toast ALTER COLUMN big SET STORAGE EXTERNAL",
+    "CREATE TABLE k_toast_full (k text PRIMARY KEY, big text, v int)",
+    "ALTER TABLE k_toast_full ALTER COLUMN k SET STORAGE EXTERNAL",
+    "ALTER TABLE k_toast_full REPLICA IDENTITY FULL",
+    "CREATE TABLE k_full (id int PRIMARY KEY, v text, extra int)",
+    "ALTER TABLE k_full REPLICA IDENTITY FULL",
+    "CREATE TABLE k_spill (id int PRIMARY KEY, v text)",
 ]
 TABLES = ["public.everything", "public.full_identity", "public.no_identity", "public.bulk"]
+TABLES += ["public.k_dropped", "public.k_rekeyed", "public.k_reidentified", "public.k_keyless"]
+TABLES += ["public.k_toast", "public.k_toast_full", "public.k_full", "public.k_spill"]
+KEY_WORKLOAD = [
+    "INSERT INTO k_dropped VALUES (1, 'x')",
+    "UPDATE k_dropped SET v = 'y'",
+    "UPDATE k_dropped SET id = 2",  # a key change
+    "DELETE FROM k_dropped",
+    "DROP TABLE k_dropped",
+    "INSERT INTO k_rekeyed VALUES (1, 10, 'x')",
+    "UPDATE k_rekeyed SET v = 'y'",
+    "ALTER TABLE k_rekeyed DROP CONSTRAINT k_rekeyed_pkey, ADD PRIMARY KEY (code)",
+    "UPDATE k_rekeyed SET v = 'z'",
+    "DELETE FROM k_rekeyed",
+    "INSERT INTO k_reidentified VALUES (1, 10, 'x')",
+    "UPDATE k_reidentified SET v = 'y'",
+    "ALTER TABLE k_reidentified REPLICA IDENTITY USING INDEX k_reidentified_code",
+    "UPDATE k_reidentified SET v = 'z'",
+    "DELETE FROM k_reidentified",
+    "ALTER TABLE k_reidentified REPLICA IDENTITY DEFAULT",
+    "INSERT INTO k_keyless VALUES (1, 1)",
+    "ALTER TABLE k_keyless ADD PRIMARY KEY (a)",
+    "UPDATE k_keyless SET v = 2",
+    "DELETE FROM k_keyless",
+    "ALTER TABLE k_keyless DROP CONSTRAINT k_keyless_pkey",
+    "INSERT INTO k_toast VALUES (repeat('k', 2000), repeat('b', 3000), 1)",
+    "UPDATE k_toast SET v = 2",
+    "UPDATE k_toast SET big = 'small'",
+    "DELETE FROM k_toast",
+    "INSERT INTO k_toast_full VALUES (repeat('k', 2000), repeat('b', 3000), 1)",
+    "UPDATE k_toast_full SET v = 2",
+    "DELETE FROM k_toast_full",
+    "INSERT INTO k_full VALUES (1, 'x', 5)",
+    "UPDATE k_full SET v = 'y'",
+    "ALTER TABLE k_full DROP COLUMN extra",
+    "UPDATE k_full SET v = 'z'",
+    "DELETE FROM k_full",
+    "DROP TABLE k_full",
+    # A transaction larger than logical_decoding_work_mem, with DDL in the middle.
+    "BEGIN",
+    "INSERT INTO k_spill SELECT g, 'row ' || g FROM generate_series(1, 3000) g",
+    "ALTER TABLE k_spill ADD COLUMN extra int",
+    "UPDATE k_spill SET extra = id WHERE id <= 1000",
+    "DELETE FROM k_spill WHERE id > 2000",
+    "COMMIT",
+]
 
 ROW = """INSERT INTO everything (c_int2, c_int4, c_int8, c_num, c_float4, c_float8, c_bool,
     c_text, c_varchar, c_char, c_bytea, c_date, c_time, c_timetz, c_ts, c_tstz, c_interval,
@@ -125,6 +185,7 @@ def run_workload(dsn: str) -> None:
         "UPDATE bulk SET v = 'x' WHERE id <= 3",
         "TRUNCATE bulk",
         "INSERT INTO bulk VALUES (1, 'after truncate')",
+        *KEY_WORKLOAD,
     ]
     conn = psycopg2.connect(dsn)
     conn.autocommit = True
@@ -156,6 +217,9 @@ def test_the_stream_agrees_change_for_change_with_test_decoding(
     from pg_oracle import UNCHANGED, as_text, same_row
 
     sql(postgres_dsn, *WORKLOAD_SCHEMA)
+    # Decoding spills every transaction over 64kB to disk, the 100,000-row one included.
+    database = postgres_dsn.split("dbname=")[1].split()[0]
+    sql(postgres_dsn, f"ALTER DATABASE {database} SET logical_decoding_work_mem = '64kB'")
     pipeline = pg_pipeline(tmp_path, postgres_dsn, tables=TABLES, batch_updates=5000)
     first = run_cli("run", str(pipeline), "--once", cwd=tmp_path)  # slot + (empty) snapshot
     assert first.returncode == 0, first
@@ -164,7 +228,8 @@ def test_the_stream_agrees_change_for_change_with_test_decoding(
     result = run_cli("run", str(pipeline), "--once", "--json", cwd=tmp_path)
     assert result.returncode == 0, result
     ours = read_envelopes(tmp_path / "out.jsonl")
-    # A truncate reaches every shard; the oracle prints it once.
+    # A truncate reaches every shard; the oracle prints it once. A key change is one
+    # UPDATE for the oracle, a delete and an insert at the same position for us.
     seen_truncates: set[str] = set()
     collapsed = []
     for e in ours:
@@ -172,6 +237,13 @@ def test_the_stream_agrees_change_for_change_with_test_decoding(
             if e["source"]["position"] in seen_truncates:
                 continue
             seen_truncates.add(e["source"]["position"])
+        previous = collapsed[-1] if collapsed else {"op": None}
+        if (e["op"], previous["op"]) == ("c", "d") and (
+            previous["source"]["position"] == e["source"]["position"]
+        ):
+            collapsed[-1] = {**e, "op": "u", "before": previous["before"]}
+            collapsed[-1]["old_key"] = previous["key"]
+            continue
         collapsed.append(e)
     oracle = oracle_changes(postgres_dsn)
     assert len(oracle) > 100_000
@@ -183,8 +255,65 @@ def test_the_stream_agrees_change_for_change_with_test_decoding(
             assert same_row(e["after"], new, old), f"{where}: {str(e['after'])[:300]}"
         if op == "d" or (op == "u" and old is not None):  # key columns, or FULL: the old row
             assert same_row(e["before"], old, skip_nulls=True), f"{where}: {str(e['before'])[:300]}"
+        # A key holds the values the WAL has for the row; never a TOAST placeholder.
+        row = old if op == "d" else new
+        old_key = e.get("old_key", e["key"] if op != "c" else {})
+        for name, value in e["key"].items():
+            assert as_text(value) is not UNCHANGED, where
+            if op != "d" and row[name] is not UNCHANGED:
+                assert as_text(value) == row[name], where
+        for name, value in old_key.items():
+            if old is not None and name in old:
+                assert as_text(value) == old[name], where
+    keyed = [
+        (e["op"], e["source"]["table"][9:], e.get("old_key"), e["key"])
+        for e in collapsed
+        if e["source"]["table"].startswith("public.k_") and e["source"]["table"] != "public.k_spill"
+    ]
+    big = "k" * 2000
+    assert keyed == [
+        ("c", "dropped", None, {"id": 1}),
+        ("u", "dropped", None, {"id": 1}),
+        ("u", "dropped", {"id": 1}, {"id": 2}),
+        ("d", "dropped", None, {"id": 2}),
+        ("c", "rekeyed", None, {"id": 1}),
+        ("u", "rekeyed", None, {"id": 1}),
+        ("u", "rekeyed", None, {"code": 10}),
+        ("d", "rekeyed", None, {"code": 10}),
+        ("c", "reidentified", None, {"id": 1}),
+        ("u", "reidentified", None, {"id": 1}),
+        ("u", "reidentified", None, {"code": 10}),
+        ("d", "reidentified", None, {"code": 10}),
+        ("c", "keyless", None, {"a": 1, "v": 1}),
+        ("u", "keyless", None, {"a": 1}),
+        ("d", "keyless", None, {"a": 1}),
+        ("c", "toast", None, {"k": big}),
+        ("u", "toast", None, {"k": big}),
+        ("u", "toast", None, {"k": big}),
+        ("d", "toast", None, {"k": big}),
+        ("c", "toast_full", None, {"k": big}),
+        ("u", "toast_full", None, {"k": big}),
+        ("d", "toast_full", None, {"k": big}),
+        ("c", "full", None, {"id": 1}),
+        ("u", "full", None, {"id": 1}),
+        ("u", "full", None, {"id": 1}),
+        ("d", "full", None, {"id": 1}),
+    ]
+    spill = [e for e in collapsed if e["source"]["table"] == "public.k_spill"]
+    assert len(spill) == 3000 + 1000 + 1000 and len({e["source"]["txid"] for e in spill}) == 1
+    assert all(e["key"] == {"id": e["after"]["id"]} for e in spill if e["op"] != "d")
+    conn = psycopg2.connect(postgres_dsn)
+    with conn.cursor() as cur:
+        cur.execute("SELECT slot_name, spill_txns FROM pg_stat_replication_slots")
+        spilled = dict(cur.fetchall())
+    conn.close()
+    assert spilled.get("wormhole_pg", 0) > 0, spilled
     # The unchanged TOASTed value is marked, never invented; FULL identity carries it.
-    toast = [e for e in collapsed if e["op"] == "u" and e["key"] == {"id": 3}]
+    toast = [
+        e
+        for e in collapsed
+        if e["op"] == "u" and e["key"] == {"id": 3} and e["source"]["table"] == "public.everything"
+    ]
     assert as_text(toast[0]["after"]["c_big"]) is UNCHANGED
     full = [
         e for e in collapsed if e["op"] == "u" and e["source"]["table"] == "public.full_identity"
@@ -350,3 +479,205 @@ def test_schema_changes_heartbeats_and_key_changes(tmp_path: Path, postgres_dsn:
         cur.execute("SELECT count(*) FROM events_heartbeat")
         assert cur.fetchone()[0] == 1
     conn.close()
+
+
+KEY_SCHEMA = [
+    "CREATE TABLE a1 (id int PRIMARY KEY, v text)",
+    "CREATE TABLE a2 (id2 int NOT NULL, v int)",
+    "CREATE TABLE a3 (id int PRIMARY KEY, code int NOT NULL, v int)",
+    "CREATE UNIQUE INDEX a3_code ON a3 (code)",
+    # Key values stored out of line: an update that leaves them alone does not send them.
+    "CREATE TABLE b1 (k text PRIMARY KEY, big text, v int)",
+    "ALTER TABLE b1 ALTER COLUMN k SET STORAGE EXTERNAL, ALTER COLUMN big SET STORAGE EXTERNAL",
+    "CREATE TABLE b2 (k text PRIMARY KEY, big text, v int)",
+    "ALTER TABLE b2 ALTER COLUMN k SET STORAGE EXTERNAL, ALTER COLUMN big SET STORAGE EXTERNAL",
+    "ALTER TABLE b2 REPLICA IDENTITY FULL",
+    "CREATE TABLE f1 (id int PRIMARY KEY, v text, extra int)",
+    "ALTER TABLE f1 REPLICA IDENTITY FULL",
+    "CREATE TABLE f2 (id int PRIMARY KEY, v text)",
+    "ALTER TABLE f2 REPLICA IDENTITY FULL",
+    "CREATE TABLE n1 (id int PRIMARY KEY, v text)",
+    "ALTER TABLE n1 REPLICA IDENTITY NOTHING",
+]
+KEY_TABLES = ["public.a1", "public.a2", "public.a3", "public.b1", "public.b2"]
+KEY_TABLES += ["public.f1", "public.f2", "public.n1"]
+BIG_KEY = "repeat('k', 2000)"
+# Each step's DDL comes before its changes, so that a run after each step decodes every
+# change before any later DDL: the keys as the catalog had them at once.
+KEY_STEPS = [
+    [
+        "INSERT INTO a1 VALUES (1, 'x')",
+        "UPDATE a1 SET v = 'y' WHERE id = 1",
+        "DELETE FROM a1 WHERE id = 1",
+        "INSERT INTO a2 VALUES (1, 10)",
+        "INSERT INTO a3 VALUES (1, 100, 1)",
+        "UPDATE a3 SET v = 2",
+        f"INSERT INTO b1 VALUES ({BIG_KEY}, repeat('b', 2000), 1)",
+        "UPDATE b1 SET v = 2",
+        f"INSERT INTO b2 VALUES ({BIG_KEY}, repeat('b', 2000), 1)",
+        "UPDATE b2 SET v = 2",
+        "DELETE FROM b2",
+        "INSERT INTO f1 VALUES (1, 'x', 5)",
+        "UPDATE f1 SET v = 'y'",
+        "INSERT INTO f2 VALUES (1, 'x')",
+        "UPDATE f2 SET v = 'y'",
+        "INSERT INTO n1 VALUES (1, 'x')",
+    ],
+    [
+        "DROP TABLE a1",
+        "ALTER TABLE a2 ADD COLUMN id serial PRIMARY KEY",
+        "INSERT INTO a2 (id2, v) VALUES (2, 20)",
+        "ALTER TABLE a3 REPLICA IDENTITY USING INDEX a3_code",
+        "UPDATE a3 SET v = 3",
+        "ALTER TABLE f1 DROP COLUMN extra",
+        "UPDATE f1 SET v = 'z'",
+        "ALTER TABLE f2 DROP CONSTRAINT f2_pkey, ADD COLUMN uid serial PRIMARY KEY",
+        "UPDATE f2 SET v = 'z'",
+        "DROP TABLE b1, b2, n1",
+    ],
+    [
+        "DROP TABLE f1",
+        "ALTER TABLE a2 DROP CONSTRAINT a2_pkey",
+        "ALTER TABLE a3 REPLICA IDENTITY DEFAULT",
+    ],
+]
+
+
+def _keys_pipeline(tmp_path: Path, dsn: str, name: str) -> Path:
+    return write_pipeline(
+        tmp_path / f"{name}.yml",
+        {
+            "pipeline": name,
+            "state_dir": str(tmp_path / name),
+            "source": {"type": "postgres", "dsn": dsn, "tables": KEY_TABLES, "publication": "k"},
+            "transport": {"type": "inprocess"},
+            "applications": {
+                "out": {"sink": {"type": "jsonl", "path": str(tmp_path / name / "out.jsonl")}}
+            },
+        },
+    )
+
+
+def test_a_change_is_keyed_as_its_table_was_whether_decoded_at_once_or_after_ddl(
+    tmp_path: Path, postgres_dsn: str
+) -> None:
+    sql(postgres_dsn, *KEY_SCHEMA)
+    prompt = _keys_pipeline(tmp_path, postgres_dsn, "prompt")
+    late = _keys_pipeline(tmp_path, postgres_dsn, "late")
+    for pipeline in (prompt, late):  # both slots start before the first change
+        assert run_cli("run", str(pipeline), "--once", cwd=tmp_path).returncode == 0
+    for step in KEY_STEPS:
+        sql(postgres_dsn, *step)
+        result = run_cli("run", str(prompt), "--once", cwd=tmp_path)
+        assert result.returncode == 0, result
+        assert "is not known" not in result.stderr
+    result = run_cli("run", str(late), "--once", cwd=tmp_path)
+    assert result.returncode == 0, result
+    # f1's second version was dropped before it was decoded: its key comes from the
+    # version recorded at the slot's start, whose key columns it still has.
+    assert "the primary key of public.f1 at" in result.stderr
+    assert "keying its changes by the primary key recorded at" in result.stderr
+
+    def keys(name: str) -> list[tuple[str, str, dict[str, Any], str]]:
+        return [
+            (e["op"], e["source"]["table"][7:], e["key"], e["source"]["position"])
+            for e in read_envelopes(tmp_path / name / "out.jsonl")
+        ]
+
+    at_once, after_ddl = keys("prompt"), keys("late")
+    assert after_ddl == at_once
+    big = "k" * 2000
+    expected = [
+        ("c", "a1", {"id": 1}),
+        ("u", "a1", {"id": 1}),
+        ("d", "a1", {"id": 1}),
+        ("c", "a2", {"id2": 1, "v": 10}),  # no primary key yet: every column
+        ("c", "a3", {"id": 1}),
+        ("u", "a3", {"id": 1}),
+        ("c", "b1", {"k": big}),
+        ("u", "b1", {"k": big}),  # the key did not change: one update, never a key change
+        ("c", "b2", {"k": big}),
+        ("u", "b2", {"k": big}),
+        ("d", "b2", {"k": big}),
+        ("c", "f1", {"id": 1}),
+        ("u", "f1", {"id": 1}),
+        ("c", "f2", {"id": 1}),
+        ("u", "f2", {"id": 1}),
+        ("c", "n1", {"id": 1}),
+        ("c", "a2", {"id": 2}),
+        ("u", "a3", {"code": 100}),
+        ("u", "f1", {"id": 1}),
+        ("u", "f2", {"uid": 1}),
+    ]
+    assert [k[:3] for k in at_once] == expected
+    b1 = [e for e in read_envelopes(tmp_path / "late" / "out.jsonl") if e["op"] == "u"][2]
+    assert b1["source"]["table"] == "public.b1" and b1["after"]["k"] == big
+
+
+def test_an_unchanged_toasted_key_missing_from_the_wal_stops_with_the_fix_named(
+    tmp_path: Path, postgres_dsn: str, caplog: Any
+) -> None:
+    """Servers before the May 2022 minor releases leave such a key out of the WAL.
+
+    No such server runs here: its UPDATE message (no old key, the key marked as an
+    unchanged TOASTed value) is built by hand; the catalog checks use the real server.
+    """
+    import logging
+    import struct
+
+    import pytest
+
+    from wormhole.connectors.postgres import pgoutput as pg
+    from wormhole.connectors.postgres.options import PostgresOptions
+    from wormhole.connectors.postgres.schema_history import SchemaHistory
+    from wormhole.connectors.postgres.source import PostgresSource, logs_unchanged_toasted_keys
+    from wormhole.core.errors import SourceError
+
+    assert not logs_unchanged_toasted_keys(140002) and logs_unchanged_toasted_keys(140003)
+    assert not logs_unchanged_toasted_keys(100020) and logs_unchanged_toasted_keys(100021)
+    assert logs_unchanged_toasted_keys(150000) and not logs_unchanged_toasted_keys(90624)
+    sql(
+        postgres_dsn,
+        "CREATE TABLE b1 (k text PRIMARY KEY, v int)",
+        "CREATE TABLE ints (id int PRIMARY KEY, v text)",
+        "CREATE TABLE whole (k text PRIMARY KEY, v int)",
+        "ALTER TABLE whole REPLICA IDENTITY FULL",
+        "CREATE PUBLICATION p FOR TABLE b1, ints, whole",
+    )
+    source = PostgresSource(PostgresOptions(dsn=postgres_dsn))
+    source.conn = source._connect()
+    source.publication = "p"
+    try:
+        for version, warned in ((140002, True), (140003, False), (150004, False)):
+            source.server_version = version
+            caplog.clear()
+            with caplog.at_level(logging.WARNING, "wormhole.postgres"):
+                source._warn_about_out_of_line_keys()
+            listed = "can be stored out of line: public.b1. Set ALTER TABLE" in caplog.text
+            assert listed is warned, caplog.text
+            assert "REPLICA IDENTITY FULL" in caplog.text or not warned
+            assert "ints" not in caplog.text and "whole" not in caplog.text
+        source.history = SchemaHistory(tmp_path / "history.json")
+        relation = pg.parse_relation(
+            b"R"
+            + struct.pack("!I", 7)
+            + b"public\0b1\0d"
+            + struct.pack("!H", 2)
+            + (b"\x01k\0" + struct.pack("!Ii", 25, -1))  # flags 1: an identity column
+            + (b"\x00v\0" + struct.pack("!Ii", 23, -1))
+        )
+        source._describe(relation)
+        assert relation.key_columns == ["k"]
+        # New tuple only: k unchanged TOAST ('u'), v = '2' ('t').
+        message = b"U" + struct.pack("!I", 7) + b"N" + struct.pack("!H", 2) + b"ut"
+        message += struct.pack("!I", 1) + b"2"
+        op, _, before, after, unchanged, full = pg.parse_change(message, {7: relation})
+        assert (op, before, unchanged) == ("u", None, ["k"])
+        with pytest.raises(SourceError) as raised:
+            source._change(op, relation, before, after, unchanged, full)
+        text = str(raised.value)
+        assert "update of public.b1" in text and "key column(s) k unchanged" in text
+        assert 'ALTER TABLE "public"."b1" REPLICA IDENTITY FULL' in text
+        assert "remove the state_dir" in text
+    finally:
+        source.conn.close()

@@ -53,7 +53,12 @@ try:  # optional dependency: the `mysql` extra
         RotateEvent,
         XidEvent,
     )
-    from pymysqlreplication.row_event import DeleteRowsEvent, UpdateRowsEvent, WriteRowsEvent
+    from pymysqlreplication.row_event import (
+        DeleteRowsEvent,
+        TableMapEvent,
+        UpdateRowsEvent,
+        WriteRowsEvent,
+    )
 
     HAVE_DRIVER = True
 except ImportError:  # pragma: no cover - reported at open()
@@ -136,6 +141,8 @@ class MySQLSource:
         self.txn_began = False
         self.skip_txn = False
         self.layouts: dict[tuple[Any, ...], Layout] = {}
+        # Primary keys that the table map describes as PRIMARY_KEY_WITH_PREFIX, by table id.
+        self.prefix_keys: dict[int, tuple[str, ...]] = {}
         self.included: dict[tuple[str, str], bool] = {}
         # Snapshot.
         self.snapshot_tables: list[tuple[str, str, Layout, str]] = []
@@ -454,6 +461,7 @@ class MySQLSource:
             server_id=self.reader_id,
             blocking=True,
             only_events=[
+                TableMapEvent,
                 MariadbGtidEvent,
                 GtidEvent,
                 QueryEvent,
@@ -582,6 +590,8 @@ class MySQLSource:
                 if len(updates) >= limit:
                     # A large transaction goes out in chunks: memory stays bounded.
                     return SourceBatch(updates, self._checkpoint())
+            elif kind is TableMapEvent:
+                self._table_map(event)
             elif kind is XidEvent:
                 self._commit()
                 if len(updates) >= limit or time.monotonic() >= deadline:
@@ -690,12 +700,27 @@ class MySQLSource:
             ts_ms=self.txn_ts,
         )
 
+    def _table_map(self, event: Any) -> None:
+        # The key is the primary key the table map carries (binlog_row_metadata=FULL), as
+        # it was when the row was written, never the live catalog's. The binlog reader
+        # reads it only from SIMPLE_PRIMARY_KEY; a primary key with a prefix part
+        # (PRIMARY KEY (name(10))) comes as PRIMARY_KEY_WITH_PREFIX instead, and would
+        # otherwise leave the table keyed by every column.
+        metadata = getattr(event, "optional_metadata", None)
+        prefixed = getattr(metadata, "primary_keys_with_prefix", None)
+        if prefixed:
+            columns = event.columns
+            self.prefix_keys[event.table_id] = tuple(columns[i].name for i in sorted(prefixed))
+        else:
+            self.prefix_keys.pop(event.table_id, None)
+
     def _layout(self, event: Any) -> Layout:
         columns = event.columns
+        primary_key = event.primary_key or self.prefix_keys.get(event.table_id, "")
         signature = (
             event.schema,
             event.table,
-            event.primary_key,
+            primary_key,
             *(
                 (c.name, c.type, getattr(c, "fsp", 0), getattr(c, "bits", 0), c.character_set_name)
                 for c in columns
@@ -703,7 +728,7 @@ class MySQLSource:
         )
         layout = self.layouts.get(signature)
         if layout is None:
-            layout = binlog_layout(columns, event.primary_key)
+            layout = binlog_layout(columns, primary_key)
             self.layouts[signature] = layout
         return layout
 

@@ -37,6 +37,7 @@ _U64 = struct.Struct("!Q")
 _I64 = struct.Struct("!q")
 _BEGIN = struct.Struct("!QqI")
 _COMMIT = struct.Struct("!BQQq")
+_RELATION_COLUMN = struct.Struct("!Ii")
 
 
 def lsn_text(lsn: int) -> str:
@@ -58,7 +59,9 @@ class Column:
     name: str
     type_oid: int
     key: bool
+    """Part of the replica identity (flag bit 1 of the Relation message)."""
     kind: int = 0  # 0 text, 1 int, 2 bool, 3 float
+    typmod: int = -1
 
 
 @dataclass
@@ -121,9 +124,9 @@ def parse_relation(data: bytes) -> Relation:
     for _ in range(ncols):
         flags = data[offset]
         column_name, offset = _cstring(data, offset + 1)
-        (type_oid,) = _U32.unpack_from(data, offset)
-        offset += 8  # type oid + typmod
-        columns.append(Column(column_name, type_oid, bool(flags & 1), value_kind(type_oid)))
+        type_oid, typmod = _RELATION_COLUMN.unpack_from(data, offset)
+        offset += 8
+        columns.append(Column(column_name, type_oid, bool(flags & 1), value_kind(type_oid), typmod))
     return Relation(oid, schema or "public", name, identity, columns)
 
 

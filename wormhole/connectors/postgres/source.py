@@ -21,12 +21,13 @@ import logging
 import re
 import select
 import time
-from typing import Any
+from typing import Any, NamedTuple
 
 import msgspec
 
 from wormhole.connectors.postgres import pgoutput as pg
 from wormhole.connectors.postgres.options import PostgresOptions
+from wormhole.connectors.postgres.schema_history import Columns, Entry, SchemaHistory
 from wormhole.core.errors import SourceError
 from wormhole.core.update import NULL, Update, snapshot_read
 from wormhole.plugins.components import SourceBatch, SourceContext
@@ -59,6 +60,34 @@ def _qualified(table: str) -> str:
     return f"{_quote(schema or 'public')}.{_quote(name)}"
 
 
+# The first minor release of each major version that writes an unchanged TOASTed
+# replica identity value to the WAL (as part of the old key) when an update leaves it
+# alone; before it, such an update carries no value of the key at all.
+_LOGS_UNCHANGED_TOASTED_KEYS = {10: 21, 11: 16, 12: 11, 13: 7, 14: 3}
+
+
+def logs_unchanged_toasted_keys(server_version_num: int) -> bool:
+    """Whether a server of this version writes an update's unchanged TOASTed key to the WAL."""
+    major, minor = divmod(server_version_num, 10000)
+    if major >= 15:
+        return True
+    return minor >= _LOGS_UNCHANGED_TOASTED_KEYS.get(major, 10**4)
+
+
+def _signature(relation: pg.Relation) -> Columns:
+    return [(c.name, c.type_oid, c.typmod) for c in relation.columns]
+
+
+class CatalogTable(NamedTuple):
+    """A table as the catalog describes it (now, or in the snapshot being read)."""
+
+    identity: str
+    columns: Columns
+    primary_key: list[str]
+    identity_index: list[str]
+    """The columns of the REPLICA IDENTITY USING INDEX index."""
+
+
 class PostgresSource:
     def __init__(self, options: PostgresOptions) -> None:
         self.options = options
@@ -70,6 +99,8 @@ class PostgresSource:
         self.cursor: Any = None
         self.relations: dict[int, pg.Relation] = {}
         self.base_types: dict[int, int] = {}
+        self.history: SchemaHistory | None = None
+        self.server_version = 0
         self.phase = "stream"
         self.snapshot_tables: list[str] = []
         self.snapshot_cursor: Any = None
@@ -117,6 +148,7 @@ class PostgresSource:
         self.publication = options.publication or f"wormhole_{_identifier(context.pipeline)}"
         self.conn = self._connect()
         self._check_server()
+        self.history = SchemaHistory(context.state_dir / "postgres-schema.json")
         if checkpoint is None or checkpoint.get("phase") == "snapshot":
             if checkpoint is not None:
                 log.warning(
@@ -126,9 +158,11 @@ class PostgresSource:
                 )
                 self._drop_slot()
             self._ensure_publication(first_run=True)
+            self._warn_about_out_of_line_keys()
             self._create_slot_and_snapshot()
         else:
             self._ensure_publication(first_run=False)
+            self._warn_about_out_of_line_keys()
             self._require_slot()
             self.resume_lsn = pg.parse_lsn(checkpoint["lsn"])
             self.resume_index = int(checkpoint.get("index", -1))
@@ -175,6 +209,8 @@ class PostgresSource:
             raise SourceError(
                 f"source: the database encoding is {encoding}; this source reads UTF8 databases"
             )
+        (version,) = self._query("SHOW server_version_num")[0]
+        self.server_version = int(version)
         rows = self._query(
             "SELECT rolreplication OR rolsuper FROM pg_roles WHERE rolname = current_user"
         )
@@ -239,9 +275,10 @@ class PostgresSource:
             )
         self.repl = self._connect(replication=True)
         self.cursor = self.repl.cursor()
-        export = "EXPORT_SNAPSHOT" if self.options.snapshot == "initial" else "NOEXPORT_SNAPSHOT"
+        # The exported snapshot shows the catalog exactly as it is at the slot's start,
+        # for the schema history, even when no rows are read from it.
         self.cursor.execute(
-            f"CREATE_REPLICATION_SLOT {_quote(self.slot)} LOGICAL pgoutput {export}"
+            f"CREATE_REPLICATION_SLOT {_quote(self.slot)} LOGICAL pgoutput EXPORT_SNAPSHOT"
         )
         _slot, consistent_point, snapshot_name, _plugin = self.cursor.fetchone()
         log.info("created replication slot %s at %s", self.slot, consistent_point)
@@ -249,14 +286,17 @@ class PostgresSource:
         self.lsn, self.index, self.complete = self.snapshot_lsn, -1, True
         self.flush = self.confirmed = self.seen_lsn = self.snapshot_lsn
         self.resume_lsn, self.resume_index = self.snapshot_lsn, -1
+        self.conn.autocommit = False
+        with self.conn.cursor() as cur:
+            cur.execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
+            cur.execute("SET TRANSACTION SNAPSHOT %s", (snapshot_name,))
+        self._record_published_tables()
         if self.options.snapshot == "initial":
             self.phase = "snapshot"
-            self.conn.autocommit = False
-            with self.conn.cursor() as cur:
-                cur.execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
-                cur.execute("SET TRANSACTION SNAPSHOT %s", (snapshot_name,))
             self.snapshot_tables = self._published_tables()
         else:
+            self.conn.commit()
+            self.conn.autocommit = True
             self._start_replication()
             # The new slot's position goes into the publisher log at once, so that a
             # restart knows the slot is ours even if no change arrived yet.
@@ -293,8 +333,8 @@ class PostgresSource:
         self.phase = "stream"
 
     # ------------------------------------------------------------ catalog
-    def _describe(self, relation: pg.Relation) -> None:
-        """Resolve domain types to their base types, and the key columns."""
+    def _resolve_types(self, relation: pg.Relation) -> None:
+        """Resolve domain types to their base types, for the columns' JSON kinds."""
         unknown = [c.type_oid for c in relation.columns if c.type_oid not in self.base_types]
         if unknown:
             rows = self._catalog(
@@ -308,21 +348,158 @@ class PostgresSource:
                 self.base_types[oid] = base
         for column in relation.columns:
             column.kind = pg.value_kind(self.base_types.get(column.type_oid, column.type_oid))
-        # One rule for snapshot and stream, so a row always lands in the same shard:
-        # the replica identity index (REPLICA IDENTITY USING INDEX), else the primary
-        # key, else every column.
-        keys = [
-            r[0]
-            for r in self._catalog(
-                "SELECT a.attname FROM pg_class c JOIN pg_index i ON i.indrelid = c.oid "
-                "JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = ANY(i.indkey) "
-                "WHERE c.oid = %s AND CASE WHEN c.relreplident = 'i' THEN i.indisreplident "
-                "ELSE i.indisprimary END ORDER BY array_position(i.indkey, a.attnum)",
-                (relation.oid,),
-            )
-        ]
-        relation.key_columns = keys or [c.name for c in relation.columns]
         relation.refresh()
+
+    def _describe(self, relation: pg.Relation) -> None:
+        """A Relation message: its columns' kinds, and its key at this point of the WAL."""
+        self._resolve_types(relation)
+        relation.key_columns = self._stream_key(relation)
+
+    def _stream_key(self, relation: pg.Relation) -> list[str]:
+        # One rule for snapshot and stream, so a row always lands in the same shard: the
+        # replica identity index (USING INDEX), else the primary key, else every column.
+        # The Relation message flags the identity columns as they were when the change
+        # was made, so DEFAULT and USING INDEX need no catalog (which may have moved on).
+        names = [c.name for c in relation.columns]
+        identity = relation.replica_identity
+        if identity in ("f", "n"):
+            return self._recorded_primary_key(relation) or names
+        flagged = [c.name for c in relation.columns if c.key]
+        if identity == "d":
+            assert self.history is not None
+            self.history.record(
+                relation.oid, Entry(self.txn_lsn, identity, _signature(relation), flagged)
+            )
+        # DEFAULT without flags: no primary key. USING INDEX without flags: the index
+        # was dropped, which PostgreSQL treats as NOTHING.
+        return flagged or names
+
+    def _recorded_primary_key(self, relation: pg.Relation) -> list[str]:
+        """The primary key of a FULL or NOTHING table as it was when its change was made.
+
+        The Relation message does not say it: the catalog does while it still describes
+        the table the message describes, and the schema history keeps what was known.
+        """
+        history = self.history
+        assert history is not None
+        oid, lsn = relation.oid, self.txn_lsn
+        signature = _signature(relation)
+        names = [c.name for c in relation.columns]
+        table = self._catalog_tables([oid]).get(oid)
+        if (
+            table is not None
+            and table.identity == relation.replica_identity
+            and table.columns == signature
+        ):
+            key = table.primary_key
+        else:
+            entry = history.with_columns(oid, lsn, signature)
+            if entry is not None:
+                key = entry.primary_key
+            else:
+                key, how = self._guess_primary_key(relation, table, set(names))
+                log.warning(
+                    "the primary key of %s at %s is not known: the table was altered or "
+                    "dropped before this part of the WAL was decoded, and the schema history "
+                    "holds no version of it with these columns; keying its changes by %s (%s)",
+                    relation.table,
+                    pg.lsn_text(lsn),
+                    how,
+                    ", ".join(key or names),
+                )
+        key = [n for n in names if n in key]  # in column order, as for DEFAULT tables
+        history.record(oid, Entry(lsn, relation.replica_identity, signature, key))
+        return key
+
+    def _guess_primary_key(
+        self, relation: pg.Relation, table: CatalogTable | None, names: set[str]
+    ) -> tuple[list[str], str]:
+        assert self.history is not None
+        for entry in self.history.nearest(relation.oid, self.txn_lsn):
+            if set(entry.primary_key) <= names:
+                return entry.primary_key, f"the primary key recorded at {pg.lsn_text(entry.lsn)}"
+        if table is not None and table.primary_key and set(table.primary_key) <= names:
+            return table.primary_key, "the current primary key"
+        return [], "every column"
+
+    def _catalog_tables(self, oids: list[int] | None = None) -> dict[int, CatalogTable]:
+        """The catalog's description of tables: of ``oids``, or of the publication's."""
+        generated = " AND a.attgenerated = ''" if self.server_version >= 120000 else ""
+        columns = (
+            "FROM pg_attribute a WHERE a.attrelid = c.oid AND a.attnum > 0 AND NOT "
+            f"a.attisdropped{generated} ORDER BY a.attnum"
+        )
+        index = (
+            "FROM pg_index i JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = "
+            "ANY(i.indkey) WHERE i.indrelid = c.oid AND i.{} ORDER BY a.attnum"
+        )
+        if oids is None:
+            where = (
+                "c.oid IN (SELECT (quote_ident(schemaname) || '.' || quote_ident(tablename))"
+                "::regclass FROM pg_publication_tables WHERE pubname = %s)"
+            )
+            args: tuple[Any, ...] = (self.publication,)
+        else:
+            where, args = "c.oid = ANY(%s::oid[])", (oids,)
+        rows = self._catalog(
+            f"SELECT c.oid::int8, c.relreplident::text, "
+            f"ARRAY(SELECT a.attname::text {columns}), ARRAY(SELECT a.atttypid::int8 {columns}), "
+            f"ARRAY(SELECT a.atttypmod {columns}), "
+            f"ARRAY(SELECT a.attname::text {index.format('indisprimary')}), "
+            f"ARRAY(SELECT a.attname::text {index.format('indisreplident')}) "
+            f"FROM pg_class c WHERE {where}",
+            args,
+        )
+        return {
+            oid: CatalogTable(
+                identity,
+                list(zip(names, types, typmods, strict=True)),
+                primary_key,
+                identity_index,
+            )
+            for oid, identity, names, types, typmods, primary_key, identity_index in rows
+        }
+
+    def _record_published_tables(self) -> None:
+        """The schema history starts with the publication's tables at the slot's start."""
+        assert self.history is not None
+        self.history.reset(
+            {
+                oid: Entry(self.snapshot_lsn, table.identity, table.columns, table.primary_key)
+                for oid, table in self._catalog_tables().items()
+            }
+        )
+        self.history.save()
+
+    def _warn_about_out_of_line_keys(self) -> None:
+        if logs_unchanged_toasted_keys(self.server_version):
+            return
+        tables = self._out_of_line_key_tables()
+        if tables:
+            log.warning(
+                "PostgreSQL %s does not write a key value stored out of line (TOAST) "
+                "to the WAL when an update leaves it unchanged, and such an update stops the "
+                "pipeline (its key is unknown). The key columns of these tables can be stored "
+                "out of line: %s. Set ALTER TABLE <table> REPLICA IDENTITY FULL on them, or "
+                "upgrade to a minor release that writes the value (10.21, 11.16, 12.11, 13.7, "
+                "14.3 or later)",
+                self.server_version,
+                ", ".join(tables),
+            )
+
+    def _out_of_line_key_tables(self) -> list[str]:
+        """Published tables keyed by their replica identity whose key can be TOASTed."""
+        rows = self._query(
+            "SELECT DISTINCT t.schemaname, t.tablename FROM pg_publication_tables t "
+            "JOIN pg_namespace n ON n.nspname = t.schemaname JOIN pg_class c ON "
+            "c.relnamespace = n.oid AND c.relname = t.tablename JOIN pg_index i ON "
+            "i.indrelid = c.oid AND CASE c.relreplident WHEN 'd' THEN i.indisprimary "
+            "WHEN 'i' THEN i.indisreplident ELSE false END JOIN pg_attribute a ON "
+            "a.attrelid = c.oid AND a.attnum = ANY(i.indkey) WHERE t.pubname = %s AND "
+            "a.attstorage <> 'p' ORDER BY 1, 2",
+            (self.publication,),
+        )
+        return [f"{schema}.{name}" for schema, name in rows]
 
     def _catalog(self, sql: str, args: Any) -> list[tuple[Any, ...]]:
         # The snapshot transaction (if any) is read-only and fine for catalog reads.
@@ -387,6 +564,9 @@ class PostgresSource:
             delay = min(delay * 2, 30.0)
 
     def _checkpoint(self) -> dict[str, Any]:
+        if self.history is not None:
+            # Durable no later than the batch keyed by what it learnt.
+            self.history.save()
         return {
             "phase": "stream",
             "lsn": pg.lsn_text(self.lsn),
@@ -410,7 +590,8 @@ class PostgresSource:
         relations = self.relations
         heartbeat_tables = self.options.heartbeat_tables
         parse_change = pg.parse_change
-        make_update = self._update
+        make_insert = self._insert
+        make_change = self._change
         lsn, index, complete, flush = self.lsn, self.index, self.complete, self.flush
         # Whether the transaction being read was emitted before (a resend after a restart
         # or reconnect): kept across calls, since a transaction can span several.
@@ -457,14 +638,13 @@ class PostgresSource:
                 self.txn_index += 1
                 if skip_txn or (resuming and self.txn_index <= self.resume_index):
                     continue
-                op, relation, before, after, _unchanged, full = parse_change(data, relations)
+                op, relation, before, after, unchanged, full = parse_change(data, relations)
                 if heartbeat_tables and relation.table in heartbeat_tables:
                     continue
-                update = make_update(op, relation, before, after, full)
-                if op == "u" and before is not None and self._key_changed(update, before):
-                    updates.extend(self._split_key_change(update, before, full))
+                if op == "c":
+                    append(make_insert(relation, after))
                 else:
-                    append(update)
+                    updates.extend(make_change(op, relation, before, after, unchanged, full))
                 lsn, index, complete = self.txn_lsn, self.txn_index, False
                 if len(updates) >= limit:
                     # A large transaction goes out in chunks: memory stays bounded.
@@ -506,41 +686,71 @@ class PostgresSource:
                 lsn, index, complete = self.txn_lsn, self.txn_index, False
             # 'Y' (type) and 'M' (message) carry nothing the envelope needs.
 
-    def _update(
+    def _insert(self, relation: pg.Relation, after: Any) -> Update:
+        # The common case, kept short: an insert holds every value (never a TOAST
+        # placeholder), and its key is in it.
+        return Update(
+            op="c",
+            key={k: after[k] for k in relation.key_columns},
+            after=_Raw(_encode(after)),
+            table=relation.table,
+            connector="postgres",
+            position=f"{self.txn_commit}:{self.txn_index}",
+            logical=self.txn_logical,
+            txid=self.txn_xid,
+            ts_ms=self.txn_ts,
+        )
+
+    def _change(
         self,
         op: str,
         relation: pg.Relation,
         before: dict[str, Any] | None,
         after: dict[str, Any] | None,
+        unchanged: list[str],
         full: bool,
-    ) -> Update:
+    ) -> list[Update]:
+        """An update or a delete; an update that changed the key becomes a delete + insert.
+
+        ``before`` is the old row (``full``, REPLICA IDENTITY FULL) or the old key
+        columns, or None when the update left the key alone. ``unchanged`` names the
+        TOASTed columns the update left alone, which are not in ``after``.
+        """
         keys = relation.key_columns
-        if before is None and op == "c":  # an insert: the common case, kept short
-            assert after is not None
-            return Update(
-                op="c",
-                key={k: after.get(k) for k in keys},
-                after=_Raw(_encode(after)),
-                table=relation.table,
-                connector="postgres",
-                position=f"{self.txn_commit}:{self.txn_index}",
-                logical=self.txn_logical,
-                txid=self.txn_xid,
-                ts_ms=self.txn_ts,
-            )
-        row = after if after is not None else before
-        assert row is not None
-        key = {k: row.get(k) for k in keys}
-        if before is not None and not full:
-            before = {k: before[k] for k in keys if k in before}
-            key = {k: before.get(k, key[k]) for k in keys} if op == "d" else key
-        if before is None and op == "u":
-            before = {k: row.get(k) for k in keys}
-        if after is not None and before is not None and full:
-            for name, value in after.items():
-                if value == pg.UNCHANGED_TOAST and name in before:
-                    after[name] = before[name]  # carried from the old image
-        commit = self.txn_commit
+        if op == "d":
+            assert before is not None
+            old_key = {k: before[k] for k in keys}
+            return [self._make("d", relation, old_key, before if full else old_key, None)]
+        assert after is not None
+        if unchanged and before is not None:
+            # The old image holds what the update left alone: the whole old row (FULL),
+            # or the key columns, which PostgreSQL logs when they are stored out of line.
+            for name in unchanged:
+                if full or name in keys:
+                    after[name] = before[name]
+        key = {k: after[k] for k in keys}
+        if before is None:
+            if unchanged and any(key[k] == pg.UNCHANGED_TOAST for k in keys):
+                raise self._unknown_key(relation, [k for k in keys if k in unchanged])
+            return [self._make("u", relation, key, key, after)]
+        old_key = {k: before[k] for k in keys}
+        if old_key == key:
+            return [self._make("u", relation, key, before if full else old_key, after)]
+        # The old key may live in another shard: it gets a delete, the new key an
+        # insert, so both flows see the change (as for any key-value store).
+        return [
+            self._make("d", relation, old_key, before if full else old_key, None),
+            self._make("c", relation, key, None, after),
+        ]
+
+    def _make(
+        self,
+        op: str,
+        relation: pg.Relation,
+        key: dict[str, Any],
+        before: dict[str, Any] | None,
+        after: dict[str, Any] | None,
+    ) -> Update:
         return Update(
             op=op,
             key=key,
@@ -548,35 +758,23 @@ class PostgresSource:
             after=NULL if after is None else _Raw(_encode(after)),
             table=relation.table,
             connector="postgres",
-            position=f"{commit}:{self.txn_index}",
+            position=f"{self.txn_commit}:{self.txn_index}",
             logical=self.txn_logical,
             txid=self.txn_xid,
             ts_ms=self.txn_ts,
         )
 
-    @staticmethod
-    def _key_changed(update: Update, before: dict[str, Any]) -> bool:
-        # Columns missing from the old image (NULL in a key-only image) say nothing.
-        return any(before.get(k) is not None and before[k] != v for k, v in update.key.items())
-
-    def _split_key_change(self, update: Update, before: dict[str, Any], full: bool) -> list[Update]:
-        # The old key may live in another shard: it gets a delete, the new key an
-        # insert, so both flows see the change (as for any key-value store).
-        old_key = {k: before.get(k) for k in update.key}
-        delete = Update(
-            op="d",
-            key=old_key,
-            before=update.before if full else _Raw(_encode(old_key)),
-            table=update.table,
-            connector=update.connector,
-            position=update.position,
-            logical=update.logical,
-            txid=update.txid,
-            ts_ms=update.ts_ms,
+    def _unknown_key(self, relation: pg.Relation, columns: list[str]) -> SourceError:
+        return SourceError(
+            f"source: the update of {relation.table} at {self.txn_commit}:{self.txn_index} "
+            f"left its key column(s) {', '.join(columns)} unchanged and stored out of line "
+            f"(TOAST), and this server did not write their value to the WAL, so the key of "
+            f"the change is unknown and it cannot be delivered. Set REPLICA IDENTITY FULL on "
+            f"the table (ALTER TABLE {_qualified(relation.table)} REPLICA IDENTITY FULL) or "
+            f"upgrade PostgreSQL to a minor release that writes the value (10.21, 11.16, "
+            f"12.11, 13.7, 14.3 or later), then remove the state_dir to start over with a new "
+            f"initial snapshot: this change stays in the slot's WAL"
         )
-        update.op = "c"
-        update.before = NULL
-        return [delete, update]
 
     def _truncate(self, relation: pg.Relation) -> Update:
         commit = pg.lsn_text(self.txn_lsn)
@@ -646,8 +844,14 @@ class PostgresSource:
             "WHERE n.nspname = %s AND c.relname = %s",
             (schema, name),
         )[0]
-        relation = pg.Relation(oid, schema, name, "d", [pg.Column(n, t, False) for n, t in rows])
-        self._describe(relation)
+        table_now = self._catalog_tables([oid])[oid]
+        relation = pg.Relation(
+            oid, schema, name, table_now.identity, [pg.Column(n, t, False) for n, t in rows]
+        )
+        self._resolve_types(relation)
+        # The rule of _stream_key, from the catalog in the snapshot (the slot's start).
+        key = table_now.identity_index if table_now.identity == "i" else table_now.primary_key
+        relation.key_columns = key or [c.name for c in relation.columns]
         self.snapshot_columns = relation.columns
         self.snapshot_keys = relation.key_columns
         self.snapshot_table = table
@@ -714,6 +918,9 @@ class PostgresSource:
             self.heartbeat_conn = None
 
     def close(self) -> None:
+        if self.history is not None:
+            with contextlib.suppress(OSError):
+                self.history.save()
         if self.cursor is not None and self.phase == "stream" and self.confirmed:
             # Status updates go out every status_interval; the last one must not wait.
             with contextlib.suppress(Exception):
