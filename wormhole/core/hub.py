@@ -15,6 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from wormhole.core.assignment import owners
 from wormhole.core.flows import Flow
 from wormhole.core.pipeline import Application, Pipeline
 from wormhole.core.update import Update
@@ -179,16 +180,15 @@ class Hub:
                 app.rewind += 1
 
     def _assign(self, app: ApplicationRuntime) -> None:
-        # Caller holds the lock. Shard s belongs to session s % n (in joining order):
-        # a stable, even split. A shard changes hands in two steps: the old owner is
-        # told to let go, and only once it confirms does the new owner get it, from
-        # the flow's datamarker -- so two subscribers never hold one flow at once.
+        # Caller holds the lock. Owners come from the assignment (a stable, even split
+        # over the sessions in joining order). A shard changes hands in two steps: the
+        # old owner is told to let go, and only once it confirms does the new owner get
+        # it, from the flow's datamarker -- so two subscribers never hold one flow at once.
         sessions = app.sessions
         assigned: dict[int, list[int]] = {}
         revoked: dict[int, list[int]] = {}
         by_id = {id(s): s for s in sessions}
-        for shard in range(self.shards):
-            wanted = sessions[shard % len(sessions)] if sessions else None
+        for shard, wanted in enumerate(owners(self.shards, sessions)):
             current = app.owner[shard]
             if current is wanted or shard in app.revoking:
                 continue

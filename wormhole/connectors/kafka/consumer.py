@@ -26,11 +26,13 @@ from wormhole.connectors.kafka.common import (
 )
 from wormhole.connectors.kafka.options import ConfigValue, KafkaOptions
 from wormhole.connectors.tcp.client import Flow, Handlers
+from wormhole.core.assignment import shards_of
 from wormhole.core.errors import ConfigError, WormholeError
+from wormhole.core.flows import application_filter
 from wormhole.core.pipeline import Pipeline, load_pipeline, sink_application
 from wormhole.core.subscriber import run_handlers
 from wormhole.core.update import Update, decode_envelope
-from wormhole.plugins.filters import BatchFilter, compile_filter
+from wormhole.plugins.filters import BatchFilter
 
 log = logging.getLogger("wormhole.subscriber")
 
@@ -144,21 +146,13 @@ class KafkaSubscriber(Handlers):
             if options.topic_naming == "dataset"
             else [table_pattern(options)]
         )
-        plugins = [component.create() for component in application.filters]
         return cls(
             app,
             options.bootstrap_servers,
             topics,
             start=start if start is not None else application.start,
             config=client_config(options, options.consumer),
-            filter=compile_filter(
-                application.tables,
-                application.ops,
-                plugins,
-                where=application.where,
-                columns=application.columns,
-                application=application.name,
-            ),
+            filter=application_filter(application),
             instance=instance,
             batch_updates=options.batch_updates,
             shards=shards,
@@ -410,7 +404,7 @@ def subscribe_command(pipeline: Pipeline, app_name: str, instance: int) -> int:
             f"s % subscribers == I",
             pipeline.file,
         )
-    shards = [s for s in range(pipeline.shards) if s % app.subscribers == instance]
+    shards = shards_of(instance, app.subscribers, pipeline.shards)
     subscriber = KafkaSubscriber.from_pipeline(
         pipeline, app_name, instance=str(instance), shards=shards
     )
