@@ -9,6 +9,7 @@ until everything the source held at start has been acknowledged).
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import gc
 import logging
@@ -27,7 +28,7 @@ from wormhole.core.publisher_log import PublisherLog
 from wormhole.core.retention import Retention
 from wormhole.core.status import LiveStatus
 from wormhole.core.tailer import Tailer
-from wormhole.plugins.components import Datamarker, SourceContext
+from wormhole.plugins.components import Datamarker, DatamarkerStore, SourceContext
 
 log = logging.getLogger("wormhole.publisher")
 
@@ -93,69 +94,22 @@ class Publisher:
     def run(self) -> RunSummary:
         pipeline = self.pipeline
         started = time.monotonic()
-        state_dir = pipeline.state_dir
-        try:
-            state_dir.mkdir(parents=True, exist_ok=True)
-        except OSError as exc:
-            raise StateError(
-                f"state_dir: cannot create {state_dir} ({exc.strerror}); choose a writable "
-                f"directory"
-            ) from exc
-        lock = self._lock_state_dir()
-        store = pipeline.datamarker_store.create()
-        try:
-            store.open(pipeline.name, state_dir)
-        except BaseException:
-            os.close(lock)
-            raise
-        plog: PublisherLog | None = None
-        source = None
-        transport = None
-        caravans: CaravanManager | None = None
-        tailer = None
-        try:
+        with contextlib.ExitStack() as cleanup:
+            store = self._open_state(cleanup)
             self._check_meta(store)
             plog = self.publisher_log = PublisherLog(
-                state_dir / "log",
+                pipeline.state_dir / "log",
                 roll_size=int(pipeline.log.roll_size),
                 fsync=pipeline.log.fsync,
                 tail_updates=pipeline.log.tail_updates,
             )
             recovery = plog.open()
+            cleanup.callback(plog.close)
             source = pipeline.source.create()
-            source.open(
-                SourceContext(
-                    pipeline=pipeline.name,
-                    state_dir=state_dir,
-                    shards=pipeline.shards,
-                    stop=self.tail_stop,
-                    log=logging.getLogger(f"wormhole.source.{pipeline.source.type}"),
-                ),
-                recovery.checkpoint,
-            )
+            source.open(self._source_context(), recovery.checkpoint)
+            cleanup.callback(source.close)
             end = source.capture_end() if self.once else None
-            transport = self.transport = pipeline.transport.create()
-            # A transport that reads the publisher log itself (spec `reads_log`) takes over
-            # delivery: every application is then external to the hub, and the transport
-            # stores their datamarkers as its destination confirms updates.
-            self.retention = Retention(pipeline, store, plog, self.transport_reads_log)
-            hub = self.hub = Hub(pipeline, self._applications(store, plog))
-            hub.failed.update(self.start_failures)
-            hub.local_subscribers = self.local_subscribers
-            hub.once = self.once
-            hub.plog = plog
-            hub.store = store
-            transport.start(hub)
-            pipeline.registry.pm.hook.wormhole_pipeline_started(pipeline=pipeline)
-            caravans = self.caravans = CaravanManager(
-                hub,
-                plog,
-                self.delivery_stop,
-                max_caravans=pipeline.caravans.max_caravans,
-                merge_distance=pipeline.caravans.merge_distance,
-                slow_flow_s=pipeline.caravans.slow_flow_s,
-            )
-            caravans.start()
+            hub = self._start_delivery(cleanup, store, plog)
             tailer = self.tailer = Tailer(
                 source,
                 plog,
@@ -166,45 +120,102 @@ class Publisher:
                 on_failure=self.stop_requested.set,
             )
             tailer.start()
+            cleanup.callback(tailer.join, 10)
+            # Runs first on the way out: nothing more is read or delivered.
+            cleanup.callback(self.delivery_stop.set)
+            cleanup.callback(self.tail_stop.set)
             self._supervise(store, plog, hub)
-            # Graceful stop: no more reading; subscribers finish what they hold.
-            self.tail_stop.set()
-            tailer.join()
-            self.delivery_stop.set()
-            caravans.join()
-            transport.stop()
-            transport = None
-            self._persist(plog, hub)
-            if self.failure is None and tailer.failure is not None:
-                self.failure = tailer.failure
-            if self.failure is None and hub.failure is not None:
-                self.failure = hub.failure
-            if self.failure is None and hub.failed:
-                # The other applications were served; the run still reports the error.
-                self.failure = next(iter(hub.failed.values()))
+            self._stop_gracefully(plog, hub)
             if self.failure is not None:
                 raise self.failure
             summary = self._summary(started, plog, hub, recovery.truncated)
             pipeline.registry.pm.hook.wormhole_pipeline_stopped(pipeline=pipeline, summary=summary)
             return summary
-        finally:
-            self.tail_stop.set()
-            self.delivery_stop.set()
-            if tailer is not None:
-                tailer.join(10)
-            if caravans is not None:
-                caravans.join(10)
-            if transport is not None:
-                try:
-                    transport.stop(drain=False)
-                except Exception:  # pragma: no cover - already failing
-                    log.exception("transport did not stop cleanly")
-            if source is not None:
-                source.close()
-            if plog is not None:
-                plog.close()
-            store.close()
-            os.close(lock)
+        raise AssertionError("unreachable")  # pragma: no cover - mypy: the with returns
+
+    def _open_state(self, cleanup: contextlib.ExitStack) -> DatamarkerStore:
+        """Create and lock the state dir, open the datamarker store."""
+        state_dir = self.pipeline.state_dir
+        try:
+            state_dir.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise StateError(
+                f"state_dir: cannot create {state_dir} ({exc.strerror}); choose a writable "
+                f"directory"
+            ) from exc
+        cleanup.callback(os.close, self._lock_state_dir())
+        store: DatamarkerStore = self.pipeline.datamarker_store.create()
+        store.open(self.pipeline.name, state_dir)
+        cleanup.callback(store.close)
+        return store
+
+    def _source_context(self) -> SourceContext:
+        pipeline = self.pipeline
+        return SourceContext(
+            pipeline=pipeline.name,
+            state_dir=pipeline.state_dir,
+            shards=pipeline.shards,
+            stop=self.tail_stop,
+            log=logging.getLogger(f"wormhole.source.{pipeline.source.type}"),
+        )
+
+    def _start_delivery(
+        self, cleanup: contextlib.ExitStack, store: DatamarkerStore, plog: PublisherLog
+    ) -> Hub:
+        """The hub with every application's flows, the transport and the caravans."""
+        pipeline = self.pipeline
+        transport = self.transport = pipeline.transport.create()
+        # A transport that reads the publisher log itself (spec `reads_log`) takes over
+        # delivery: every application is then external to the hub, and the transport
+        # stores their datamarkers as its destination confirms updates.
+        self.retention = Retention(pipeline, store, plog, self.transport_reads_log)
+        hub = self.hub = Hub(pipeline, self._applications(store, plog))
+        hub.failed.update(self.start_failures)
+        hub.local_subscribers = self.local_subscribers
+        hub.once = self.once
+        hub.plog = plog
+        hub.store = store
+        transport.start(hub)
+        cleanup.callback(self._abort_transport)
+        pipeline.registry.pm.hook.wormhole_pipeline_started(pipeline=pipeline)
+        caravans = self.caravans = CaravanManager(
+            hub,
+            plog,
+            self.delivery_stop,
+            max_caravans=pipeline.caravans.max_caravans,
+            merge_distance=pipeline.caravans.merge_distance,
+            slow_flow_s=pipeline.caravans.slow_flow_s,
+        )
+        caravans.start()
+        cleanup.callback(caravans.join, 10)
+        return hub
+
+    def _abort_transport(self) -> None:
+        if self.transport is None:
+            return  # stopped gracefully
+        try:
+            self.transport.stop(drain=False)
+        except Exception:  # pragma: no cover - already failing
+            log.exception("transport did not stop cleanly")
+
+    def _stop_gracefully(self, plog: PublisherLog, hub: Hub) -> None:
+        """No more reading; subscribers finish what they hold; datamarkers are persisted.
+        Sets ``failure`` to what ended the run badly, if anything did."""
+        assert self.tailer is not None and self.caravans is not None
+        self.tail_stop.set()
+        self.tailer.join()
+        self.delivery_stop.set()
+        self.caravans.join()
+        transport, self.transport = self.transport, None
+        transport.stop()
+        self._persist(plog, hub)
+        if self.failure is None and self.tailer.failure is not None:
+            self.failure = self.tailer.failure
+        if self.failure is None and hub.failure is not None:
+            self.failure = hub.failure
+        if self.failure is None and hub.failed:
+            # The other applications were served; the run still reports the error.
+            self.failure = next(iter(hub.failed.values()))
 
     def _lock_state_dir(self) -> int:
         """One process per state dir: two would interleave one log and one set of datamarkers."""
