@@ -187,15 +187,13 @@ class Caravan:
             self.on_evict(self, app)
 
     def _dispatch(self, app: ApplicationRuntime, batch: Batch, shared: bool = False) -> bool:
-        flows = app.flows
-        end = batch.end_seq
-        first = batch.first_seq
-        updates: list[Update] = batch.updates
+        """Deliver ``batch`` to ``app``'s subscribers: True when done (or the application
+        left this caravan), False when stopping."""
         hub = self.hub
         with hub.lock:
             sessions = list(app.sessions)
             owner = list(app.owner)
-            delivered = [f.delivered for f in flows]
+            delivered = [f.delivered for f in app.flows]
         if not sessions:
             if shared and self.on_evict is not None:
                 # Nobody to deliver to: the others do not wait for it.
@@ -208,10 +206,49 @@ class Caravan:
                 self._evict(app, "no subscriber connected")
                 return True
             return self._dispatch(app, batch, shared=waited == "shared")
-        if min(delivered) >= end:
+        if min(delivered) >= batch.end_seq:
             return True
-        exact = all(d == first for d in delivered)
-        if not exact:
+        updates = self._select(app, batch, owner, delivered)
+        if updates is None:
+            return True  # the application stopped on its filter
+        frames: dict[int, list[Update]] = {id(s): [] for s in sessions}
+        if len(sessions) == 1 and all(o is sessions[0] for o in owner):
+            frames[id(sessions[0])] = updates
+        else:
+            for u in updates:
+                target = owner[u.shard]
+                if target is not None:
+                    frames[id(target)].append(u)
+        for session in sessions:
+            datamarkers = {
+                shard: batch.end_seq
+                for shard, o in enumerate(owner)
+                if o is session and batch.first_seq <= delivered[shard] < batch.end_seq
+            }
+            if not datamarkers:
+                continue
+            mine = frames[id(session)]
+            frame = Frame(
+                app.name, mine, datamarkers, batch.first_seq, batch.end_seq, batch.appended_ns
+            )
+            sent = self._send(app, session, frame, delivered, shared)
+            if sent == "stale":
+                return self._dispatch(app, batch, shared)
+            if sent == "evicted":
+                return True
+            if sent == "stop":
+                return False
+            app.delivered_updates += len(mine)
+        return True
+
+    def _select(
+        self, app: ApplicationRuntime, batch: Batch, owner: list[Any], delivered: list[int]
+    ) -> list[Update] | None:
+        """The batch's updates that ``app``'s flows still need, through its filter (None
+        if the filter failed: the application stops, the others go on)."""
+        first, end = batch.first_seq, batch.end_seq
+        updates: list[Update] = batch.updates
+        if not all(d == first for d in delivered):
             # A flow takes a batch only if it starts at or before the flow's position:
             # it skips what it already has (acknowledged further before a restart)
             # and never jumps a gap. A flow behind the batch (moved back to its
@@ -228,70 +265,61 @@ class Caravan:
             try:
                 updates = app.filter(updates)
             except FilterError as exc:
-                # This application stops here (its datamarkers stay before this batch);
-                # the others go on.
-                hub.app_failed(app, exc)
+                # This application stops here (its datamarkers stay before this batch).
+                self.hub.app_failed(app, exc)
                 with self.lock:
                     if app in self.applications:
                         self.applications.remove(app)
-                return True
-        frames: dict[int, list[Update]] = {id(s): [] for s in sessions}
-        if len(sessions) == 1 and all(o is sessions[0] for o in owner):
-            frames[id(sessions[0])] = updates
+                return None
+        return updates
+
+    def _send(
+        self,
+        app: ApplicationRuntime,
+        session: SubscriberSession,
+        frame: Frame,
+        delivered: list[int],
+        shared: bool,
+    ) -> str:
+        """Hand one frame to one session: "sent", "stale" (another caravan delivered these
+        flows meanwhile: dispatch again), "evicted" (not taken in time: the application
+        moves off this caravan) or "stop"."""
+        hub, flows, end = self.hub, app.flows, frame.end_seq
+        moved: dict[int, int] = {}
+        with hub.lock:
+            # Another caravan may have delivered these flows since they were read
+            # (the application was moving between caravans): start again from what
+            # they hold now, so nothing goes out twice.
+            if any(flows[shard].delivered != delivered[shard] for shard in frame.datamarkers):
+                return "stale"
+            # Recorded before the hand-over: an acknowledgement can come back at once,
+            # and it is never taken past what was delivered. A reassignment that moves
+            # the flow back later resets this.
+            for shard in frame.datamarkers:
+                if app.owner[shard] is session and flows[shard].delivered < end:
+                    moved[shard] = flows[shard].delivered
+                    flows[shard].delivered = end
+        timed = (
+            shared
+            and self.on_evict is not None
+            and self.slow_flow_s is not None
+            and getattr(session, "timed_delivery", False)
+        )
+        if timed:
+            assert self.slow_flow_s is not None
+            done = session.deliver(frame, self.stop, time.monotonic() + self.slow_flow_s)
         else:
-            for u in updates:
-                target = owner[u.shard]
-                if target is not None:
-                    frames[id(target)].append(u)
-        for session in sessions:
-            datamarkers = {
-                shard: end
-                for shard, o in enumerate(owner)
-                if o is session and first <= delivered[shard] < end
-            }
-            if not datamarkers:
-                continue
-            mine = frames[id(session)]
-            frame = Frame(app.name, mine, datamarkers, first, end, batch.appended_ns)
-            moved: dict[int, int] = {}
+            done = session.deliver(frame, self.stop)
+        if done is None:
+            # Not taken in time: the frame was not delivered. Its flows go back to where
+            # they were, and the application moves off this caravan.
             with hub.lock:
-                # Another caravan may have delivered these flows since they were read
-                # above (the application was moving between caravans): start again from
-                # what they hold now, so nothing goes out twice.
-                stale = any(flows[shard].delivered != delivered[shard] for shard in datamarkers)
-                # Recorded before the hand-over: an acknowledgement can come back at
-                # once, and it is never taken past what was delivered. A reassignment
-                # that moves the flow back later resets this.
-                for shard in datamarkers if not stale else ():
-                    if app.owner[shard] is session and flows[shard].delivered < end:
-                        moved[shard] = flows[shard].delivered
-                        flows[shard].delivered = end
-            if stale:
-                return self._dispatch(app, batch, shared)
-            timed = (
-                shared
-                and self.on_evict is not None
-                and self.slow_flow_s is not None
-                and getattr(session, "timed_delivery", False)
-            )
-            if timed:
-                assert self.slow_flow_s is not None
-                done = session.deliver(frame, self.stop, time.monotonic() + self.slow_flow_s)
-            else:
-                done = session.deliver(frame, self.stop)
-            if done is None:
-                # Not taken in time: the frame was not delivered. Its flows go back to
-                # where they were, and the application moves off this caravan.
-                with hub.lock:
-                    for shard, before in moved.items():
-                        if flows[shard].delivered == end:
-                            flows[shard].delivered = before
-                self._evict(app, f"its subscribers kept it waiting over {self.slow_flow_s}s")
-                return True
-            if not done:
-                return False
-            app.delivered_updates += len(mine)
-        return True
+                for shard, before in moved.items():
+                    if flows[shard].delivered == end:
+                        flows[shard].delivered = before
+            self._evict(app, f"its subscribers kept it waiting over {self.slow_flow_s}s")
+            return "evicted"
+        return "sent" if done else "stop"
 
 
 class CaravanManager:
