@@ -14,13 +14,20 @@ from wormhole.testing import write_pipeline
 from wormhole.testing.helpers import cli_command
 
 
-def tcp_pipeline(tmp_path: Path, port: int, applications: dict[str, Any], **transport: Any) -> Path:
+def tcp_pipeline(
+    tmp_path: Path,
+    port: int,
+    applications: dict[str, Any],
+    source_options: dict[str, Any] | None = None,
+    **transport: Any,
+) -> Path:
+    source = {"type": "filelog", "path": str(tmp_path / "data"), "poll_interval_ms": 20}
     return write_pipeline(
         tmp_path / "tcp.yml",
         {
             "pipeline": "tcp",
             "state_dir": str(tmp_path / "state"),
-            "source": {"type": "filelog", "path": str(tmp_path / "data"), "poll_interval_ms": 20},
+            "source": {**source, **(source_options or {})},
             "transport": {"type": "tcp", "listen": f"127.0.0.1:{port}", **transport},
             "delivery": {"datamarker_interval_ms": 50},
             "applications": applications,

@@ -34,6 +34,15 @@ class _Notice:
         self.revoked = body.revoked
 
 
+class _Piece:
+    """A batch frame already encoded and in flight: the rest of a split batch."""
+
+    __slots__ = ("data",)
+
+    def __init__(self, data: bytes) -> None:
+        self.data = data
+
+
 class TcpSession:
     """One connected subscriber: frames go out in order, acks and heartbeats come in."""
 
@@ -54,7 +63,7 @@ class TcpSession:
         self.window = min(hello.credits, self.options.credits)
         self.credits = self.window
         self.cond = threading.Condition()
-        self.outbox: deque[Frame | _Notice] = deque()
+        self.outbox: deque[Frame | _Notice | _Piece] = deque()
         self.data_queued = 0
         self.closed = False
         self.close_reason = ""
@@ -121,7 +130,9 @@ class TcpSession:
     # ------------------------------------------------------------- sending
     def _write(self, data: bytes) -> None:
         with self.send_lock:
-            self.sock.sendall(data)
+            # The socket's timeout (heartbeat_timeout_ms) bounds each wait for the
+            # subscriber to take bytes, not the whole frame: a slow link is not a dead one.
+            p.send_all(self.sock, data)
             self.last_sent = time.monotonic()
 
     def _send(self) -> None:
@@ -150,11 +161,12 @@ class TcpSession:
                         self.cond.wait(min(heartbeat, interval) / 2)
                     if self.closed:
                         return
-                    item: Frame | _Notice | None = None
+                    item: Frame | _Notice | _Piece | None = None
                     if self.outbox and (isinstance(self.outbox[0], _Notice) or self.credits > 0):
                         item = self.outbox.popleft()
-                        if not isinstance(item, _Notice):
+                        if isinstance(item, Frame):
                             self.data_queued -= 1
+                        if not isinstance(item, _Notice):
                             self.credits -= 1
                         self.cond.notify_all()
                     elif self.pending_datamarkers and not self.outbox and self.credits > 0:
@@ -164,6 +176,8 @@ class TcpSession:
                     self._write(p.encode(p.HEARTBEAT))
                 elif isinstance(item, _Notice):
                     self._write(p.encode(p.NOTICE, item.body))
+                elif isinstance(item, _Piece):
+                    self._write(item.data)
                 else:
                     self._write(self._batch(item))
         except OSError as exc:
@@ -187,21 +201,24 @@ class TcpSession:
             self.pending_datamarkers = {}
             self.updates_since_datamarker = 0
             self.last_datamarker = now
-        frame_id = self.next_frame_id
-        self.next_frame_id += 1
-        with self.cond:
-            self.inflight.append((frame_id, len(frame.updates)))
-        return p.encode(
-            p.BATCH,
-            p.BatchFrame(
-                id=frame_id,
-                first=frame.first_seq,
-                end=frame.end_seq,
-                appended_ns=frame.appended_ns,
-                datamarkers=datamarkers,
-                updates=frame.updates,
-            ),
+        first_id = self.next_frame_id
+        pieces = p.encode_batches(
+            first_id,
+            frame.first_seq,
+            frame.end_seq,
+            frame.appended_ns,
+            datamarkers,
+            frame.updates,
+            int(self.options.max_batch_frame),
         )
+        self.next_frame_id += len(pieces)
+        with self.cond:
+            self.inflight.extend((first_id + i, count) for i, (_, count) in enumerate(pieces))
+            # The rest of a split batch goes next, ahead of anything queued meanwhile
+            # (a revoke must not overtake it), each piece taking a credit.
+            self.outbox.extendleft(_Piece(data) for data, _ in reversed(pieces[1:]))
+            self.cond.notify_all()
+        return pieces[0][0]
 
     # ----------------------------------------------------------- receiving
     def _receive(self) -> None:
