@@ -17,10 +17,17 @@ from typing import Any
 import msgspec
 import pytest
 from conftest import assert_complete_in_order
-from tcp_support import LibrarySubscriber, Process, tcp_pipeline
+from tcp_support import (
+    LibrarySubscriber,
+    Process,
+    RawSubscriber,
+    publisher_end,
+    tcp_pipeline,
+)
 
 from wormhole.connectors.tcp import protocol as p
 from wormhole.core.datamarkers import read_datamarkers
+from wormhole.core.hub import Frame
 from wormhole.publish import LogWriter
 from wormhole.testing import ThrottlingProxy, free_port, read_envelopes, run_cli, wait_until
 
@@ -605,3 +612,35 @@ def test_a_batch_over_the_frame_limit_is_split_between_updates_with_datamarkers_
         p.BATCH,
         p.BatchFrame(id=1, first=0, end=3, appended_ns=0, datamarkers={0: 3}, updates=updates[:3]),
     )
+
+
+def test_a_session_is_not_idle_while_a_frame_is_between_its_queue_and_in_flight(
+    tmp_path: Path,
+) -> None:
+    with publisher_end(tmp_path, shards=2) as (_, _, server):
+        client = RawSubscriber(server.address, "a")
+        client.notice()
+        [session] = server.sessions
+        # Hold the sender after it took the frame off its queue, before it is recorded
+        # as sent: a drain that saw "idle" here would stop with the frame unacknowledged.
+        taken = threading.Event()
+        release = threading.Event()
+        encode = session._batch
+
+        def held(frame: Any) -> bytes:
+            taken.set()
+            release.wait(30)
+            return encode(frame)
+
+        session._batch = held  # type: ignore[method-assign]
+        try:
+            assert session.deliver(Frame("a", [], {0: 0}, 0, 0), threading.Event())
+            assert taken.wait(30)
+            assert not session.idle(), "idle while a frame is on its way out"
+        finally:
+            release.set()
+        batch = client.read(p.BATCH)
+        assert not session.idle(), "idle before the frame was acknowledged"
+        client.ack(batch)
+        wait_until(session.idle, 30, "the acknowledgement")
+        client.leave()

@@ -65,6 +65,8 @@ class TcpSession:
         self.cond = threading.Condition()
         self.outbox: deque[Frame | _Notice | _Piece] = deque()
         self.data_queued = 0
+        self.handling = False
+        """A frame left the outbox and is not yet recorded in flight (see ``idle``)."""
         self.closed = False
         self.close_reason = ""
         self.next_frame_id = 1
@@ -166,11 +168,13 @@ class TcpSession:
                         item = self.outbox.popleft()
                         if isinstance(item, Frame):
                             self.data_queued -= 1
+                            self.handling = True
                         if not isinstance(item, _Notice):
                             self.credits -= 1
                         self.cond.notify_all()
                     elif self.pending_datamarkers and not self.outbox and self.credits > 0:
                         item = Frame(self.application, [], {}, 0, 0)
+                        self.handling = True
                         self.credits -= 1
                 if item is None:
                     self._write(p.encode(p.HEARTBEAT))
@@ -217,6 +221,7 @@ class TcpSession:
             # The rest of a split batch goes next, ahead of anything queued meanwhile
             # (a revoke must not overtake it), each piece taking a credit.
             self.outbox.extendleft(_Piece(data) for data, _ in reversed(pieces[1:]))
+            self.handling = False
             self.cond.notify_all()
         return pieces[0][0]
 
@@ -290,7 +295,7 @@ class TcpSession:
     def idle(self) -> bool:
         """Everything sent was acknowledged and nothing waits to be sent."""
         with self.cond:
-            return self.closed or (not self.outbox and not self.inflight)
+            return self.closed or (not self.outbox and not self.handling and not self.inflight)
 
     def bye(self, reason: str) -> None:
         with contextlib.suppress(OSError):
