@@ -644,3 +644,67 @@ def test_a_session_is_not_idle_while_a_frame_is_between_its_queue_and_in_flight(
         client.ack(batch)
         wait_until(session.idle, 30, "the acknowledgement")
         client.leave()
+
+
+def test_a_frame_built_before_a_revoke_cannot_move_the_flow_past_updates_its_subscriber_dropped(
+    tmp_path: Path,
+) -> None:
+    from wormhole.core.caravan import Caravan
+    from wormhole.core.publisher_log import Batch
+    from wormhole.core.update import Update
+
+    batch = Batch.of(
+        0,
+        [
+            Update.create(op="c", key={"id": i}, table="t", after={"id": i}, shard=i % 2)
+            for i in range(4)
+        ],
+    )
+    # Datamarkers held back (sent every N updates or T ms) as long as the test runs.
+    held = {"datamarker_updates": 1_000_000, "datamarker_interval_ms": 600_000}
+    with publisher_end(tmp_path, shards=2, **held) as (hub, app, server):
+        a = RawSubscriber(server.address, "a")
+        assert a.notice().assigned == [0, 1]
+        [session_a] = server.sessions
+        caravan = Caravan(hub, None, threading.Event(), [app])  # type: ignore[arg-type]
+        b: list[RawSubscriber] = []
+
+        def revoke_meanwhile(updates: list[Any]) -> list[Any]:
+            # The caravan calls the filter after its snapshot of the shards' owners and
+            # before it hands the frame over: B joins here, and shard 1 is revoked from
+            # A while A's frame for it is being built.
+            if not b:
+                b.append(RawSubscriber(server.address, "a"))
+                wait_until(lambda: app.revoking.get(1) is session_a, 30, "the revoke")
+            return updates
+
+        app.filter = revoke_meanwhile
+        assert caravan._dispatch(app, batch)
+        a.ack(a.read(p.BATCH))  # datamarkers held back until the revoke: none
+        assert a.notice().revoked == [1]
+        stale = a.read(p.BATCH)
+        assert [u.shard for u in stale.updates] == [0, 1, 0, 1], "A drops shard 1's two"
+        a.ack(stale)
+        assert b[0].notice().assigned == [1]
+        b[0].leave()  # before it handled anything of shard 1
+        assert a.notice() == p.Notice(id=3, assigned=[1], revoked=[], datamarkers={1: 0})
+
+        # Held-back datamarkers go out (a stop drains this way), and the caravan hands
+        # A the batch again for shard 1; A has not processed it when it acks the first.
+        session_a.flush()
+        flushed = a.read(p.BATCH)
+        assert caravan._dispatch(app, batch)
+        assert hub.applications["a"].flows[1].delivered == 4
+        a.ack(flushed)
+        wait_until(lambda: app.flows[0].datamarker == 4, 30, "the acknowledgement")
+        assert app.flows[1].datamarker == 0, (
+            "shard 1's datamarker moved past updates A dropped and has not processed since: "
+            "they are lost if A goes now"
+        )
+        again = a.read(p.BATCH)
+        assert [u.shard for u in again.updates] == [1, 1]
+        a.ack(again)
+        session_a.flush()
+        a.ack(a.read(p.BATCH))
+        wait_until(lambda: app.flows[1].datamarker == 4, 30, "shard 1 once A handled it")
+        a.leave()

@@ -74,6 +74,8 @@ class TcpSession:
         self.notices: dict[int, list[int]] = {}
         self.next_notice_id = 1
         self.pending_datamarkers: dict[int, int] = {}
+        self.owned: set[int] = set()
+        """The shards the subscriber owns as of the frames sent so far (sender thread only)."""
         self.updates_since_datamarker = 0
         self.last_datamarker = time.monotonic()
         self.send_lock = threading.Lock()
@@ -179,6 +181,7 @@ class TcpSession:
                 if item is None:
                     self._write(p.encode(p.HEARTBEAT))
                 elif isinstance(item, _Notice):
+                    self._owns(item.body)
                     self._write(p.encode(p.NOTICE, item.body))
                 elif isinstance(item, _Piece):
                     self._write(item.data)
@@ -190,9 +193,25 @@ class TcpSession:
             log.exception("%s: sender failed", self.name)
             self.close(f"sender failed: {exc!r}")
 
+    def _owns(self, notice: p.Notice) -> None:
+        self.owned.update(notice.assigned)
+        self.owned.difference_update(notice.revoked)
+        for shard in notice.revoked:
+            self.pending_datamarkers.pop(shard, None)
+
     def _batch(self, frame: Frame) -> bytes:
+        # A frame built from the caravan's snapshot of the owners can reach the outbox
+        # after a notice that revoked one of its shards. Its datamarker for that shard
+        # must not travel, nor wait here until the shard comes back to this subscriber:
+        # acknowledged then, it would move the flow past updates the subscriber dropped.
+        # Frames and notices go out in order, so what the subscriber owns when it
+        # processes this frame is ``owned`` now.
+        owned = self.owned
+        datamarkers_in = frame.datamarkers
+        if not owned.issuperset(datamarkers_in):
+            datamarkers_in = {s: v for s, v in datamarkers_in.items() if s in owned}
         # Datamarkers go out every N updates or T ms per connection, not with every frame.
-        self.pending_datamarkers.update(frame.datamarkers)
+        self.pending_datamarkers.update(datamarkers_in)
         self.updates_since_datamarker += len(frame.updates)
         now = time.monotonic()
         datamarkers: dict[int, int] = {}
