@@ -679,11 +679,13 @@ def test_a_frame_built_before_a_revoke_cannot_move_the_flow_past_updates_its_sub
             return updates
 
         app.filter = revoke_meanwhile
+        # One batch for one application, as the caravan's reading loop does it.
         assert caravan._dispatch(app, batch)
-        a.ack(a.read(p.BATCH))  # datamarkers held back until the revoke: none
+        a.ack(a.read(p.BATCH))  # the held-back datamarkers that precede a revoke: none yet
         assert a.notice().revoked == [1]
         stale = a.read(p.BATCH)
-        assert [u.shard for u in stale.updates] == [0, 1, 0, 1], "A drops shard 1's two"
+        # Built before the revoke: A ignores its updates of shard 1, no longer its own.
+        assert [u.shard for u in stale.updates] == [0, 1, 0, 1]
         a.ack(stale)
         assert b[0].notice().assigned == [1]
         b[0].leave()  # before it handled anything of shard 1
@@ -694,7 +696,7 @@ def test_a_frame_built_before_a_revoke_cannot_move_the_flow_past_updates_its_sub
         session_a.flush()
         flushed = a.read(p.BATCH)
         assert caravan._dispatch(app, batch)
-        assert hub.applications["a"].flows[1].delivered == 4
+        assert app.flows[1].delivered == 4
         a.ack(flushed)
         wait_until(lambda: app.flows[0].datamarker == 4, 30, "the acknowledgement")
         assert app.flows[1].datamarker == 0, (
