@@ -35,7 +35,7 @@ class _Notice:
 
 
 class _Piece:
-    """A batch frame already encoded and in flight: the rest of a split batch."""
+    """The rest of a split batch: frames already encoded and recorded in flight."""
 
     __slots__ = ("data",)
 
@@ -196,6 +196,8 @@ class TcpSession:
     def _owns(self, notice: p.Notice) -> None:
         self.owned.update(notice.assigned)
         self.owned.difference_update(notice.revoked)
+        # The batch queued just before a revoke took these along; whatever came after it
+        # is no longer the subscriber's to acknowledge.
         for shard in notice.revoked:
             self.pending_datamarkers.pop(shard, None)
 
