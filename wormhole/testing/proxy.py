@@ -60,7 +60,7 @@ class ThrottlingProxy:
         self.upstream = upstream
         self.links: dict[Direction, _Link] = {d: _Link(rate) for d in DIRECTIONS}
         self.forwarded: dict[Direction, int] = dict.fromkeys(DIRECTIONS, 0)
-        """Bytes forwarded so far, per direction."""
+        """Bytes forwarded so far, per direction (counted as each chunk is sent on)."""
         self.accepted = 0
         """Connections accepted so far."""
         self._lock = threading.Lock()
@@ -173,9 +173,10 @@ class ThrottlingProxy:
                         self._closing.wait(free_at - now)
                     free_at += len(data) / rate
                 link.running.wait()
-                target.sendall(data)
+                # Counted first: whoever receives these bytes sees them counted.
                 with self._lock:
                     self.forwarded[direction] += len(data)
+                target.sendall(data)
         except OSError:
             pass
         finally:
