@@ -1,26 +1,41 @@
-"""Helpers for TCP transport tests: processes, logs, a library subscriber in a thread."""
+"""Helpers for TCP transport tests: processes, logs, a library subscriber in a thread,
+a subscriber speaking the protocol by hand, and a publisher end in the test process."""
 
 from __future__ import annotations
 
+import contextlib
 import os
+import socket
 import subprocess
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from wormhole.connectors.tcp import protocol as p
 from wormhole.connectors.tcp.client import Subscriber
+from wormhole.connectors.tcp.server import TcpTransport
+from wormhole.core.hub import ApplicationRuntime, Flow, Hub
+from wormhole.core.pipeline import load_pipeline
 from wormhole.testing import write_pipeline
 from wormhole.testing.helpers import cli_command
 
 
-def tcp_pipeline(tmp_path: Path, port: int, applications: dict[str, Any], **transport: Any) -> Path:
+def tcp_pipeline(
+    tmp_path: Path,
+    port: int,
+    applications: dict[str, Any],
+    source_options: dict[str, Any] | None = None,
+    **transport: Any,
+) -> Path:
+    source = {"type": "filelog", "path": str(tmp_path / "data"), "poll_interval_ms": 20}
     return write_pipeline(
         tmp_path / "tcp.yml",
         {
             "pipeline": "tcp",
             "state_dir": str(tmp_path / "state"),
-            "source": {"type": "filelog", "path": str(tmp_path / "data"), "poll_interval_ms": 20},
+            "source": {**source, **(source_options or {})},
             "transport": {"type": "tcp", "listen": f"127.0.0.1:{port}", **transport},
             "delivery": {"datamarker_interval_ms": 50},
             "applications": applications,
@@ -113,3 +128,79 @@ class LibrarySubscriber:
 
     def owned(self) -> set[int]:
         return set(self.sub.assigned)
+
+
+class RawSubscriber:
+    """The subscriber protocol spoken by hand, so a test decides when each frame is
+    read and acknowledged (and the publisher's timeouts must be long: no heartbeats)."""
+
+    def __init__(self, address: str, app: str, credits: int = 8) -> None:
+        host, port = p.parse_address(address)
+        self.sock = socket.create_connection((host, port), timeout=30)
+        self.sock.sendall(p.preamble())
+        hello = p.Hello(version=p.VERSION, application=app, instance="raw", credits=credits)
+        self.sock.sendall(p.encode(p.HELLO, hello))
+        kind, _ = p.read_frame(self.sock, 1 << 30)
+        assert kind == p.WELCOME, p.NAMES.get(kind, kind)
+        self.owned: set[int] = set()
+
+    def read(self, expected: int) -> Any:
+        """The next frame other than a heartbeat, which must be of type ``expected``."""
+        while True:
+            kind, body = p.read_frame(self.sock, 1 << 30)
+            if kind != p.HEARTBEAT:
+                break
+        assert kind == expected, f"got {p.NAMES.get(kind, kind)}, expected {p.NAMES[expected]}"
+        return body
+
+    def notice(self) -> p.Notice:
+        """Read a notice, take it on and confirm it."""
+        notice: p.Notice = self.read(p.NOTICE)
+        self.owned |= set(notice.assigned)
+        self.owned -= set(notice.revoked)
+        self.sock.sendall(p.encode(p.NOTICE_ACK, p.NoticeAck(id=notice.id)))
+        return notice
+
+    def ack(self, batch: p.BatchFrame) -> None:
+        """Acknowledge a batch as the protocol says: datamarkers of owned shards only."""
+        datamarkers = {s: v for s, v in batch.datamarkers.items() if s in self.owned}
+        self.sock.sendall(p.encode(p.ACK, p.Ack(id=batch.id, datamarkers=datamarkers)))
+
+    def leave(self) -> None:
+        with contextlib.suppress(OSError):
+            self.sock.sendall(p.encode(p.BYE, p.Bye(reason="test")))
+        p.close_socket(self.sock)
+
+
+@contextlib.contextmanager
+def publisher_end(
+    tmp_path: Path, shards: int, **transport: Any
+) -> Iterator[tuple[Hub, ApplicationRuntime, TcpTransport]]:
+    """A real hub and TCP transport in the test process, listening, for application
+    ``a`` with flows at 0: no tailer and no caravan, so the test delivers frames."""
+    path = write_pipeline(
+        tmp_path / "hub.yml",
+        {
+            "pipeline": "hub",
+            "state_dir": str(tmp_path / "state"),
+            "dataset": {"shards": shards},
+            "source": {"type": "filelog", "path": str(tmp_path / "data")},
+            "transport": {"type": "tcp", "heartbeat_timeout_ms": 120_000, **transport},
+            "applications": {"a": {}},
+        },
+    )
+    pipeline = load_pipeline(path)
+    pipeline.state_dir.mkdir(parents=True, exist_ok=True)
+    app = ApplicationRuntime(
+        config=pipeline.applications["a"],
+        flows=[Flow("a", shard, 0, 0, 0) for shard in range(shards)],
+        filter=None,
+    )
+    hub = Hub(pipeline, {"a": app})
+    hub.local_subscribers = False
+    server = TcpTransport(pipeline.transport.options)
+    server.start(hub)
+    try:
+        yield hub, app, server
+    finally:
+        server.stop(drain=False)

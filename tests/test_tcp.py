@@ -14,14 +14,22 @@ import time
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import pytest
 from conftest import assert_complete_in_order
-from tcp_support import LibrarySubscriber, Process, tcp_pipeline
+from tcp_support import (
+    LibrarySubscriber,
+    Process,
+    RawSubscriber,
+    publisher_end,
+    tcp_pipeline,
+)
 
 from wormhole.connectors.tcp import protocol as p
 from wormhole.core.datamarkers import read_datamarkers
+from wormhole.core.hub import Frame
 from wormhole.publish import LogWriter
-from wormhole.testing import free_port, read_envelopes, run_cli, wait_until
+from wormhole.testing import ThrottlingProxy, free_port, read_envelopes, run_cli, wait_until
 
 
 def write_riders(directory: Path, riders: int, seconds: int, start: int = 0, pad: int = 0) -> None:
@@ -524,3 +532,181 @@ def test_a_subscriber_follows_a_restarted_publisher_to_its_new_port(tmp_path: Pa
             assert subscriber.stop() == 0, subscriber.stderr
         publisher.stop()
     assert_complete_in_order(read_envelopes(history), 100, 4, duplicates_allowed=True)
+
+
+@pytest.mark.parametrize("max_batch_frame", ["256KiB", "64MiB"], ids=["split", "whole"])
+def test_a_batch_that_takes_longer_than_the_heartbeat_timeout_to_send_arrives_over_a_slow_link(
+    tmp_path: Path, max_batch_frame: str
+) -> None:
+    port = free_port()
+    riders, seconds = 2000, 3
+    # About 6.5 MB of updates in one publisher-log batch, through a link of 2 MiB/s.
+    # Loopback socket buffers absorb about 3 MB at once, so one write of the whole
+    # batch would wait on the link for well over the heartbeat timeout, with bytes
+    # moving all along. "split": sent as frames of 256 KiB, which a subscriber that
+    # accepts no larger frame takes; "whole": one frame, which only a timeout on lack
+    # of progress (not on the whole write) lets through.
+    write_riders(tmp_path / "data" / "gps", riders, seconds, pad=1000)
+    pipeline = tcp_pipeline(
+        tmp_path,
+        port,
+        {"wide": {}},
+        source_options={"batch_bytes": "16MiB"},
+        heartbeat_ms=200,
+        heartbeat_timeout_ms=1000,
+        max_batch_frame=max_batch_frame,
+    )
+    publisher = Process("publish", str(pipeline), cwd=tmp_path)
+    subscriber = None
+    try:
+        wait_until(lambda: _listening(port), 30, "the publisher to listen")
+        with ThrottlingProxy(f"127.0.0.1:{port}", rate=2 * 2**20) as proxy:
+            subscriber = LibrarySubscriber(
+                "wide",
+                proxy.port,
+                heartbeat_ms=200,
+                heartbeat_timeout_ms=1000,
+                max_frame=256 * 1024 if max_batch_frame == "256KiB" else 1 << 30,
+            ).start()
+            wait_until(
+                lambda: len(subscriber.updates) >= riders * seconds,
+                60,
+                "every update through the slow link",
+            )
+            subscriber.stop()
+    finally:
+        if subscriber is not None:
+            subscriber.stop()
+        publisher.stop()
+    assert_complete_in_order(
+        envelopes_of(subscriber.updates), riders, seconds, duplicates_allowed=True
+    )
+
+
+def test_a_batch_over_the_frame_limit_is_split_between_updates_with_datamarkers_last() -> None:
+    from wormhole.core.update import Update
+
+    updates = [
+        Update.create(op="c", key={"id": i}, table="t", after={"id": i, "pad": "x" * 300})
+        for i in range(100)
+    ]
+    huge = Update.create(op="c", key={"id": 100}, table="t", after={"pad": "y" * 20_000})
+    limit = 4096
+    pieces = p.encode_batches(7, 1000, 1101, 55, {3: 1101}, [*updates, huge], limit)
+    assert len(pieces) > 1
+    received = []
+    for i, (data, count) in enumerate(pieces):
+        length, kind = struct.unpack(">IB", data[:5])
+        assert kind == p.BATCH and length + 4 == len(data)
+        body = msgspec.json.decode(data[5:], type=p.BatchFrame)
+        assert (body.id, body.first, body.end, body.appended_ns) == (7 + i, 1000, 1101, 55)
+        assert body.datamarkers == ({3: 1101} if i == len(pieces) - 1 else {})
+        assert count == len(body.updates)
+        if huge not in body.updates:
+            assert len(data) <= limit
+        received.extend(body.updates)
+    assert received == [*updates, huge]
+    # A batch under the limit is one frame, as before.
+    [(whole, count)] = p.encode_batches(1, 0, 3, 0, {0: 3}, updates[:3], limit)
+    assert count == 3 and whole == p.encode(
+        p.BATCH,
+        p.BatchFrame(id=1, first=0, end=3, appended_ns=0, datamarkers={0: 3}, updates=updates[:3]),
+    )
+
+
+def test_a_session_is_not_idle_while_a_frame_is_between_its_queue_and_in_flight(
+    tmp_path: Path,
+) -> None:
+    with publisher_end(tmp_path, shards=2) as (_, _, server):
+        client = RawSubscriber(server.address, "a")
+        client.notice()
+        [session] = server.sessions
+        # Hold the sender after it took the frame off its queue, before it is recorded
+        # as sent: a drain that saw "idle" here would stop with the frame unacknowledged.
+        taken = threading.Event()
+        release = threading.Event()
+        encode = session._batch
+
+        def held(frame: Any) -> bytes:
+            taken.set()
+            release.wait(30)
+            return encode(frame)
+
+        session._batch = held  # type: ignore[method-assign]
+        try:
+            assert session.deliver(Frame("a", [], {0: 0}, 0, 0), threading.Event())
+            assert taken.wait(30)
+            assert not session.idle(), "idle while a frame is on its way out"
+        finally:
+            release.set()
+        batch = client.read(p.BATCH)
+        assert not session.idle(), "idle before the frame was acknowledged"
+        client.ack(batch)
+        wait_until(session.idle, 30, "the acknowledgement")
+        client.leave()
+
+
+def test_a_frame_built_before_a_revoke_cannot_move_the_flow_past_updates_its_subscriber_dropped(
+    tmp_path: Path,
+) -> None:
+    from wormhole.core.caravan import Caravan
+    from wormhole.core.publisher_log import Batch
+    from wormhole.core.update import Update
+
+    batch = Batch.of(
+        0,
+        [
+            Update.create(op="c", key={"id": i}, table="t", after={"id": i}, shard=i % 2)
+            for i in range(4)
+        ],
+    )
+    # Datamarkers held back (sent every N updates or T ms) as long as the test runs.
+    held = {"datamarker_updates": 1_000_000, "datamarker_interval_ms": 600_000}
+    with publisher_end(tmp_path, shards=2, **held) as (hub, app, server):
+        a = RawSubscriber(server.address, "a")
+        assert a.notice().assigned == [0, 1]
+        [session_a] = server.sessions
+        caravan = Caravan(hub, None, threading.Event(), [app])  # type: ignore[arg-type]
+        b: list[RawSubscriber] = []
+
+        def revoke_meanwhile(updates: list[Any]) -> list[Any]:
+            # The caravan calls the filter after its snapshot of the shards' owners and
+            # before it hands the frame over: B joins here, and shard 1 is revoked from
+            # A while A's frame for it is being built.
+            if not b:
+                b.append(RawSubscriber(server.address, "a"))
+                wait_until(lambda: app.revoking.get(1) is session_a, 30, "the revoke")
+            return updates
+
+        app.filter = revoke_meanwhile
+        # One batch for one application, as the caravan's reading loop does it.
+        assert caravan._dispatch(app, batch)
+        a.ack(a.read(p.BATCH))  # the held-back datamarkers that precede a revoke: none yet
+        assert a.notice().revoked == [1]
+        stale = a.read(p.BATCH)
+        # Built before the revoke: A ignores its updates of shard 1, no longer its own.
+        assert [u.shard for u in stale.updates] == [0, 1, 0, 1]
+        a.ack(stale)
+        assert b[0].notice().assigned == [1]
+        b[0].leave()  # before it handled anything of shard 1
+        assert a.notice() == p.Notice(id=3, assigned=[1], revoked=[], datamarkers={1: 0})
+
+        # Held-back datamarkers go out (a stop drains this way), and the caravan hands
+        # A the batch again for shard 1; A has not processed it when it acks the first.
+        session_a.flush()
+        flushed = a.read(p.BATCH)
+        assert caravan._dispatch(app, batch)
+        assert app.flows[1].delivered == 4
+        a.ack(flushed)
+        wait_until(lambda: app.flows[0].datamarker == 4, 30, "the acknowledgement")
+        assert app.flows[1].datamarker == 0, (
+            "shard 1's datamarker moved past updates A dropped and has not processed since: "
+            "they are lost if A goes now"
+        )
+        again = a.read(p.BATCH)
+        assert [u.shard for u in again.updates] == [1, 1]
+        a.ack(again)
+        session_a.flush()
+        a.ack(a.read(p.BATCH))
+        wait_until(lambda: app.flows[1].datamarker == 4, 30, "shard 1 once A handled it")
+        a.leave()

@@ -7,7 +7,9 @@ available in any project that installs Wormhole:
 * ``pipeline_file`` writes a pipeline (a dict) to a YAML file;
 * ``free_port`` returns a free loopback TCP port;
 * :func:`wait_until` polls a condition with a deadline (never a bare sleep);
-* :func:`read_envelopes` parses a ``jsonl`` sink's output.
+* :func:`read_envelopes` parses a ``jsonl`` sink's output;
+* :class:`ThrottlingProxy` sits between two ends of a TCP connection to make the
+  link slow, stall it or cut it (fault injection).
 
 Fixtures that start real services (PostgreSQL, MariaDB, ZooKeeper, memcached,
 a Kafka-protocol broker) live here as connectors arrive. When a service cannot
@@ -26,9 +28,11 @@ from wormhole.testing.helpers import (
     wait_until,
     write_pipeline,
 )
+from wormhole.testing.proxy import ThrottlingProxy
 
 __all__ = [
     "CliResult",
+    "ThrottlingProxy",
     "free_port",
     "read_envelopes",
     "require",

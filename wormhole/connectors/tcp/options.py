@@ -63,6 +63,12 @@ class TcpOptions(Options):
     max_frame: ByteSize = Field(
         ByteSize(1 << 20), description="largest frame accepted from a subscriber"
     )
+    max_batch_frame: ByteSize = Field(
+        ByteSize(4 << 20),
+        ge=4096,
+        description="largest batch frame sent to a subscriber: larger publisher-log batches "
+        "are split into several frames",
+    )
     datamarker_updates: int = Field(
         10_000, ge=1, description="send a flow's datamarker at least every N updates ..."
     )

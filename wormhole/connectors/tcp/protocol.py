@@ -90,6 +90,17 @@ class BatchFrame(msgspec.Struct, kw_only=True):
     updates: list[Update]
 
 
+class _EncodedBatchFrame(msgspec.Struct, kw_only=True):
+    """A ``BatchFrame`` whose updates are already encoded (for splitting one)."""
+
+    id: int
+    first: int
+    end: int
+    appended_ns: int
+    datamarkers: dict[int, int]
+    updates: list[msgspec.Raw]
+
+
 class Ack(msgspec.Struct, kw_only=True):
     id: int
     datamarkers: dict[int, int]
@@ -125,6 +136,68 @@ class PeerClosed(Exception):
 def encode(kind: int, body: Any = None) -> bytes:
     payload = b"" if body is None else _encode(body)
     return _LENGTH.pack(len(payload) + 1, kind) + payload
+
+
+def encode_batches(
+    first_id: int,
+    first: int,
+    end: int,
+    appended_ns: int,
+    datamarkers: dict[int, int],
+    updates: list[Update],
+    limit: int,
+) -> list[tuple[bytes, int]]:
+    """One publisher-log batch as ``batch`` frames of at most ``limit`` bytes each:
+    ``(frame, number of updates)`` with ids from ``first_id`` on.
+
+    A batch that fits is one frame. A larger one is cut between updates, every piece
+    with the batch's ``first``, ``end`` and ``appended_ns``; only the last piece
+    carries ``datamarkers``, since a flow reaches them only once all of it is
+    processed. An update larger than ``limit`` on its own goes in a frame of its own.
+    """
+    whole = encode(
+        BATCH,
+        BatchFrame(
+            id=first_id,
+            first=first,
+            end=end,
+            appended_ns=appended_ns,
+            datamarkers=datamarkers,
+            updates=updates,
+        ),
+    )
+    if len(whole) <= limit or len(updates) < 2:
+        return [(whole, len(updates))]
+
+    def piece(frame_id: int, marks: dict[int, int], raws: list[msgspec.Raw]) -> bytes:
+        return encode(
+            BATCH,
+            _EncodedBatchFrame(
+                id=frame_id,
+                first=first,
+                end=end,
+                appended_ns=appended_ns,
+                datamarkers=marks,
+                updates=raws,
+            ),
+        )
+
+    # Bytes around the updates, at most: the largest id any piece can get, datamarkers.
+    overhead = len(piece(first_id + len(updates), datamarkers, []))
+    groups: list[list[msgspec.Raw]] = [[]]
+    size = overhead
+    for update in updates:
+        raw = msgspec.Raw(_encode(update))
+        if groups[-1] and size + len(raw) + 1 > limit:
+            groups.append([])
+            size = overhead
+        groups[-1].append(raw)
+        size += len(raw) + 1  # and a comma
+    last = len(groups) - 1
+    return [
+        (piece(first_id + i, datamarkers if i == last else {}, raws), len(raws))
+        for i, raws in enumerate(groups)
+    ]
 
 
 def preamble() -> bytes:
@@ -169,6 +242,25 @@ def read_frame(sock: socket.socket | ssl.SSLSocket, max_frame: int) -> tuple[int
         return kind, decoder.decode(body)
     except msgspec.DecodeError as exc:
         raise ProtocolError(f"malformed {NAMES[kind]} frame: {exc}") from exc
+
+
+# One TLS record: an SSL socket's write waits for the whole of what it is given under
+# one deadline, so it is fed a record at a time for the timeout to mean "no progress".
+_TLS_CHUNK = 16 * 1024
+
+
+def send_all(sock: socket.socket | ssl.SSLSocket, data: bytes) -> None:
+    """Send all of ``data``; TimeoutError only if the peer takes no byte for the
+    socket's timeout.
+
+    ``sendall`` would bound the whole write by the timeout instead, so a large frame on a
+    slow but working link would fail, and fail again each time it is sent.
+    """
+    view = memoryview(data)
+    chunk = _TLS_CHUNK if isinstance(sock, ssl.SSLSocket) else len(view)
+    while view:
+        sent = sock.send(view[:chunk])
+        view = view[sent:]
 
 
 def close_socket(sock: socket.socket | ssl.SSLSocket) -> None:

@@ -34,6 +34,15 @@ class _Notice:
         self.revoked = body.revoked
 
 
+class _Piece:
+    """The rest of a split batch: frames already encoded and recorded in flight."""
+
+    __slots__ = ("data",)
+
+    def __init__(self, data: bytes) -> None:
+        self.data = data
+
+
 class TcpSession:
     """One connected subscriber: frames go out in order, acks and heartbeats come in."""
 
@@ -54,8 +63,10 @@ class TcpSession:
         self.window = min(hello.credits, self.options.credits)
         self.credits = self.window
         self.cond = threading.Condition()
-        self.outbox: deque[Frame | _Notice] = deque()
+        self.outbox: deque[Frame | _Notice | _Piece] = deque()
         self.data_queued = 0
+        self.handling = False
+        """A frame left the outbox and is not yet recorded in flight (see ``idle``)."""
         self.closed = False
         self.close_reason = ""
         self.next_frame_id = 1
@@ -63,6 +74,8 @@ class TcpSession:
         self.notices: dict[int, list[int]] = {}
         self.next_notice_id = 1
         self.pending_datamarkers: dict[int, int] = {}
+        self.owned: set[int] = set()
+        """The shards the subscriber owns as of the frames sent so far (sender thread only)."""
         self.updates_since_datamarker = 0
         self.last_datamarker = time.monotonic()
         self.send_lock = threading.Lock()
@@ -121,7 +134,9 @@ class TcpSession:
     # ------------------------------------------------------------- sending
     def _write(self, data: bytes) -> None:
         with self.send_lock:
-            self.sock.sendall(data)
+            # The socket's timeout (heartbeat_timeout_ms) bounds each wait for the
+            # subscriber to take bytes, not the whole frame: a slow link is not a dead one.
+            p.send_all(self.sock, data)
             self.last_sent = time.monotonic()
 
     def _send(self) -> None:
@@ -150,20 +165,26 @@ class TcpSession:
                         self.cond.wait(min(heartbeat, interval) / 2)
                     if self.closed:
                         return
-                    item: Frame | _Notice | None = None
+                    item: Frame | _Notice | _Piece | None = None
                     if self.outbox and (isinstance(self.outbox[0], _Notice) or self.credits > 0):
                         item = self.outbox.popleft()
-                        if not isinstance(item, _Notice):
+                        if isinstance(item, Frame):
                             self.data_queued -= 1
+                            self.handling = True
+                        if not isinstance(item, _Notice):
                             self.credits -= 1
                         self.cond.notify_all()
                     elif self.pending_datamarkers and not self.outbox and self.credits > 0:
                         item = Frame(self.application, [], {}, 0, 0)
+                        self.handling = True
                         self.credits -= 1
                 if item is None:
                     self._write(p.encode(p.HEARTBEAT))
                 elif isinstance(item, _Notice):
+                    self._owns(item.body)
                     self._write(p.encode(p.NOTICE, item.body))
+                elif isinstance(item, _Piece):
+                    self._write(item.data)
                 else:
                     self._write(self._batch(item))
         except OSError as exc:
@@ -172,9 +193,27 @@ class TcpSession:
             log.exception("%s: sender failed", self.name)
             self.close(f"sender failed: {exc!r}")
 
+    def _owns(self, notice: p.Notice) -> None:
+        self.owned.update(notice.assigned)
+        self.owned.difference_update(notice.revoked)
+        # The batch queued just before a revoke took these along; whatever came after it
+        # is no longer the subscriber's to acknowledge.
+        for shard in notice.revoked:
+            self.pending_datamarkers.pop(shard, None)
+
     def _batch(self, frame: Frame) -> bytes:
+        # A frame built from the caravan's snapshot of the owners can reach the outbox
+        # after a notice that revoked one of its shards. Its datamarker for that shard
+        # must not travel, nor wait here until the shard comes back to this subscriber:
+        # acknowledged then, it would move the flow past updates the subscriber dropped.
+        # Frames and notices go out in order, so what the subscriber owns when it
+        # processes this frame is ``owned`` now.
+        owned = self.owned
+        datamarkers_in = frame.datamarkers
+        if not owned.issuperset(datamarkers_in):
+            datamarkers_in = {s: v for s, v in datamarkers_in.items() if s in owned}
         # Datamarkers go out every N updates or T ms per connection, not with every frame.
-        self.pending_datamarkers.update(frame.datamarkers)
+        self.pending_datamarkers.update(datamarkers_in)
         self.updates_since_datamarker += len(frame.updates)
         now = time.monotonic()
         datamarkers: dict[int, int] = {}
@@ -187,21 +226,25 @@ class TcpSession:
             self.pending_datamarkers = {}
             self.updates_since_datamarker = 0
             self.last_datamarker = now
-        frame_id = self.next_frame_id
-        self.next_frame_id += 1
-        with self.cond:
-            self.inflight.append((frame_id, len(frame.updates)))
-        return p.encode(
-            p.BATCH,
-            p.BatchFrame(
-                id=frame_id,
-                first=frame.first_seq,
-                end=frame.end_seq,
-                appended_ns=frame.appended_ns,
-                datamarkers=datamarkers,
-                updates=frame.updates,
-            ),
+        first_id = self.next_frame_id
+        pieces = p.encode_batches(
+            first_id,
+            frame.first_seq,
+            frame.end_seq,
+            frame.appended_ns,
+            datamarkers,
+            frame.updates,
+            int(self.options.max_batch_frame),
         )
+        self.next_frame_id += len(pieces)
+        with self.cond:
+            self.inflight.extend((first_id + i, count) for i, (_, count) in enumerate(pieces))
+            # The rest of a split batch goes next, ahead of anything queued meanwhile
+            # (a revoke must not overtake it), each piece taking a credit.
+            self.outbox.extendleft(_Piece(data) for data, _ in reversed(pieces[1:]))
+            self.handling = False
+            self.cond.notify_all()
+        return pieces[0][0]
 
     # ----------------------------------------------------------- receiving
     def _receive(self) -> None:
@@ -273,7 +316,7 @@ class TcpSession:
     def idle(self) -> bool:
         """Everything sent was acknowledged and nothing waits to be sent."""
         with self.cond:
-            return self.closed or (not self.outbox and not self.inflight)
+            return self.closed or (not self.outbox and not self.handling and not self.inflight)
 
     def bye(self, reason: str) -> None:
         with contextlib.suppress(OSError):
