@@ -430,7 +430,6 @@ def parse_pipeline(
         "transport",
         problems,
     )
-    requires_sink = transport_c is not None and transport_c.registered.spec.requires_sink
     delivery = data.get("delivery") if isinstance(data.get("delivery"), dict) else {}
     store_c = _component(
         registry,
@@ -439,63 +438,9 @@ def parse_pipeline(
         "delivery.store",
         problems,
     )
-    apps: dict[str, Application] = {}
-    raw_apps = data.get("applications")
-    if isinstance(raw_apps, dict):
-        for app_name, raw_app in raw_apps.items():
-            if not isinstance(raw_app, dict):
-                continue
-            base = f"applications.{app_name}"
-            sink_c = None
-            if raw_app.get("sink") is not None:
-                sink_c = _component(registry, "sink", raw_app.get("sink"), f"{base}.sink", problems)
-                if sink_c is None:
-                    continue
-            elif requires_sink and not raw_app.get("external"):
-                problems.append(
-                    f"{base}.sink: field required (the {transport_c.type if transport_c else ''} "
-                    f"transport runs every application's sink; use a transport with separate "
-                    f"subscribers for library subscribers)"
-                )
-            filters = []
-            raw_filter = raw_app.get("filter")
-            if isinstance(raw_filter, dict) and isinstance(raw_filter.get("plugins"), list):
-                for i, raw_plugin in enumerate(raw_filter["plugins"]):
-                    fc = _component(
-                        registry, "filter", raw_plugin, f"{base}.filter.plugins[{i}]", problems
-                    )
-                    if fc is not None:
-                        filters.append(fc)
-            if model is not None:
-                app = model.applications[app_name]
-                apps[app_name] = Application(
-                    name=app_name,
-                    start=app.start,
-                    tables=app.filter.tables,
-                    ops=list(app.filter.ops) if app.filter.ops else None,
-                    where=app.filter.where,
-                    columns=app.filter.columns,
-                    filters=filters,
-                    sink=sink_c,
-                    subscribers=app.subscribers,
-                    external=app.external,
-                )
-    if (
-        model is not None
-        and model.delivery.mode == "multiple-copy"
-        and store_c is not None
-        and not store_c.registered.spec.shared
-    ):
-        shared = [
-            n
-            for n in registry.names("datamarker_store")
-            if registry.components["datamarker_store"][n].spec.shared
-        ]
-        problems.append(
-            "delivery.mode: multiple-copy keeps datamarkers as logical positions in a shared "
-            f"store; set delivery.store to one (known stores: "
-            f"{', '.join(shared) or 'none installed'})"
-        )
+    apps = _applications(registry, data, model, transport_c, problems)
+    if model is not None and model.delivery.mode == "multiple-copy" and store_c is not None:
+        _check_shared_store(registry, store_c, problems)
     if problems or model is None:
         raise ConfigError(problems, source)
     assert source_c is not None and transport_c is not None and store_c is not None
@@ -519,6 +464,76 @@ def parse_pipeline(
         applications=apps,
         registry=registry,
         raw=data,
+    )
+
+
+def _applications(
+    registry: Registry,
+    data: dict[str, Any],
+    model: PipelineModel | None,
+    transport: Component | None,
+    problems: list[str],
+) -> dict[str, Application]:
+    """Each application with its components (sink, plugin filters) resolved; problems are
+    appended to ``problems``."""
+    requires_sink = transport is not None and transport.registered.spec.requires_sink
+    apps: dict[str, Application] = {}
+    raw_apps = data.get("applications")
+    if not isinstance(raw_apps, dict):
+        return apps
+    for app_name, raw_app in raw_apps.items():
+        if not isinstance(raw_app, dict):
+            continue
+        base = f"applications.{app_name}"
+        sink_c = None
+        if raw_app.get("sink") is not None:
+            sink_c = _component(registry, "sink", raw_app.get("sink"), f"{base}.sink", problems)
+            if sink_c is None:
+                continue
+        elif requires_sink and not raw_app.get("external"):
+            problems.append(
+                f"{base}.sink: field required (the {transport.type if transport else ''} "
+                f"transport runs every application's sink; use a transport with separate "
+                f"subscribers for library subscribers)"
+            )
+        filters = []
+        raw_filter = raw_app.get("filter")
+        if isinstance(raw_filter, dict) and isinstance(raw_filter.get("plugins"), list):
+            for i, raw_plugin in enumerate(raw_filter["plugins"]):
+                fc = _component(
+                    registry, "filter", raw_plugin, f"{base}.filter.plugins[{i}]", problems
+                )
+                if fc is not None:
+                    filters.append(fc)
+        if model is not None:
+            app = model.applications[app_name]
+            apps[app_name] = Application(
+                name=app_name,
+                start=app.start,
+                tables=app.filter.tables,
+                ops=list(app.filter.ops) if app.filter.ops else None,
+                where=app.filter.where,
+                columns=app.filter.columns,
+                filters=filters,
+                sink=sink_c,
+                subscribers=app.subscribers,
+                external=app.external,
+            )
+    return apps
+
+
+def _check_shared_store(registry: Registry, store: Component, problems: list[str]) -> None:
+    if store.registered.spec.shared:
+        return
+    shared = [
+        n
+        for n in registry.names("datamarker_store")
+        if registry.components["datamarker_store"][n].spec.shared
+    ]
+    problems.append(
+        "delivery.mode: multiple-copy keeps datamarkers as logical positions in a shared "
+        f"store; set delivery.store to one (known stores: "
+        f"{', '.join(shared) or 'none installed'})"
     )
 
 
