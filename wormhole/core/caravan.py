@@ -303,7 +303,7 @@ class Caravan:
             shared
             and self.on_evict is not None
             and self.slow_flow_s is not None
-            and getattr(session, "timed_delivery", False)
+            and session.timed_delivery
         )
         if timed:
             assert self.slow_flow_s is not None

@@ -13,61 +13,17 @@ import logging
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Protocol
 
 from wormhole.core.assignment import owners
 from wormhole.core.flows import Flow
 from wormhole.core.pipeline import Application, Pipeline
+from wormhole.core.publisher_log import LogReader, PublisherLog
 from wormhole.core.update import Update
-from wormhole.plugins.components import Datamarker
+from wormhole.plugins.components import Datamarker, DatamarkerStore, Frame, SubscriberSession
 
 log = logging.getLogger("wormhole.hub")
 
 BatchFilter = Callable[[list[Update]], list[Update]]
-
-
-@dataclass(slots=True)
-class Frame:
-    """What a subscriber session receives: its updates of one publisher-log batch.
-
-    ``updates`` are in log order and hold only the session's shards;
-    ``datamarkers`` maps each of those shards to the seq the flow reaches once
-    this frame is processed (it moves even when no update of the shard passed
-    the filter).
-    """
-
-    application: str
-    updates: list[Update]
-    datamarkers: dict[int, int]
-    first_seq: int
-    end_seq: int
-    appended_ns: int = 0
-    """CLOCK_MONOTONIC time the batch was appended to the publisher log (0 if unknown)."""
-
-
-class SubscriberSession(Protocol):
-    """A subscriber as the hub sees it (in-process, or the publisher end of a connection)."""
-
-    name: str
-
-    def notice(self, assigned: list[int], revoked: list[int], datamarkers: dict[int, int]) -> None:
-        """Shards this session now owns (starting after ``datamarkers``) / must let go.
-
-        Must not block (the hub calls it holding its lock). A session confirms a
-        revoke with ``hub.revoked(application, session, shards)`` once it has
-        finished every frame it holds for those shards.
-        """
-
-    def deliver(
-        self, frame: Frame, stop: threading.Event, deadline: float | None = None
-    ) -> bool | None:
-        """Queue a frame; block while the subscriber is behind (backpressure).
-
-        Returns False if ``stop`` was set before the frame could be queued. A session
-        class with ``timed_delivery = True`` also takes ``deadline`` (a
-        ``time.monotonic()`` value) and returns None if the frame could not be queued by
-        then: the caravan then moves the application to a caravan of its own.
-        """
 
 
 @dataclass
@@ -110,10 +66,10 @@ class Hub:
         transport that cannot tell that it did fails the run instead of exiting 0."""
         self.failed: dict[str, BaseException] = {}
         """Applications stopped by an error of their own (a filter naming a missing column)."""
-        self.plog: Any = None
-        """The publisher log, for a transport that reads it itself (spec ``reads_log``)."""
-        self.store: Any = None
-        """The datamarker store, for a transport that stores the applications' datamarkers."""
+        self.plog: PublisherLog | None = None
+        """The publisher log (set by the publisher before the transport starts)."""
+        self.store: DatamarkerStore | None = None
+        """The datamarker store (set by the publisher before the transport starts)."""
         for app in applications.values():
             app.owner = [None] * self.shards
 
@@ -269,6 +225,43 @@ class Hub:
                 self.failure = error
             self.changed.notify_all()
 
+    # ---------------------------------------- for a transport that reads the log
+    def _log(self) -> PublisherLog:
+        assert self.plog is not None, "the publisher sets the log before the transport starts"
+        return self.plog
+
+    def _store(self) -> DatamarkerStore:
+        assert self.store is not None, "the publisher sets the store before the transport starts"
+        return self.store
+
+    def log_range(self) -> tuple[int, int]:
+        plog = self._log()
+        return plog.first_seq, plog.next_seq
+
+    def read_log(self, position: int) -> LogReader:
+        return self._log().reader(position)
+
+    def wait_for_log(self, position: int, timeout: float) -> bool:
+        return self._log().wait_for(position, timeout)
+
+    def stored_datamarkers(self) -> dict[tuple[str, int], Datamarker]:
+        return self._store().load()
+
+    def store_datamarkers(
+        self, datamarkers: list[Datamarker], meta: dict[str, str] | None = None
+    ) -> None:
+        plog, store = self._log(), self._store()
+        if not plog.fsync:
+            # Datamarkers must never be on disk ahead of the data they point past.
+            plog.sync()
+        store.save(datamarkers)
+        for key, value in (meta or {}).items():
+            store.set_meta(key, value)
+
+    def stored_meta(self, key: str) -> str | None:
+        return self._store().get_meta(key)
+
+    # ------------------------------------------------------------ persisting
     def unpersisted(self) -> list[Datamarker]:
         with self.lock:
             return [

@@ -28,7 +28,7 @@ from wormhole.core.publisher_log import PublisherLog
 from wormhole.core.retention import Retention
 from wormhole.core.status import LiveStatus
 from wormhole.core.tailer import Tailer
-from wormhole.plugins.components import Datamarker, DatamarkerStore, SourceContext
+from wormhole.plugins.components import Datamarker, DatamarkerStore, SourceContext, Transport
 
 log = logging.getLogger("wormhole.publisher")
 
@@ -69,7 +69,7 @@ class Publisher:
         self.local_subscribers = local_subscribers
         self.stop_requested = threading.Event()
         self.reload_requested = threading.Event()
-        self.transport: Any = None
+        self.transport: Transport | None = None
         self.tail_stop = threading.Event()
         self.delivery_stop = threading.Event()
         self.failure: BaseException | None = None
@@ -202,6 +202,7 @@ class Publisher:
         """No more reading; subscribers finish what they hold; datamarkers are persisted.
         Sets ``failure`` to what ended the run badly, if anything did."""
         assert self.tailer is not None and self.caravans is not None
+        assert self.transport is not None
         self.tail_stop.set()
         self.tailer.join()
         self.delivery_stop.set()
@@ -325,14 +326,13 @@ class Publisher:
                 pipeline.transport.type,
             )
             return
+        assert self.transport is not None
         wanted = {n for n, a in fresh.applications.items() if not a.external}
         for name in sorted(set(hub.applications) - wanted):
             app = hub.applications[name]
             if self.caravans is not None:
                 self.caravans.remove_application(app)
-            remove = getattr(self.transport, "remove_application", None)
-            if remove is not None:
-                remove(name)
+            self.transport.remove_application(name)
             self._persist(plog, hub)
             hub.remove_application(name)
             pipeline.applications.pop(name, None)
@@ -350,9 +350,7 @@ class Publisher:
             store.save(new)
             pipeline.applications[name] = config
             hub.add_application(runtime)
-            add = getattr(self.transport, "add_application", None)
-            if add is not None:
-                add(runtime)
+            self.transport.add_application(runtime)
             if self.caravans is not None:
                 self.caravans.add_application(runtime)
             log.info("application %s added, from position %d", name, runtime.min_datamarker())

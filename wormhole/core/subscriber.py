@@ -10,9 +10,8 @@ from collections.abc import Callable
 from typing import Any
 
 from wormhole.core.errors import WormholeError
-from wormhole.core.hub import Frame, Hub
 from wormhole.core.update import Update
-from wormhole.plugins.components import Sink
+from wormhole.plugins.components import Frame, PublisherView, Sink
 
 log = logging.getLogger("wormhole.subscriber")
 
@@ -47,7 +46,7 @@ class LocalSubscriber:
     """
 
     def __init__(
-        self, hub: Hub, application: str, index: int, sink: Sink, max_frames: int = 8
+        self, hub: PublisherView, application: str, index: int, sink: Sink, max_frames: int = 8
     ) -> None:
         self.hub = hub
         self.application = application

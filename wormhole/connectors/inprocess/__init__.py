@@ -13,9 +13,8 @@ from typing import Any
 from pydantic import Field
 
 from wormhole.core.errors import ConfigError
-from wormhole.core.hub import Hub
 from wormhole.core.subscriber import LocalSubscriber
-from wormhole.plugins.components import ComponentSpec, Options, SinkContext
+from wormhole.plugins.components import ComponentSpec, Options, PublisherView, SinkContext
 from wormhole.plugins.hookspecs import hookimpl
 
 
@@ -33,9 +32,9 @@ class InprocessTransport:
         self.options = options
         self.subscribers: list[LocalSubscriber] = []
         self.context: dict[str, Any] = {}
-        self.hub: Hub | None = None
+        self.hub: PublisherView | None = None
 
-    def start(self, hub: Hub) -> None:
+    def start(self, hub: PublisherView) -> None:
         if not hub.local_subscribers:
             raise ConfigError(
                 "transport.type: inprocess runs subscribers inside the publisher; to run the "

@@ -34,10 +34,8 @@ from wormhole.connectors.kafka.common import (
 from wormhole.connectors.kafka.options import KafkaOptions
 from wormhole.core.children import SubscriberProcesses
 from wormhole.core.errors import ConfigError, WormholeError
-from wormhole.core.hub import Hub
-from wormhole.core.publisher_log import Batch
 from wormhole.core.update import envelope
-from wormhole.plugins.components import Datamarker
+from wormhole.plugins.components import Datamarker, LogBatch, PublisherView
 
 log = logging.getLogger("wormhole.kafka")
 
@@ -100,7 +98,7 @@ class KafkaTransport:
 
     def __init__(self, options: KafkaOptions) -> None:
         self.options = options
-        self.hub: Hub = None  # type: ignore[assignment]
+        self.hub: PublisherView = None  # type: ignore[assignment]
         self.topic: str | None = None
         self.topics: Topics | None = None
         self.producer: Any = None
@@ -126,7 +124,7 @@ class KafkaTransport:
         self.last_outage_log = 0.0
 
     # ------------------------------------------------------------- start
-    def start(self, hub: Hub) -> None:
+    def start(self, hub: PublisherView) -> None:
         self.hub = hub
         pipeline = hub.pipeline
         ck = kafka()
@@ -170,13 +168,19 @@ class KafkaTransport:
         self.thread = threading.Thread(target=self._run, name="kafka producer", daemon=True)
         self.thread.start()
 
+    def add_application(self, app: Any) -> None:
+        """Not while running: the publisher refuses to reload with this transport (every
+        application reads the topics through its own consumer group)."""
+
+    def remove_application(self, name: str) -> None:
+        """As for :meth:`add_application`."""
+
     def _load_positions(self) -> None:
         hub = self.hub
         pipeline = hub.pipeline
-        plog = hub.plog
-        first, end = plog.first_seq, plog.next_seq
+        first, end = hub.log_range()
         self.applications = [n for n, a in pipeline.applications.items() if not a.external]
-        stored = hub.store.load()
+        stored = hub.stored_datamarkers()
         positions = []
         for shard in range(pipeline.shards):
             values = [
@@ -185,7 +189,7 @@ class KafkaTransport:
                 if (name, shard) in stored
             ]
             positions.append(min(values) if values else first)
-        meta = hub.store.get_meta(META_KEY)
+        meta = hub.stored_meta(META_KEY)
         if meta:
             # What the broker confirmed in earlier runs: an application added since
             # (start: earliest) must not make the publisher produce it all again.
@@ -257,11 +261,11 @@ class KafkaTransport:
                 self.hub.fail(self.failure)
 
     def _loop(self) -> None:
-        plog = self.hub.plog
+        hub = self.hub
         producer = self.producer
-        interval = self.hub.pipeline.datamarker_interval
+        interval = hub.pipeline.datamarker_interval
         next_persist = time.monotonic() + interval
-        reader = plog.reader(self.produced)
+        reader = hub.read_log(self.produced)
         try:
             while not self.abort.is_set():
                 if self.failure is not None:
@@ -274,7 +278,7 @@ class KafkaTransport:
                     # linger.ms (flush wakes the broker threads), and serve delivery
                     # reports while waiting for the next batch.
                     producer.flush(0.01)
-                    plog.wait_for(reader.position, 0.05)
+                    hub.wait_for_log(reader.position, 0.05)
                 else:
                     self._produce(batch)
                     self.produced = batch.end_seq
@@ -288,7 +292,7 @@ class KafkaTransport:
             return
         self._flush()
 
-    def _produce(self, batch: Batch) -> None:
+    def _produce(self, batch: LogBatch) -> None:
         updates = batch.updates
         if not updates:
             return
@@ -329,7 +333,7 @@ class KafkaTransport:
                 raise self._unproducible(exc, seq, u) from None
             seq += 1
 
-    def _produce_each(self, batch: Batch) -> None:
+    def _produce_each(self, batch: LogBatch) -> None:
         """The general case: per-table topics, or shards still being skipped after a
         restart (updates the broker confirmed in an earlier run)."""
         updates = batch.updates
@@ -453,11 +457,7 @@ class KafkaTransport:
             ]
             if not changed:
                 return
-            plog = self.hub.plog
-            if not plog.fsync:
-                plog.sync()
-            self.hub.store.save(changed)
-            self.hub.store.set_meta(META_KEY, json.dumps(positions))
+            self.hub.store_datamarkers(changed, {META_KEY: json.dumps(positions)})
             self.saved = positions
 
     def _caught_up(self) -> None:
@@ -541,7 +541,7 @@ class KafkaTransport:
         error: BaseException | None = None
         if self.thread is not None:
             if drain:
-                self.drain_target = self.hub.plog.next_seq
+                self.drain_target = self.hub.log_range()[1]
                 self.draining.set()
                 self.finished.wait()
                 error = self.failure

@@ -18,7 +18,7 @@ from wormhole.connectors.tcp import protocol as p
 from wormhole.connectors.tcp.options import TcpOptions
 from wormhole.core.children import SubscriberProcesses
 from wormhole.core.errors import StateError
-from wormhole.core.hub import Frame, Hub
+from wormhole.plugins.components import Frame, PublisherView
 
 log = logging.getLogger("wormhole.tcp")
 
@@ -329,7 +329,7 @@ class TcpTransport:
 
     def __init__(self, options: TcpOptions) -> None:
         self.options = options
-        self.hub: Hub = None  # type: ignore[assignment]
+        self.hub: PublisherView = None  # type: ignore[assignment]
         self.listener: socket.socket | None = None
         self.address = ""
         self.sessions: set[TcpSession] = set()
@@ -341,7 +341,7 @@ class TcpTransport:
         self.publisher_id = f"{socket.gethostname()}:{os.getpid()}"
 
     # ------------------------------------------------------------- start
-    def start(self, hub: Hub) -> None:
+    def start(self, hub: PublisherView) -> None:
         self.hub = hub
         if self.options.tls is not None:
             try:
