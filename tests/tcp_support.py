@@ -16,7 +16,7 @@ from typing import Any
 from wormhole.connectors.tcp import protocol as p
 from wormhole.connectors.tcp.client import Subscriber
 from wormhole.connectors.tcp.server import TcpTransport
-from wormhole.core.hub import ApplicationRuntime, Flow, Hub
+from wormhole.core.hub import ApplicationRuntime, FlowState, Hub
 from wormhole.core.pipeline import load_pipeline
 from wormhole.testing import write_pipeline
 from wormhole.testing.helpers import cli_command
@@ -193,7 +193,7 @@ def publisher_end(
     pipeline.state_dir.mkdir(parents=True, exist_ok=True)
     app = ApplicationRuntime(
         config=pipeline.applications["a"],
-        flows=[Flow("a", shard, 0, 0, 0) for shard in range(shards)],
+        flows=[FlowState("a", shard, 0, 0, 0) for shard in range(shards)],
         filter=None,
     )
     hub = Hub(pipeline, {"a": app})

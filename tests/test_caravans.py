@@ -179,7 +179,7 @@ def test_an_application_with_a_subscriber_is_never_parked_behind_one_without(
 
     from wormhole.connectors.null import NullSink
     from wormhole.core.caravan import CaravanManager
-    from wormhole.core.hub import ApplicationRuntime, Flow, Hub
+    from wormhole.core.hub import ApplicationRuntime, FlowState, Hub
     from wormhole.core.pipeline import parse_pipeline
     from wormhole.core.publisher_log import PublisherLog
     from wormhole.core.subscriber import LocalSubscriber
@@ -207,7 +207,7 @@ def test_an_application_with_a_subscriber_is_never_parked_behind_one_without(
     def runtime(name: str) -> ApplicationRuntime:
         return ApplicationRuntime(
             config=pipeline.applications[name],
-            flows=[Flow(name, shard, 0, 0, 0) for shard in range(4)],
+            flows=[FlowState(name, shard, 0, 0, 0) for shard in range(4)],
             filter=None,
         )
 

@@ -11,7 +11,8 @@ from typing import TYPE_CHECKING, Any
 __version__ = "0.1.0"
 
 if TYPE_CHECKING:
-    from wormhole.connectors.tcp.client import Flow, Subscriber, SubscriberRefused
+    from wormhole.connectors.tcp.client import Subscriber, SubscriberRefused
+    from wormhole.core.flows import Flow
     from wormhole.core.update import Update
     from wormhole.publish import LogWriter
 

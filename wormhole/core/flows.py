@@ -10,7 +10,7 @@ filter.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from wormhole.core.errors import StartError, StateError
 from wormhole.core.pipeline import Application
@@ -19,8 +19,18 @@ from wormhole.plugins.components import Datamarker
 from wormhole.plugins.filters import BatchFilter, compile_filter
 
 
+class Flow(NamedTuple):
+    """A flow's identity: one shard of one application. Subscriber libraries hand it to
+    ``on_updates`` handlers (``wormhole.Flow``)."""
+
+    application: str
+    shard: int
+
+
 @dataclass(slots=True)
-class Flow:
+class FlowState:
+    """The publisher's state of one flow."""
+
     application: str
     shard: int
     datamarker: int
@@ -51,7 +61,7 @@ def start_flows(
     stored: dict[tuple[str, int], Datamarker],
     plog: PublisherLog,
     pipeline_file: str,
-) -> tuple[list[Flow], list[Datamarker]]:
+) -> tuple[list[FlowState], list[Datamarker]]:
     """Each of the application's flows, from its stored datamarker or the application's
     ``start``, and the datamarkers to store for flows that had none.
 
@@ -60,7 +70,7 @@ def start_flows(
     """
     name = config.name
     first, end = plog.first_seq, plog.next_seq
-    flows: list[Flow] = []
+    flows: list[FlowState] = []
     fresh: list[Datamarker] = []
     time_position: int | None = None
     for shard in range(shards):
@@ -111,7 +121,7 @@ def start_flows(
                 f"({first} to {end}): the oldest retained position is {first}. Start the "
                 f"application at earliest, latest or a position in that range"
             )
-        flows.append(Flow(name, shard, position, position, position))
+        flows.append(FlowState(name, shard, position, position, position))
     return flows, fresh
 
 

@@ -15,7 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from wormhole.core.assignment import owners
-from wormhole.core.flows import Flow
+from wormhole.core.flows import FlowState
 from wormhole.core.pipeline import Application, Pipeline
 from wormhole.core.publisher_log import LogReader, PublisherLog
 from wormhole.core.update import Update
@@ -29,7 +29,7 @@ BatchFilter = Callable[[list[Update]], list[Update]]
 @dataclass
 class ApplicationRuntime:
     config: Application
-    flows: list[Flow]
+    flows: list[FlowState]
     filter: BatchFilter | None
     sessions: list[SubscriberSession] = field(default_factory=list)
     owner: list[SubscriberSession | None] = field(default_factory=list)
@@ -292,4 +292,4 @@ class Hub:
             )
 
 
-__all__ = ["ApplicationRuntime", "Flow", "Frame", "Hub", "SubscriberSession"]
+__all__ = ["ApplicationRuntime", "FlowState", "Frame", "Hub", "SubscriberSession"]

@@ -25,12 +25,11 @@ from wormhole.connectors.kafka.common import (
     table_pattern,
 )
 from wormhole.connectors.kafka.options import ConfigValue, KafkaOptions
-from wormhole.connectors.tcp.client import Flow, Handlers
 from wormhole.core.assignment import shards_of
 from wormhole.core.errors import ConfigError, WormholeError
-from wormhole.core.flows import application_filter
+from wormhole.core.flows import Flow, application_filter
 from wormhole.core.pipeline import Pipeline, load_pipeline, sink_application
-from wormhole.core.subscriber import run_handlers
+from wormhole.core.subscriber import Handlers, run_handlers
 from wormhole.core.update import Update, decode_envelope
 from wormhole.plugins.filters import BatchFilter
 

@@ -26,7 +26,6 @@ token, unknown application, version mismatch) raises :class:`SubscriberRefused`.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import logging
 import os
@@ -37,25 +36,15 @@ import threading
 import time
 import uuid
 from collections.abc import Callable
-from typing import Any, NamedTuple
+from typing import Any
 
 from wormhole.connectors.tcp import protocol as p
 from wormhole.core.errors import WormholeError
-from wormhole.core.subscriber import run_handlers, stop_signalled
+from wormhole.core.flows import Flow
+from wormhole.core.subscriber import Handlers, run_handlers
 from wormhole.core.update import Update
 
 log = logging.getLogger("wormhole.subscriber")
-
-NoticeHandler = Callable[[list[int], list[int]], None]
-UpdatesHandler = Callable[["Flow", list[Update]], None]
-BatchHandler = Callable[[list[Update]], None]
-
-
-class Flow(NamedTuple):
-    """One shard of one application: the unit of order and of acknowledgement."""
-
-    application: str
-    shard: int
 
 
 class SubscriberRefused(WormholeError):
@@ -64,85 +53,6 @@ class SubscriberRefused(WormholeError):
 
 class _Closed(Exception):
     pass
-
-
-class Handlers:
-    """The handler registration of the subscriber libraries (TCP and Kafka)."""
-
-    _notice_handlers: list[NoticeHandler]
-    _updates_handlers: list[UpdatesHandler]
-    _batch_handlers: list[BatchHandler]
-
-    def _init_handlers(self) -> None:
-        self._notice_handlers = []
-        self._updates_handlers = []
-        self._batch_handlers = []
-
-    def on_shard_notice(self, fn: NoticeHandler) -> NoticeHandler:
-        """``fn(assigned, revoked)``: shards this subscriber now owns / no longer owns."""
-        self._notice_handlers.append(fn)
-        return fn
-
-    def on_updates(self, fn: UpdatesHandler) -> UpdatesHandler:
-        """``fn(flow, updates)``: a batch of one flow (shard), in order. Returning
-        acknowledges it (TCP) or lets its offsets be committed (Kafka)."""
-        self._updates_handlers.append(fn)
-        return fn
-
-    def on_batch(self, fn: BatchHandler) -> BatchHandler:
-        """``fn(updates)``: everything one frame (TCP) or poll (Kafka) holds for this
-        subscriber, in order per shard.
-
-        For sinks that make a whole batch durable at once (one fsync per batch).
-        """
-        self._batch_handlers.append(fn)
-        return fn
-
-    def run(self) -> None:  # pragma: no cover - each subscriber library defines it
-        raise NotImplementedError
-
-    def stop(self) -> None:  # pragma: no cover - each subscriber library defines it
-        raise NotImplementedError
-
-    async def run_async(self) -> None:
-        """``run`` in a worker thread; cancelling the task stops the subscriber."""
-        try:
-            await asyncio.to_thread(self.run)
-        except asyncio.CancelledError:
-            self.stop()
-            raise
-
-    def serve_sink(self, sink_component: Any, pipeline: Any, app: Any, instance: int) -> None:
-        """``wormhole subscribe``: open ``app``'s sink as subscriber ``instance``, hand it
-        every batch, run until SIGINT or SIGTERM, close it."""
-        import signal
-
-        from wormhole.plugins.components import SinkContext
-
-        sink = sink_component.create()
-        sink.open(
-            SinkContext(
-                pipeline=pipeline.name,
-                application=app.name,
-                subscriber=instance,
-                subscribers=app.subscribers,
-                state_dir=pipeline.state_dir,
-                log=logging.getLogger(f"wormhole.sink.{app.name}"),
-            )
-        )
-        self.on_batch(sink.write)
-
-        def on_signal(signum: int, frame: Any) -> None:
-            self.stop()
-
-        signal.signal(signal.SIGINT, on_signal)
-        signal.signal(signal.SIGTERM, on_signal)
-        if stop_signalled.is_set():
-            self.stop()  # asked to stop while starting
-        try:
-            self.run()
-        finally:
-            sink.close()
 
 
 class Subscriber(Handlers):
