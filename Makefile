@@ -27,6 +27,7 @@ lint: $(STAMP)
 	$(BIN)/ruff check wormhole tests bench
 	$(BIN)/ruff format --check wormhole tests bench
 	$(BIN)/mypy wormhole
+	$(BIN)/lint-imports
 
 test: $(STAMP) services lint
 	$(BIN)/python -m pytest
