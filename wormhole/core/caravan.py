@@ -55,14 +55,14 @@ class Caravan:
     def __init__(
         self,
         hub: Hub,
-        plog: PublisherLog,
+        publisher_log: PublisherLog,
         stop: threading.Event,
         applications: list[ApplicationRuntime],
         slow_flow_s: float | None = None,
         on_evict: Any = None,
     ) -> None:
         self.hub = hub
-        self.log = plog
+        self.publisher_log = publisher_log
         self.stop = stop
         self.applications = list(applications)
         self.slow_flow_s = slow_flow_s
@@ -150,7 +150,7 @@ class Caravan:
         if len(apps) == 1 and self._wait_for_sessions(apps[0]) == "stop":
             return
         start, rewinds = self._start_position()
-        reader = self.log.reader(start)
+        reader = self.publisher_log.reader(start)
         self.position = start
         try:
             while not self.stop.is_set() and not self.retiring.is_set():
@@ -163,10 +163,10 @@ class Caravan:
                     start, rewinds = self._start_position()
                     if start < reader.position:
                         reader.close()
-                        reader = self.log.reader(start)
+                        reader = self.publisher_log.reader(start)
                 batch = reader.read()
                 if batch is None:
-                    self.log.wait_for(reader.position, 0.2)
+                    self.publisher_log.wait_for(reader.position, 0.2)
                     continue
                 for app in apps:
                     if not self._dispatch(app, batch, shared=len(apps) > 1):
@@ -329,14 +329,14 @@ class CaravanManager:
     def __init__(
         self,
         hub: Hub,
-        plog: PublisherLog,
+        publisher_log: PublisherLog,
         stop: threading.Event,
         max_caravans: int = 8,
         merge_distance: int = 10_000,
         slow_flow_s: float = 2.0,
     ) -> None:
         self.hub = hub
-        self.log = plog
+        self.publisher_log = publisher_log
         self.stop = stop
         self.max_caravans = max_caravans
         self.merge_distance = merge_distance
@@ -379,7 +379,7 @@ class CaravanManager:
     def _caravan(self, applications: list[ApplicationRuntime]) -> Caravan:
         caravan = Caravan(
             self.hub,
-            self.log,
+            self.publisher_log,
             self.stop,
             applications,
             slow_flow_s=self.slow_flow_s,

@@ -59,7 +59,7 @@ def start_flows(
     config: Application,
     shards: int,
     stored: dict[tuple[str, int], Datamarker],
-    plog: PublisherLog,
+    publisher_log: PublisherLog,
     pipeline_file: str,
 ) -> tuple[list[FlowState], list[Datamarker]]:
     """Each of the application's flows, from its stored datamarker or the application's
@@ -69,7 +69,7 @@ def start_flows(
     start elsewhere) and StateError when stored datamarkers are (the log was damaged).
     """
     name = config.name
-    first, end = plog.first_seq, plog.next_seq
+    first, end = publisher_log.first_seq, publisher_log.next_seq
     flows: list[FlowState] = []
     fresh: list[Datamarker] = []
     time_position: int | None = None
@@ -80,7 +80,7 @@ def start_flows(
             where = f"the datamarker of application {name} shard {shard}"
         elif isinstance(config.start, dict) and "time" in config.start:
             if time_position is None:
-                time_position = position_at_time(plog.directory, config.start["time"])
+                time_position = position_at_time(publisher_log.directory, config.start["time"])
             if time_position is None:
                 raise StartError(
                     f"applications.{name}.start: the updates in the publisher log carry no "
@@ -98,7 +98,7 @@ def start_flows(
             if marker is not None:
                 raise StateError(
                     f"{where} is position {position}, past the end of the publisher log "
-                    f"({end}) in {plog.directory}: updates that were acknowledged are "
+                    f"({end}) in {publisher_log.directory}: updates that were acknowledged are "
                     f"missing from the log (was the state_dir replaced or damaged?). "
                     f"Restore it, or start over with a new state_dir"
                 )
@@ -111,7 +111,7 @@ def start_flows(
             if marker is not None:
                 raise StateError(
                     f"{where} is position {position}, but the publisher log in "
-                    f"{plog.directory} starts at {first}: updates it never acknowledged "
+                    f"{publisher_log.directory} starts at {first}: updates it never acknowledged "
                     f"were deleted (was the log pruned by hand?). Restore the log, or run "
                     f"`wormhole forget {pipeline_file} {name}` to drop its datamarkers "
                     f"so that it starts again from applications.{name}.start"

@@ -66,7 +66,7 @@ class Hub:
         transport that cannot tell that it did fails the run instead of exiting 0."""
         self.failed: dict[str, BaseException] = {}
         """Applications stopped by an error of their own (a filter naming a missing column)."""
-        self.plog: PublisherLog | None = None
+        self.publisher_log: PublisherLog | None = None
         """The publisher log (set by the publisher before the transport starts)."""
         self.store: DatamarkerStore | None = None
         """The datamarker store (set by the publisher before the transport starts)."""
@@ -227,16 +227,18 @@ class Hub:
 
     # ---------------------------------------- for a transport that reads the log
     def _log(self) -> PublisherLog:
-        assert self.plog is not None, "the publisher sets the log before the transport starts"
-        return self.plog
+        assert self.publisher_log is not None, (
+            "the publisher sets the log before the transport starts"
+        )
+        return self.publisher_log
 
     def _store(self) -> DatamarkerStore:
         assert self.store is not None, "the publisher sets the store before the transport starts"
         return self.store
 
     def log_range(self) -> tuple[int, int]:
-        plog = self._log()
-        return plog.first_seq, plog.next_seq
+        publisher_log = self._log()
+        return publisher_log.first_seq, publisher_log.next_seq
 
     def read_log(self, position: int) -> LogReader:
         return self._log().reader(position)
@@ -250,10 +252,10 @@ class Hub:
     def store_datamarkers(
         self, datamarkers: list[Datamarker], meta: dict[str, str] | None = None
     ) -> None:
-        plog, store = self._log(), self._store()
-        if not plog.fsync:
+        publisher_log, store = self._log(), self._store()
+        if not publisher_log.fsync:
             # Datamarkers must never be on disk ahead of the data they point past.
-            plog.sync()
+            publisher_log.sync()
         store.save(datamarkers)
         for key, value in (meta or {}).items():
             store.set_meta(key, value)

@@ -97,22 +97,22 @@ class Publisher:
         with contextlib.ExitStack() as cleanup:
             store = self._open_state(cleanup)
             self._check_meta(store)
-            plog = self.publisher_log = PublisherLog(
+            publisher_log = self.publisher_log = PublisherLog(
                 pipeline.state_dir / "log",
                 roll_size=int(pipeline.log.roll_size),
                 fsync=pipeline.log.fsync,
                 tail_updates=pipeline.log.tail_updates,
             )
-            recovery = plog.open()
-            cleanup.callback(plog.close)
+            recovery = publisher_log.open()
+            cleanup.callback(publisher_log.close)
             source = pipeline.source.create()
             source.open(self._source_context(), recovery.checkpoint)
             cleanup.callback(source.close)
             end = source.capture_end() if self.once else None
-            hub = self._start_delivery(cleanup, store, plog)
+            hub = self._start_delivery(cleanup, store, publisher_log)
             tailer = self.tailer = Tailer(
                 source,
-                plog,
+                publisher_log,
                 pipeline.shards,
                 self.tail_stop,
                 end=end,
@@ -124,11 +124,11 @@ class Publisher:
             # Runs first on the way out: nothing more is read or delivered.
             cleanup.callback(self.delivery_stop.set)
             cleanup.callback(self.tail_stop.set)
-            self._supervise(store, plog, hub)
-            self._stop_gracefully(plog, hub)
+            self._supervise(store, publisher_log, hub)
+            self._stop_gracefully(publisher_log, hub)
             if self.failure is not None:
                 raise self.failure
-            summary = self._summary(started, plog, hub, recovery.truncated)
+            summary = self._summary(started, publisher_log, hub, recovery.truncated)
             pipeline.registry.pm.hook.wormhole_pipeline_stopped(pipeline=pipeline, summary=summary)
             return summary
         raise AssertionError("unreachable")  # pragma: no cover - mypy: the with returns
@@ -160,7 +160,7 @@ class Publisher:
         )
 
     def _start_delivery(
-        self, cleanup: contextlib.ExitStack, store: DatamarkerStore, plog: PublisherLog
+        self, cleanup: contextlib.ExitStack, store: DatamarkerStore, publisher_log: PublisherLog
     ) -> Hub:
         """The hub with every application's flows, the transport and the caravans."""
         pipeline = self.pipeline
@@ -168,19 +168,19 @@ class Publisher:
         # A transport that reads the publisher log itself (spec `reads_log`) takes over
         # delivery: every application is then external to the hub, and the transport
         # stores their datamarkers as its destination confirms updates.
-        self.retention = Retention(pipeline, store, plog, self.transport_reads_log)
-        hub = self.hub = Hub(pipeline, self._applications(store, plog))
+        self.retention = Retention(pipeline, store, publisher_log, self.transport_reads_log)
+        hub = self.hub = Hub(pipeline, self._applications(store, publisher_log))
         hub.failed.update(self.start_failures)
         hub.local_subscribers = self.local_subscribers
         hub.once = self.once
-        hub.plog = plog
+        hub.publisher_log = publisher_log
         hub.store = store
         transport.start(hub)
         cleanup.callback(self._abort_transport)
         pipeline.registry.pm.hook.wormhole_pipeline_started(pipeline=pipeline)
         caravans = self.caravans = CaravanManager(
             hub,
-            plog,
+            publisher_log,
             self.delivery_stop,
             max_caravans=pipeline.caravans.max_caravans,
             merge_distance=pipeline.caravans.merge_distance,
@@ -198,7 +198,7 @@ class Publisher:
         except Exception:  # pragma: no cover - already failing
             log.exception("transport did not stop cleanly")
 
-    def _stop_gracefully(self, plog: PublisherLog, hub: Hub) -> None:
+    def _stop_gracefully(self, publisher_log: PublisherLog, hub: Hub) -> None:
         """No more reading; subscribers finish what they hold; datamarkers are persisted.
         Sets ``failure`` to what ended the run badly, if anything did."""
         assert self.tailer is not None and self.caravans is not None
@@ -209,7 +209,7 @@ class Publisher:
         self.caravans.join()
         transport, self.transport = self.transport, None
         transport.stop()
-        self._persist(plog, hub)
+        self._persist(publisher_log, hub)
         if self.failure is None and self.tailer.failure is not None:
             self.failure = self.tailer.failure
         if self.failure is None and hub.failure is not None:
@@ -247,13 +247,15 @@ class Publisher:
         store.set_meta("shards", str(self.pipeline.shards))
         store.set_meta("pipeline", self.pipeline.name)
 
-    def _applications(self, store: Any, plog: PublisherLog) -> dict[str, ApplicationRuntime]:
+    def _applications(
+        self, store: Any, publisher_log: PublisherLog
+    ) -> dict[str, ApplicationRuntime]:
         stored = store.load()
         apps = {}
         new: list[Datamarker] = []
         for name, config in self.pipeline.applications.items():
             try:
-                runtime = self._runtime(name, config, stored, plog, new)
+                runtime = self._runtime(name, config, stored, publisher_log, new)
             except StateError as exc:
                 # This application's start point or stored datamarkers are unusable: it does
                 # not run, the others do, and the run reports it.
@@ -270,12 +272,14 @@ class Publisher:
         name: str,
         config: Application,
         stored: dict[tuple[str, int], Datamarker],
-        plog: PublisherLog,
+        publisher_log: PublisherLog,
         new: list[Datamarker],
     ) -> ApplicationRuntime | None:
         """One application's flows (None for an external one), from its stored datamarkers
         or its start point; new datamarkers are appended to ``new``."""
-        flows, fresh = start_flows(config, self.pipeline.shards, stored, plog, self.pipeline.file)
+        flows, fresh = start_flows(
+            config, self.pipeline.shards, stored, publisher_log, self.pipeline.file
+        )
         new.extend(fresh)
         if config.external or self.transport_reads_log:
             # Read by an outside reader that stores its own datamarkers: no flows here,
@@ -284,7 +288,7 @@ class Publisher:
         return ApplicationRuntime(config=config, flows=flows, filter=application_filter(config))
 
     # ------------------------------------------------------------ supervise
-    def _supervise(self, store: Any, plog: PublisherLog, hub: Hub) -> None:
+    def _supervise(self, store: Any, publisher_log: PublisherLog, hub: Hub) -> None:
         interval = self.pipeline.datamarker_interval
         next_persist = time.monotonic() + interval
         target: int | None = None
@@ -294,19 +298,19 @@ class Publisher:
             assert self.tailer is not None
             if self.once and self.tailer.done.is_set():
                 if target is None:
-                    target = plog.next_seq
+                    target = publisher_log.next_seq
                 if hub.all_acknowledged(target):
                     return
             with hub.lock:
                 hub.changed.wait(min(interval, 0.05 if self.once else interval))
             if self.reload_requested.is_set():
                 self.reload_requested.clear()
-                self._reload(store, plog, hub)
+                self._reload(store, publisher_log, hub)
             if time.monotonic() >= next_persist:
-                self._persist(plog, hub)
+                self._persist(publisher_log, hub)
                 next_persist = time.monotonic() + interval
 
-    def _reload(self, store: Any, plog: PublisherLog, hub: Hub) -> None:
+    def _reload(self, store: Any, publisher_log: PublisherLog, hub: Hub) -> None:
         """Apply the pipeline file's applications to the running pipeline.
 
         New applications start from their ``start`` (or stored datamarkers); removed ones
@@ -333,7 +337,7 @@ class Publisher:
             if self.caravans is not None:
                 self.caravans.remove_application(app)
             self.transport.remove_application(name)
-            self._persist(plog, hub)
+            self._persist(publisher_log, hub)
             hub.remove_application(name)
             pipeline.applications.pop(name, None)
             log.info("application %s removed (its datamarkers are kept)", name)
@@ -341,7 +345,7 @@ class Publisher:
             config = fresh.applications[name]
             new: list[Datamarker] = []
             try:
-                runtime = self._runtime(name, config, store.load(), plog, new)
+                runtime = self._runtime(name, config, store.load(), publisher_log, new)
             except StateError as exc:
                 log.error("application %s does not start: %s", name, exc)
                 continue
@@ -365,29 +369,29 @@ class Publisher:
                 ", ".join(sorted(changed)),
             )
 
-    def _persist(self, plog: PublisherLog, hub: Hub) -> None:
+    def _persist(self, publisher_log: PublisherLog, hub: Hub) -> None:
         assert self.retention is not None
         self.retention.persist(hub)
-        self.live.write(plog, hub, list(self.caravans.caravans if self.caravans else []))
+        self.live.write(publisher_log, hub, list(self.caravans.caravans if self.caravans else []))
 
     def _summary(
-        self, started: float, plog: PublisherLog, hub: Hub, truncated: list[str]
+        self, started: float, publisher_log: PublisherLog, hub: Hub, truncated: list[str]
     ) -> RunSummary:
         summary = RunSummary(
             pipeline=self.pipeline.name,
             elapsed=time.monotonic() - started,
             source_updates=self.tailer.updates if self.tailer else 0,
-            log_end=plog.next_seq,
+            log_end=publisher_log.next_seq,
             truncated=truncated,
             removed_segments=self.retention.removed if self.retention else [],
-            log_bytes_read=plog.bytes_read,
+            log_bytes_read=publisher_log.bytes_read,
             caravan_merges=self.caravans.merges if self.caravans else 0,
             caravan_splits=self.caravans.splits if self.caravans else 0,
         )
         for name, app in hub.applications.items():
             marker = app.min_datamarker()
             summary.applications[name] = ApplicationSummary(
-                name, app.acknowledged_updates, marker, plog.next_seq - marker
+                name, app.acknowledged_updates, marker, publisher_log.next_seq - marker
             )
         return summary
 

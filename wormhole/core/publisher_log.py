@@ -610,8 +610,8 @@ class PublisherLog:
 class LogReader:
     """Reads batches in order from ``position``: from memory at the tail, else from disk."""
 
-    def __init__(self, plog: PublisherLog, position: int) -> None:
-        self.log = plog
+    def __init__(self, publisher_log: PublisherLog, position: int) -> None:
+        self.publisher_log = publisher_log
         self.position = position
         self.bytes_read = 0
         self._file: BinaryIO | None = None
@@ -624,18 +624,18 @@ class LogReader:
 
     def read(self) -> Batch | None:
         """The next batch at or after the position, or None when caught up."""
-        plog = self.log
-        with plog._lock:
-            if self.position >= plog.next_seq:
+        publisher_log = self.publisher_log
+        with publisher_log._lock:
+            if self.position >= publisher_log.next_seq:
                 return None
-            if plog.segments and self.position < plog.segments[0].first_seq:
+            if publisher_log.segments and self.position < publisher_log.segments[0].first_seq:
                 raise LookupError(
                     f"position {self.position} is older than the oldest retained "
-                    f"update {plog.segments[0].first_seq}"
+                    f"update {publisher_log.segments[0].first_seq}"
                 )
-            batch = plog._from_tail(self.position)
+            batch = publisher_log._from_tail(self.position)
             if batch is None:
-                segment = plog._segment_for(self.position)
+                segment = publisher_log._segment_for(self.position)
                 index = segment.index
                 known_size = segment.size
         if batch is None:
@@ -667,7 +667,7 @@ class LogReader:
                 str(segment.path), end, f"the segment ends inside a record ({size} bytes)"
             )
         index = [(r.first, r.count, r.offset) for r in records if r.kind in BATCH_KINDS]
-        with self.log._lock:
+        with self.publisher_log._lock:
             if segment.index is None:
                 segment.index = index
         return index
@@ -694,8 +694,8 @@ class LogReader:
         _, updates = _updates_only_decoder.decode(record.payload)
         size = HEADER_SIZE + len(record.payload)
         self.bytes_read += size
-        with self.log._lock:
-            self.log.bytes_read += size
+        with self.publisher_log._lock:
+            self.publisher_log.bytes_read += size
         if len(updates) != count or record.first != first:
             raise LogCorruptError(str(segment.path), offset, "record does not match its index")
         return Batch.of(first, updates)

@@ -22,12 +22,12 @@ class Retention:
         self,
         pipeline: Pipeline,
         store: DatamarkerStore,
-        plog: PublisherLog,
+        publisher_log: PublisherLog,
         outside_readers: bool = False,
     ) -> None:
         self.pipeline = pipeline
         self.store = store
-        self.plog = plog
+        self.publisher_log = publisher_log
         self.outside_readers = outside_readers
         """Every application is read outside the hub (a transport with ``reads_log``)."""
         self.removed: list[str] = []
@@ -36,17 +36,17 @@ class Retention:
     def persist(self, hub: Hub) -> None:
         """Save the datamarkers that moved, then collect the segments every stored one has
         passed."""
-        plog, store = self.plog, self.store
+        publisher_log, store = self.publisher_log, self.store
         changed = hub.unpersisted()
         if changed:
-            if not plog.fsync:
+            if not publisher_log.fsync:
                 # Datamarkers must never be on disk ahead of the data they point past.
-                plog.sync()
+                publisher_log.sync()
             store.save(changed)
             hub.mark_persisted(changed)
         upto = self.collectable(hub)
         if upto is not None:
-            self.removed += plog.collect_garbage(upto, self.pipeline.log.keep_rolled)
+            self.removed += publisher_log.collect_garbage(upto, self.pipeline.log.keep_rolled)
 
     def collectable(self, hub: Hub) -> int | None:
         """The lowest position any flow may still need, from datamarkers on disk only
@@ -60,7 +60,7 @@ class Retention:
             if config.external or self.outside_readers:
                 # An outside reader that has stored nothing yet needs the whole log.
                 positions += [
-                    self.plog.first_seq
+                    self.publisher_log.first_seq
                     for shard in range(self.pipeline.shards)
                     if (name, shard) not in stored
                 ]

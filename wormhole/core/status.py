@@ -30,7 +30,7 @@ class LiveStatus:
         self.path = state_dir / FILENAME
         self._rates: dict[int, tuple[Caravan, float, int]] = {}
 
-    def write(self, plog: PublisherLog, hub: Hub, caravans: list[Caravan]) -> None:
+    def write(self, publisher_log: PublisherLog, hub: Hub, caravans: list[Caravan]) -> None:
         now = time.monotonic()
         listed = []
         rates: dict[int, tuple[Caravan, float, int]] = {}
@@ -55,7 +55,7 @@ class LiveStatus:
         status = {
             "pid": os.getpid(),
             "updated_ms": int(time.time() * 1000),
-            "log": {"first": plog.first_seq, "end": plog.next_seq},
+            "log": {"first": publisher_log.first_seq, "end": publisher_log.next_seq},
             "caravans": listed,
             "applications": sorted(hub.applications),
             "failed": {name: str(error) for name, error in hub.failed.items()},

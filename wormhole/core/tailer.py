@@ -25,14 +25,14 @@ TRANSIENT_WRITE_ERRORS = (errno.ENOSPC, errno.EDQUOT, errno.EIO, errno.EAGAIN)
 
 
 class Tailer:
-    """Reads ``source`` into ``plog`` until ``stop`` is set, or, with ``end`` (``--once``),
+    """Reads ``source`` into ``publisher_log`` until ``stop`` is set, or, with ``end`` (``--once``),
     until the source has returned everything up to it. ``done`` is set when both threads
     have finished; ``failure`` holds what stopped them, if anything did."""
 
     def __init__(
         self,
         source: Source,
-        plog: PublisherLog,
+        publisher_log: PublisherLog,
         shards: int,
         stop: threading.Event,
         end: Any = None,
@@ -40,7 +40,7 @@ class Tailer:
         on_failure: Any = None,
     ) -> None:
         self.source = source
-        self.plog = plog
+        self.publisher_log = publisher_log
         self.shards = shards
         self.stop = stop
         self.end = end
@@ -94,7 +94,7 @@ class Tailer:
         return self.once and bool(self.source.reached(self.end))
 
     def _read_loop(self) -> None:
-        source, plog, shards = self.source, self.plog, self.shards
+        source, publisher_log, shards = self.source, self.publisher_log, self.shards
         if self._finished():
             return
         while not self.stop.is_set() and self._appender_alive:
@@ -104,7 +104,7 @@ class Tailer:
                     return
                 continue
             batch.updates = assign_shards(batch.updates, shards)
-            if not self._put(plog.prepare(batch.updates, batch.checkpoint)):
+            if not self._put(publisher_log.prepare(batch.updates, batch.checkpoint)):
                 return
             if self._finished():
                 return
@@ -120,7 +120,7 @@ class Tailer:
             self._failed(exc)
         finally:
             self._appender_alive = False
-            self.plog.discard_prepared()
+            self.publisher_log.discard_prepared()
             # Unblock a tailer waiting to hand over a batch.
             while True:
                 try:
@@ -131,21 +131,21 @@ class Tailer:
     def _commit(self, prepared: PreparedBatch) -> bool:
         """Append, retrying with backoff while the disk is full (nothing is lost meanwhile:
         the source is confirmed only after the append); False if stopped meanwhile."""
-        plog = self.plog
+        publisher_log = self.publisher_log
         delay = 0.1
         while True:
             try:
-                plog.commit(prepared)
+                publisher_log.commit(prepared)
                 return True
             except OSError as exc:
                 if exc.errno not in TRANSIENT_WRITE_ERRORS:
                     raise StateError(
-                        f"cannot write the publisher log in {plog.directory}: {exc}"
+                        f"cannot write the publisher log in {publisher_log.directory}: {exc}"
                     ) from exc
                 log.error(
                     "cannot append to the publisher log in %s (%s); nothing was lost, "
                     "retrying in %.1fs: free space on that disk",
-                    plog.directory,
+                    publisher_log.directory,
                     exc.strerror,
                     delay,
                 )
