@@ -47,6 +47,7 @@ from wormhole.core.framing import (
     MAGIC,
     MAX_RECORD,
     VERSION,
+    Record,
     TornTail,
     fsync_directory,
     log_file_key,
@@ -812,28 +813,52 @@ class LogInfo:
     next_seq: int
 
 
+def _offline_segments(
+    root: Path, tolerate_corrupt: bool = False
+) -> Iterator[tuple[Path, BinaryIO, list[Record]]]:
+    """Each segment file of a log in order, open, with its record headers, read without
+    recovering or locking the log (it may be live: only complete records are listed, and
+    a segment collected meanwhile is skipped). With ``tolerate_corrupt``, a segment's
+    headers stop at a corrupt record instead of raising."""
+    if not root.is_dir():
+        return
+    found = sorted(
+        (key, p) for p in root.glob("log.*") if (key := log_file_key(p.name)) is not None
+    )
+    for _, path in found:
+        try:
+            f = open(path, "rb")  # noqa: SIM115 - closed below
+        except FileNotFoundError:
+            continue
+        with f:
+            headers: list[Record] = []
+            try:
+                # Listed first: reading a payload below moves the file position.
+                headers.extend(scan_headers(f, str(path)))
+            except LogCorruptError:
+                if not tolerate_corrupt:
+                    raise
+            yield path, f, headers
+
+
+def _record_updates(f: BinaryIO, path: Path, record: Record) -> list[Update]:
+    _, updates = _updates_only_decoder.decode(read_record_at(f, str(path), record.offset).payload)
+    return list(updates)
+
+
 def inspect_log(directory: str | os.PathLike[str]) -> LogInfo:
     """Read a publisher log's extent without recovering or locking it (it may be live)."""
     root = Path(directory)
-    found = (
-        sorted((key, p) for p in root.glob("log.*") if (key := log_file_key(p.name)) is not None)
-        if root.is_dir()
-        else []
-    )
     segments: list[tuple[str, int, int]] = []
     next_seq = 0
-    for _, path in found:
-        with open(path, "rb") as f:
-            first = None
-            try:
-                for record in scan_headers(f, str(path)):
-                    if record.kind == KIND_SEGMENT:
-                        first = record.first
-                        next_seq = max(next_seq, record.first)
-                    elif record.kind == KIND_BATCH:
-                        next_seq = max(next_seq, record.first + record.count)
-            except LogCorruptError:
-                pass
+    for path, _, headers in _offline_segments(root, tolerate_corrupt=True):
+        first = None
+        for record in headers:
+            if record.kind == KIND_SEGMENT:
+                first = record.first
+                next_seq = max(next_seq, record.first)
+            elif record.kind == KIND_BATCH:
+                next_seq = max(next_seq, record.first + record.count)
         if first is not None:
             segments.append((path.name, first, path.stat().st_size))
     first_seq = segments[0][1] if segments else 0
@@ -849,36 +874,26 @@ def read_log_range(
     Raises LookupError when part of the range was already garbage-collected.
     """
     root = Path(directory)
-    found = sorted(
-        (key, p) for p in root.glob("log.*") if (key := log_file_key(p.name)) is not None
-    )
     covered = start
-    for _, path in found:
+    for path, f, headers in _offline_segments(root):
         if covered >= end:
             return
-        try:
-            f = open(path, "rb")  # noqa: SIM115 - closed below
-        except FileNotFoundError:
-            continue  # collected meanwhile: the coverage check below notices a gap
-        with f:
-            for record in list(scan_headers(f, str(path))):
-                if record.kind not in BATCH_KINDS or record.count == 0:
-                    continue
-                last = record.first + record.count
-                if last <= covered or record.first >= end:
-                    continue
-                if record.first > covered:
-                    raise LookupError(
-                        f"publisher log {root}: updates {covered} to {record.first - 1} are no "
-                        f"longer retained (garbage-collected)"
-                    )
-                payload = read_record_at(f, str(path), record.offset).payload
-                _, updates = _updates_only_decoder.decode(payload)
-                for i, update in enumerate(updates):
-                    seq = record.first + i
-                    if covered <= seq < end:
-                        yield seq, update
-                covered = min(last, end)
+        for record in headers:
+            if record.kind not in BATCH_KINDS or record.count == 0:
+                continue
+            last = record.first + record.count
+            if last <= covered or record.first >= end:
+                continue
+            if record.first > covered:
+                raise LookupError(
+                    f"publisher log {root}: updates {covered} to {record.first - 1} are no "
+                    f"longer retained (garbage-collected)"
+                )
+            for i, update in enumerate(_record_updates(f, path, record)):
+                seq = record.first + i
+                if covered <= seq < end:
+                    yield seq, update
+            covered = min(last, end)
     if covered < end:
         raise LookupError(
             f"publisher log {root}: updates {covered} to {end - 1} are not in the log "
@@ -893,29 +908,17 @@ def position_at_time(directory: str | os.PathLike[str], ts_ms: int) -> int | Non
 
     Reads the log from its oldest record, stopping at the first match.
     """
-    root = Path(directory)
-    found = sorted(
-        (key, p) for p in root.glob("log.*") if (key := log_file_key(p.name)) is not None
-    )
     timed = False
     end = 0
-    for _, path in found:
-        try:
-            f = open(path, "rb")  # noqa: SIM115 - closed below
-        except FileNotFoundError:
-            continue
-        with f:
-            for record in list(scan_headers(f, str(path))):
-                if record.kind not in BATCH_KINDS or record.count == 0:
+    for path, f, headers in _offline_segments(Path(directory)):
+        for record in headers:
+            if record.kind not in BATCH_KINDS or record.count == 0:
+                continue
+            end = max(end, record.first + record.count)
+            for i, update in enumerate(_record_updates(f, path, record)):
+                if update.ts_ms is None:
                     continue
-                end = max(end, record.first + record.count)
-                _, updates = _updates_only_decoder.decode(
-                    read_record_at(f, str(path), record.offset).payload
-                )
-                for i, update in enumerate(updates):
-                    if update.ts_ms is None:
-                        continue
-                    timed = True
-                    if update.ts_ms >= ts_ms:
-                        return record.first + i
+                timed = True
+                if update.ts_ms >= ts_ms:
+                    return record.first + i
     return end if timed or end == 0 else None
