@@ -339,29 +339,31 @@ class Chaos:
         self.port = free_port()
         self.state_dir = tmp_path / "state"
         self.outputs = {app: tmp_path / f"{app}.jsonl" for app in APPLICATIONS}
-        self.pipeline = write_pipeline(
-            tmp_path / "chaos.yml",
-            {
-                "pipeline": f"chaos_{source.name}",
-                "state_dir": str(self.state_dir),
-                "source": source.config(),
-                "transport": {
-                    "type": "tcp",
-                    "listen": f"127.0.0.1:{self.port}",
-                    "heartbeat_ms": HEARTBEAT_MS,
-                    "heartbeat_timeout_ms": HEARTBEAT_TIMEOUT_MS,
-                },
-                "delivery": {"datamarker_interval_ms": 500},
-                # Small segments and a short memory tail: restarts read the log from disk
-                # across rolls. Every segment is kept, to check deliveries against it.
-                "log": {"roll_size": "4MiB", "tail_updates": 20_000, "keep_rolled": 10_000},
-                "applications": {
-                    app: {"sink": {"type": "jsonl", "path": str(out)}, "subscribers": n}
-                    for (app, n), out in zip(
-                        APPLICATIONS.items(), self.outputs.values(), strict=True
-                    )
-                },
+        pipeline: dict[str, Any] = {
+            "pipeline": f"chaos_{source.name}",
+            "state_dir": str(self.state_dir),
+            "source": source.config(),
+            "transport": {
+                "type": "tcp",
+                "listen": f"127.0.0.1:{self.port}",
+                "heartbeat_ms": HEARTBEAT_MS,
+                "heartbeat_timeout_ms": HEARTBEAT_TIMEOUT_MS,
             },
+            "delivery": {"datamarker_interval_ms": 500},
+            # Small segments and a short memory tail: restarts read the log from disk
+            # across rolls. Every segment is kept, to check deliveries against it.
+            "log": {"roll_size": "4MiB", "tail_updates": 20_000, "keep_rolled": 10_000},
+            "applications": {
+                app: {"sink": {"type": "jsonl", "path": str(out)}, "subscribers": n}
+                for (app, n), out in zip(APPLICATIONS.items(), self.outputs.values(), strict=True)
+            },
+        }
+        self.pipeline = write_pipeline(tmp_path / "chaos.yml", pipeline)
+        # The same pipeline in-process, for a first `run --once` that sets up the source
+        # (a tcp one that ends while its subscribers start would hit the stop-while-
+        # starting bug, see test_a_graceful_stop_while_its_subscribers_start_exits_0).
+        self.setup_pipeline = write_pipeline(
+            tmp_path / "setup.yml", {**pipeline, "transport": {"type": "inprocess"}}
         )
         self.schedule = f.schedule(rng, source.fault_kinds(), FAULTS)
         self.snapshots: list[Snapshot] = []
@@ -473,7 +475,7 @@ class Chaos:
             self.kill_publisher(publisher)
 
     def stderr_tail(self, lines: int = 40) -> str:
-        return "".join(self.publisher.stderr_lines[-lines:])
+        return "".join(self.publishers[-1].stderr_lines[-lines:]) if self.publishers else ""
 
 
 @contextmanager
@@ -510,7 +512,7 @@ def test_every_update_reaches_every_application_in_order_through_random_faults(
             run = Chaos(tmp_path, source, rng)
             print("faults: " + "; ".join(fault.describe() for fault in run.schedule))
             if source.port() is not None:  # creates the replication slot / binlog position
-                result = run_cli("run", str(run.pipeline), "--once", cwd=tmp_path)
+                result = run_cli("run", str(run.setup_pipeline), "--once", cwd=tmp_path)
                 assert result.returncode == 0, result
             started = time.monotonic()
             deadline = started + DEADLINE_S
