@@ -384,6 +384,7 @@ class Chaos:
         for number, fault in enumerate(self.schedule, 1):
             if self.stop.wait(fault.gap_s) or time.monotonic() > deadline:
                 return
+            self.supervise()
             self.snapshots.append(Snapshot.take(fault.kind, self.state_dir, self.outputs))
             effect = self.inject(fault)
             self.done.append(f"#{number} +{time.monotonic() - started:.1f}s {fault.kind}: {effect}")
@@ -430,6 +431,21 @@ class Chaos:
         wait_until(reconnected, 30, f"{app}/{instance} to reconnect after SIGCONT")
         return f"{app}/{instance} (pid {pid}) for {HEARTBEAT_TIMEOUT_MS / 1000 + fault.hold_s:.1f}s"
 
+    def supervise(self) -> None:
+        """Restart a publisher that stopped because its source was unreachable as it
+        started (a database restart at that moment): it exits 2 then, as documented,
+        and is left to its supervisor. Any other exit of its own fails the test."""
+        code = self.publisher.proc.poll()
+        if code is None:
+            return
+        self.publisher.wait()
+        stderr = self.publisher.stderr
+        assert code == 2 and "source.dsn: cannot connect" in stderr, (
+            f"the publisher exited {code} by itself:\n{stderr[-3000:]}"
+        )
+        self.done.append("   (the publisher exited 2: source unreachable at start; restarted)")
+        self.start()
+
     @staticmethod
     def kill_publisher(publisher: Process) -> int:
         """kill -9; its subscribers die with it. Returns how many there were."""
@@ -451,6 +467,7 @@ class Chaos:
         return key, found[key]
 
     def caught_up(self, total: int) -> bool:
+        self.supervise()
         end = inspect_log(self.state_dir / "log").next_seq
         markers = read_datamarkers(self.state_dir)
         return end >= total and all(
@@ -461,6 +478,7 @@ class Chaos:
 
     def all_serving(self) -> bool:
         """Every subscriber process is up and connected to the publisher."""
+        self.supervise()
         found = f.subscribers_of(self.publisher.pid)
         return len(found) == sum(APPLICATIONS.values()) and all(
             any(remote == self.port for _, remote in f.tcp_connections(pid).values())
