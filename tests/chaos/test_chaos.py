@@ -41,8 +41,8 @@ except ImportError:  # pragma: no cover - not in this version of wormhole.testin
 KEYS = 2_000
 ROUNDS = 100  # 200,000 updates
 CHUNK = 500  # updates per write (one transaction for the databases)
-RATE = 8_000  # updates/s the writer aims at: the stream lasts about 25 s
-FAULTS = 12
+RATE = 5_000  # updates/s the writer aims at: the stream lasts about 40 s
+FAULTS = 20
 DEADLINE_S = 150  # from the first write to the graceful stop
 HEARTBEAT_MS, HEARTBEAT_TIMEOUT_MS = 300, 1500
 APPLICATIONS = {"audit": 1, "search": 2}  # subscribers each
@@ -129,69 +129,31 @@ class FileLogWorkload(Workload):
             out.write(lines)
 
 
-class PostgresWorkload(Workload):
-    def __init__(self, dsn: str) -> None:
-        import psycopg2
+class DatabaseWorkload(Workload):
+    """One statement (one transaction) per chunk, over a connection made on demand."""
 
+    def __init__(self) -> None:
         super().__init__()
-        self.errors = (psycopg2.OperationalError, psycopg2.InterfaceError)
-        self.dsn = dsn
         self.conn: Any = None
 
-    def _cursor(self) -> Any:
-        import psycopg2
+    def connect(self) -> Any:
+        raise NotImplementedError
 
+    def statement(self, n: int, first: int, last: int) -> str:
+        raise NotImplementedError
+
+    def _execute(self, sql: str) -> Any:
         if self.conn is None:
-            self.conn = psycopg2.connect(self.dsn)
-            self.conn.autocommit = True
-        return self.conn.cursor()
+            self.conn = self.connect()
+        with self.conn.cursor() as cur:
+            cur.execute(sql)
+            return cur.fetchone() if cur.description else None
 
     def write(self, n: int, first: int, last: int) -> None:
-        with self._cursor() as cur:
-            cur.execute(
-                "INSERT INTO events SELECT g, %s FROM generate_series(%s, %s) g "
-                "ON CONFLICT (id) DO UPDATE SET n = excluded.n",
-                (n, first, last),
-            )
+        self._execute(self.statement(n, first, last))
 
     def committed(self, n: int, first: int) -> bool:
-        with self._cursor() as cur:
-            cur.execute("SELECT n FROM events WHERE id = %s", (first,))
-            row = cur.fetchone()
-        return row is not None and row[0] == n
-
-    def close(self) -> None:
-        if self.conn is not None:
-            self.conn.close()
-            self.conn = None
-
-
-class MariaDBWorkload(Workload):
-    def __init__(self, server: Any, database: str) -> None:
-        import pymysql
-
-        super().__init__()
-        self.errors = (pymysql.err.OperationalError, pymysql.err.InterfaceError)
-        self.server = server
-        self.database = database
-        self.conn: Any = None
-
-    def _cursor(self) -> Any:
-        if self.conn is None:
-            self.conn = self.server.connect(self.database)
-        return self.conn.cursor()
-
-    def write(self, n: int, first: int, last: int) -> None:
-        with self._cursor() as cur:
-            cur.execute(
-                f"INSERT INTO events SELECT seq, {n} FROM seq_{first}_to_{last} "
-                f"ON DUPLICATE KEY UPDATE n = VALUES(n)"
-            )
-
-    def committed(self, n: int, first: int) -> bool:
-        with self._cursor() as cur:
-            cur.execute("SELECT n FROM events WHERE id = %s", (first,))
-            row = cur.fetchone()
+        row = self._execute(f"SELECT n FROM events WHERE id = {first}")
         return row is not None and row[0] == n
 
     def close(self) -> None:
@@ -199,6 +161,47 @@ class MariaDBWorkload(Workload):
             with contextlib.suppress(Exception):  # already broken by the fault
                 self.conn.close()
             self.conn = None
+
+
+class PostgresWorkload(DatabaseWorkload):
+    def __init__(self, dsn: str) -> None:
+        import psycopg2
+
+        super().__init__()
+        self.errors = (psycopg2.OperationalError, psycopg2.InterfaceError)
+        self.dsn = dsn
+
+    def connect(self) -> Any:
+        import psycopg2
+
+        conn = psycopg2.connect(self.dsn)
+        conn.autocommit = True
+        return conn
+
+    def statement(self, n: int, first: int, last: int) -> str:
+        return (
+            f"INSERT INTO events SELECT g, {n} FROM generate_series({first}, {last}) g "
+            f"ON CONFLICT (id) DO UPDATE SET n = excluded.n"
+        )
+
+
+class MariaDBWorkload(DatabaseWorkload):
+    def __init__(self, server: Any, database: str) -> None:
+        import pymysql
+
+        super().__init__()
+        self.errors = (pymysql.err.OperationalError, pymysql.err.InterfaceError)
+        self.server = server
+        self.database = database
+
+    def connect(self) -> Any:
+        return self.server.connect(self.database)
+
+    def statement(self, n: int, first: int, last: int) -> str:
+        return (
+            f"INSERT INTO events SELECT seq, {n} FROM seq_{first}_to_{last} "
+            f"ON DUPLICATE KEY UPDATE n = VALUES(n)"
+        )
 
 
 # ----------------------------------------------------------------------------- sources
@@ -210,6 +213,8 @@ class Source:
     def __init__(self, tmp_path: Path) -> None:
         self.tmp_path = tmp_path
         self.proxy: Any = None
+        self.source_port: int | None = None
+        """The port the publisher connects to for the source (None: no connection)."""
 
     def config(self) -> dict[str, Any]:
         raise NotImplementedError
@@ -218,8 +223,7 @@ class Source:
         raise NotImplementedError
 
     def port(self) -> int | None:
-        """The port the publisher connects to for the source (None: no connection)."""
-        return None
+        return self.source_port
 
     def restart(self) -> None:
         raise NotImplementedError
@@ -281,9 +285,6 @@ class PostgresSource(Source):
     def workload(self) -> Workload:
         return PostgresWorkload(self.dsn)
 
-    def port(self) -> int:
-        return self.source_port
-
     def restart(self) -> None:
         from wormhole.testing.postgres import restart_postgres
 
@@ -308,9 +309,6 @@ class MariaDBSource(Source):
 
     def workload(self) -> Workload:
         return MariaDBWorkload(self.server, self.database)
-
-    def port(self) -> int:
-        return self.source_port
 
     def restart(self) -> None:
         self.server.stop()
