@@ -65,6 +65,8 @@ class Workload(threading.Thread):
         self.stop = threading.Event()
         self.written = 0
         self.retries = 0
+        self.finished = 0.0
+        """When the last write returned (monotonic)."""
         self.error: BaseException | None = None
 
     def run(self) -> None:
@@ -80,6 +82,7 @@ class Workload(threading.Thread):
         except BaseException as exc:
             self.error = exc
         finally:
+            self.finished = time.monotonic()
             self.close()
 
     def _write_through_faults(self, n: int, first: int, last: int) -> None:
@@ -457,6 +460,7 @@ class Chaos:
         found: dict[tuple[str, int], int] = {}
 
         def some() -> bool:
+            self.supervise()
             found.update(f.subscribers_of(self.publisher.pid))
             return bool(found)
 
@@ -540,7 +544,6 @@ def test_every_update_reaches_every_application_in_order_through_random_faults(
             workload.join(max(1.0, deadline - time.monotonic()))
             assert not workload.is_alive(), f"the workload wrote {workload.written} of {total}"
             assert workload.error is None, f"the workload failed: {workload.error!r}"
-            written = time.monotonic()
             wait_until(
                 lambda: run is not None and run.caught_up(total),
                 max(1.0, deadline - time.monotonic()),
@@ -565,7 +568,7 @@ def test_every_update_reaches_every_application_in_order_through_random_faults(
         seqs = log_seqs(run.state_dir)
         assert len(seqs) == total, f"the publisher log holds {len(seqs)} updates, not {total}"
         print(
-            f"{total} updates written in {written - started:.1f}s (faults done at "
+            f"{total} updates written in {workload.finished - started:.1f}s (faults done at "
             f"{faults_done - started:.1f}s, {workload.retries} writes retried), caught up at "
             f"{caught_up - started:.1f}s, stopped at {stopped - started:.1f}s"
         )
