@@ -9,7 +9,6 @@ import signal
 from pathlib import Path
 from typing import Any
 
-import pytest
 from tcp_support import Process, tcp_pipeline
 
 from wormhole.testing import free_port, read_envelopes, run_cli, wait_until
@@ -95,11 +94,6 @@ def test_once_fails_naming_the_application_whose_sink_fails_to_close(
     assert "subscriber app/0 of application app exited with code" in result.stderr
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="known bug: a subscriber that gets SIGTERM before serve_sink installs its handler "
-    "dies of it, and the run exits 2 ('its sink did not close cleanly')",
-)
 def test_a_graceful_stop_while_its_subscribers_start_exits_0(
     tmp_path: Path, support_env: dict[str, str]
 ) -> None:

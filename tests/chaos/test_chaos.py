@@ -361,8 +361,7 @@ class Chaos:
         }
         self.pipeline = write_pipeline(tmp_path / "chaos.yml", pipeline)
         # The same pipeline in-process, for a first `run --once` that sets up the source
-        # (a tcp one that ends while its subscribers start would hit the stop-while-
-        # starting bug, see test_a_graceful_stop_while_its_subscribers_start_exits_0).
+        # without starting subscriber processes.
         self.setup_pipeline = write_pipeline(
             tmp_path / "setup.yml", {**pipeline, "transport": {"type": "inprocess"}}
         )
