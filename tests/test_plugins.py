@@ -195,3 +195,40 @@ def test_a_third_party_source_with_its_own_position_mapper_gets_replay_safe_sear
     # The first half again, from a fresh state: a subscriber replaying from old datamarkers.
     run("replay", lines[:half])
     assert indexed(tmp_path / "index") == expected
+
+
+def test_a_third_party_transport_runs_its_own_subscribers(
+    tmp_path: Path, example_plugin_site: Path
+) -> None:
+    """`wormhole run` starts subscriber processes for a plugin transport, and `wormhole
+    subscribe` runs them through the transport's own `subscribe`."""
+    env = site_env(example_plugin_site)
+    data = tmp_path / "data"
+    data.mkdir()
+    (data / "1.jsonl").write_text(
+        "".join(
+            json.dumps({"key": {"id": i % 7}, "after": {"id": i % 7, "n": i}}) + "\n"
+            for i in range(300)
+        )
+    )
+    out = tmp_path / "out.jsonl"
+    pipeline = write_pipeline(
+        tmp_path / "p.yml",
+        {
+            "pipeline": "outbox",
+            "state_dir": str(tmp_path / "state"),
+            "dataset": {"shards": 4},
+            "source": {"type": "filelog", "path": str(data)},
+            "transport": {"type": "outbox", "path": str(tmp_path / "outbox")},
+            "applications": {"copy": {"sink": {"type": "jsonl", "path": str(out)}}},
+        },
+    )
+    result = run_cli("run", str(pipeline), "--once", "--json", cwd=tmp_path, env=env)
+    assert result.returncode == 0, result
+    assert json.loads(result.stdout)["applications"]["copy"]["lag"] == 0
+    from wormhole.testing import read_envelopes
+
+    ns: dict[int, list[int]] = {}
+    for e in read_envelopes(out):
+        ns.setdefault(e["key"]["id"], []).append(e["after"]["n"])
+    assert ns == {k: list(range(k, 300, 7)) for k in range(7)}

@@ -7,7 +7,9 @@ Registers, through the ``wormhole`` entry-point group:
 * a ``key-range`` filter keeping updates whose integer key column lies in
   ``[low, high]``, and
 * a ``ledger`` source reading a file of numbered entries, with its own position
-  mapper, so that replay-safe sinks can order its updates per key.
+  mapper, so that replay-safe sinks can order its updates per key, and
+* an ``outbox`` transport (frames as files, acknowledgements as files back) with its
+  own ``wormhole subscribe`` path (:mod:`wormhole_example_plugin.outbox`).
 """
 
 from __future__ import annotations
@@ -204,5 +206,33 @@ def wormhole_position_mappers() -> list[ComponentSpec]:
             factory=LedgerPositionMapper,
             options=NoOptions,
             description="Ledger entry numbers as per-key versions.",
+        )
+    ]
+
+
+def _outbox(options: Any) -> Any:
+    from wormhole_example_plugin.outbox import OutboxTransport
+
+    return OutboxTransport(options)
+
+
+def _outbox_subscribe(request: Any) -> None:
+    from wormhole_example_plugin.outbox import subscribe
+
+    subscribe(request)
+
+
+@hookimpl
+def wormhole_transports() -> list[ComponentSpec]:
+    from wormhole_example_plugin.outbox import OutboxOptions
+
+    return [
+        ComponentSpec(
+            kind="transport",
+            name="outbox",
+            factory=_outbox,
+            options=OutboxOptions,
+            description="Frames as files in a directory, acknowledgements as files back.",
+            subscribe=_outbox_subscribe,
         )
     ]
