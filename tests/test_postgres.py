@@ -681,3 +681,33 @@ def test_an_unchanged_toasted_key_missing_from_the_wal_stops_with_the_fix_named(
         assert "remove the state_dir" in text
     finally:
         source.conn.close()
+
+
+def test_a_graceful_stop_while_the_source_reconnects_exits_0(
+    tmp_path: Path, postgres_dsn: str
+) -> None:
+    """SIGTERM while the server is unreachable and the source waits to reconnect: nothing
+    is lost or unfinished, so the run ends as any graceful stop does."""
+    from tcp_support import Process
+
+    from wormhole.testing import read_envelopes, wait_until
+    from wormhole.testing.proxy import ThrottlingProxy
+
+    sql(postgres_dsn, "CREATE TABLE t (id int PRIMARY KEY)", "INSERT INTO t VALUES (1)")
+    fields = dict(part.split("=", 1) for part in postgres_dsn.split())
+    with ThrottlingProxy(f"{fields['host']}:{fields['port']}") as proxy:
+        dsn = " ".join(f"{k}={proxy.port if k == 'port' else v}" for k, v in fields.items())
+        publisher = Process(
+            "run", str(pg_pipeline(tmp_path, dsn, tables=["public.t"])), cwd=tmp_path
+        )
+        try:
+            out = tmp_path / "out.jsonl"
+            wait_until(lambda: len(read_envelopes(out)) == 1, 60, "the snapshot row")
+            proxy.refuse()
+            proxy.cut()
+            wait_until(
+                lambda: "lost the replication connection" in publisher.stderr, 60, "a reconnect"
+            )
+        finally:
+            code = publisher.stop()
+    assert code == 0, publisher.stderr

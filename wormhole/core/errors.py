@@ -45,6 +45,11 @@ class SourceError(WormholeError):
     """The source cannot be read (missing path, unreadable file, malformed record)."""
 
 
+class SourceStopped(SourceError):
+    """The source was asked to stop (its context's ``stop`` event) while it waited, for a
+    reconnect say. Not a failure: the run ends as a graceful stop does."""
+
+
 class SinkError(WormholeError):
     """A sink could not make a batch durable."""
 

@@ -14,7 +14,7 @@ import queue
 import threading
 from typing import Any
 
-from wormhole.core.errors import StateError
+from wormhole.core.errors import SourceStopped, StateError
 from wormhole.core.publisher_log import PreparedBatch, PublisherLog
 from wormhole.core.shard import assign_shards
 from wormhole.plugins.components import Source, SourceBatch
@@ -72,6 +72,8 @@ class Tailer:
         appender.start()
         try:
             self._read_loop()
+        except SourceStopped:
+            log.info("the source stopped while it waited, as asked")
         except BaseException as exc:
             self._failed(exc)
         finally:

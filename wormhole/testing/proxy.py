@@ -65,6 +65,7 @@ class ThrottlingProxy:
         """Connections accepted so far."""
         self._lock = threading.Lock()
         self._closing = threading.Event()
+        self._refusing = threading.Event()
         self._sockets: set[socket.socket] = set()
         self._threads: list[threading.Thread] = []
         self._listener = socket.create_server(listen)
@@ -87,6 +88,13 @@ class ThrottlingProxy:
     def resume(self, direction: Direction | None = None) -> None:
         for d in (direction,) if direction else DIRECTIONS:
             self.links[d].running.set()
+
+    def refuse(self) -> None:
+        """Close every new connection at once (a server that is down) until ``accept``."""
+        self._refusing.set()
+
+    def accept(self) -> None:
+        self._refusing.clear()
 
     def cut(self) -> None:
         """Close every current connection, both ends; new connections are accepted."""
@@ -130,6 +138,9 @@ class ThrottlingProxy:
                 client, _ = self._listener.accept()
             except OSError:
                 return
+            if self._refusing.is_set():
+                _close(client)
+                continue
             try:
                 family = socket.AF_INET6 if ":" in self.upstream[0] else socket.AF_INET
                 server = socket.socket(family)
