@@ -26,10 +26,15 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
+import msgspec
+
 from wormhole.core.backoff import Backoff
 from wormhole.core.errors import SourceError
-from wormhole.core.update import Update, snapshot_read
+from wormhole.core.update import NULL, Update, snapshot_read
 from wormhole.plugins.components import SourceBatch, SourceContext
+
+_encode = msgspec.json.Encoder().encode
+_Raw = msgspec.Raw
 
 
 def close_quietly(*resources: Any) -> None:
@@ -58,7 +63,8 @@ class DatabaseSource(ABC):
     """A source that snapshots a database, then streams its log (see the module docstring).
 
     A subclass sets the class attributes, implements the abstract methods, and keeps
-    ``phase`` (``"snapshot"`` or ``"stream"``), ``announce`` and ``in_txn`` up to date.
+    ``phase`` (``"snapshot"`` or ``"stream"``), ``announce``, ``in_txn`` and the ``txn_*``
+    attributes of the transaction being read (for :meth:`_update`) up to date.
     """
 
     connector: ClassVar[str]
@@ -74,11 +80,19 @@ class DatabaseSource(ABC):
     def __init__(self, batch_updates: int) -> None:
         self.batch_updates = batch_updates
         self.context: SourceContext | None = None
+        self.conn: Any = None
+        """A DB-API connection for :meth:`_query` (catalog reads and the like)."""
         self.phase = "stream"
         self.announce = False
         """The next ``read`` returns no updates, only the checkpoint (a new start position)."""
         self.in_txn = False
         """The stream is inside a transaction (``--once`` does not end there)."""
+        # The transaction being read: its changes are at <txn_position>:<txn_index>.
+        self.txn_position = ""
+        self.txn_index = -1
+        self.txn_logical = ""
+        self.txn_id: int | None = None
+        self.txn_ts = 0
         self.snapshot_tables: list[Any] = []
         """What is left to read of the snapshot, for :meth:`_open_snapshot_table`."""
         self.snapshot: SnapshotTable | None = None
@@ -177,6 +191,34 @@ class DatabaseSource(ABC):
     @abstractmethod
     def _stream_reached(self, end: Any) -> bool:
         """Whether the stream, between transactions, has returned everything up to ``end``."""
+
+    def _update(
+        self,
+        op: str,
+        table: str,
+        key: dict[str, Any],
+        before: dict[str, Any] | None,
+        after: dict[str, Any] | None,
+    ) -> Update:
+        """An update of change ``txn_index`` of the transaction being read."""
+        return Update(
+            op=op,
+            key=key,
+            before=NULL if before is None else _Raw(_encode(before)),
+            after=NULL if after is None else _Raw(_encode(after)),
+            table=table,
+            connector=self.connector,
+            position=f"{self.txn_position}:{self.txn_index}",
+            logical=self.txn_logical,
+            txid=self.txn_id,
+            ts_ms=self.txn_ts,
+        )
+
+    def _query(self, sql: str, args: Any = None) -> list[tuple[Any, ...]]:
+        """The rows of ``sql`` on ``conn`` (none for a statement that returns none)."""
+        with self.conn.cursor() as cur:
+            cur.execute(sql, args)
+            return list(cur.fetchall()) if cur.description else []
 
     # ------------------------------------------------------------ the snapshot
     def _read_snapshot(self) -> SourceBatch | None:

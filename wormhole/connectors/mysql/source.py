@@ -31,12 +31,10 @@ import time
 import zlib
 from typing import Any
 
-import msgspec
-
 from wormhole.connectors.mysql.options import MySQLOptions
 from wormhole.connectors.mysql.values import Layout, binlog_layout, schema_layout
 from wormhole.core.errors import SourceError
-from wormhole.core.update import NULL, Update
+from wormhole.core.update import Update
 from wormhole.plugins.components import SourceBatch, SourceContext
 from wormhole.plugins.database_source import DatabaseSource, SnapshotTable, close_quietly
 
@@ -64,9 +62,6 @@ try:  # optional dependency: the `mysql` extra
     HAVE_DRIVER = True
 except ImportError:  # pragma: no cover - reported at open()
     HAVE_DRIVER = False
-
-_encode = msgspec.json.Encoder().encode
-_Raw = msgspec.Raw
 
 SYSTEM_SCHEMAS = frozenset({"mysql", "information_schema", "performance_schema", "sys"})
 _TRUNCATE = re.compile(r"^\s*TRUNCATE\s+(?:TABLE\s+)?(`?[\w$]+`?(?:\s*\.\s*`?[\w$]+`?)?)", re.I)
@@ -118,7 +113,6 @@ class MySQLSource(DatabaseSource):
         super().__init__(options.batch_updates)
         self.options = options
         self.settings: dict[str, Any] = options.connection()
-        self.conn: Any = None
         self.stream: Any = None
         self.mariadb = True
         self.server_id = 0  # the server's own @@server_id
@@ -139,9 +133,6 @@ class MySQLSource(DatabaseSource):
         self.txn_gtid = ""
         self.txn_domain = -1
         self.txn_seq = 0
-        self.txn_position = ""
-        self.txn_index = -1
-        self.txn_ts = 0
         self.txn_began = False
         self.skip_txn = False
         self.layouts: dict[tuple[Any, ...], Layout] = {}
@@ -195,11 +186,6 @@ class MySQLSource(DatabaseSource):
                 f"source.dsn: cannot connect to {self.settings['host']}:{self.settings['port']} "
                 f"({message}); {hint}"
             ) from exc
-
-    def _query(self, sql: str, args: Any = None) -> list[tuple[Any, ...]]:
-        with self.conn.cursor() as cur:
-            cur.execute(sql, args)
-            return list(cur.fetchall())
 
     def _variable(self, name: str) -> str | None:
         rows = self._query("SHOW GLOBAL VARIABLES LIKE %s", (name,))
@@ -585,6 +571,8 @@ class MySQLSource(DatabaseSource):
             self.txn_domain = 0
             self.txn_seq = 0
             self.txn_began = False  # MySQL writes a BEGIN query for a transaction
+        self.txn_logical = self.txn_gtid
+        self.txn_id = self.txn_seq or None
         packet = event.packet
         self.txn_position = f"{self.stream.log_file}:{packet.log_pos - packet.event_size}"
         self.txn_ts = int(event.timestamp) * 1000
@@ -630,16 +618,7 @@ class MySQLSource(DatabaseSource):
         if self.txn_gtid == self.skip_gtid and self.txn_index <= self.skip_index:
             return None
         self.partial_gtid, self.partial_index = self.txn_gtid, self.txn_index
-        return Update(
-            op="t",
-            key={},
-            table=f"{schema}.{table}",
-            connector="mysql",
-            position=f"{self.txn_position}:{self.txn_index}",
-            logical=self.txn_gtid,
-            txid=self.txn_seq or None,
-            ts_ms=self.txn_ts,
-        )
+        return self._update("t", f"{schema}.{table}", {}, None, None)
 
     def _table_map(self, event: Any) -> None:
         # The key is the primary key the table map carries (binlog_row_metadata=FULL), as
@@ -672,27 +651,6 @@ class MySQLSource(DatabaseSource):
             layout = binlog_layout(columns, primary_key)
             self.layouts[signature] = layout
         return layout
-
-    def _update(
-        self,
-        op: str,
-        table: str,
-        key: dict[str, Any],
-        before: dict[str, Any] | None,
-        after: dict[str, Any] | None,
-    ) -> Update:
-        return Update(
-            op=op,
-            key=key,
-            before=NULL if before is None else _Raw(_encode(before)),
-            after=NULL if after is None else _Raw(_encode(after)),
-            table=table,
-            connector="mysql",
-            position=f"{self.txn_position}:{self.txn_index}",
-            logical=self.txn_gtid,
-            txid=self.txn_seq or None,
-            ts_ms=self.txn_ts,
-        )
 
     # --------------------------------------------------------------- --once
     def capture_end(self) -> Any:

@@ -29,7 +29,7 @@ from wormhole.connectors.postgres import pgoutput as pg
 from wormhole.connectors.postgres.options import PostgresOptions
 from wormhole.connectors.postgres.schema_history import Columns, Entry, SchemaHistory
 from wormhole.core.errors import SourceError
-from wormhole.core.update import NULL, Update
+from wormhole.core.update import Update
 from wormhole.plugins.components import SourceBatch, SourceContext
 from wormhole.plugins.database_source import DatabaseSource, SnapshotTable, close_quietly
 
@@ -94,14 +94,12 @@ class PostgresSource(DatabaseSource):
     logger = log
     stream_name = "the replication connection"
     stopped_reconnecting = "stopped while reconnecting to PostgreSQL"
-    max_backoff_s = 30.0
 
     def __init__(self, options: PostgresOptions) -> None:
         super().__init__(options.batch_updates)
         self.options = options
         self.slot = ""
         self.publication = ""
-        self.conn: Any = None  # catalog / snapshot connection
         self.repl: Any = None  # replication connection
         self.cursor: Any = None
         self.relations: dict[int, pg.Relation] = {}
@@ -120,12 +118,7 @@ class PostgresSource(DatabaseSource):
         self.resume_complete = True
         # The current transaction.
         self.txn_lsn = 0
-        self.txn_index = -1
-        self.txn_ts = 0
-        self.txn_xid = 0
         self.txn_origin: int | None = None
-        self.txn_commit = ""
-        self.txn_logical = ""
         self.skip_txn = False
         self.resuming = False
         self.confirmed = 0
@@ -190,11 +183,6 @@ class PostgresSource(DatabaseSource):
                 f"the server is up, and that pg_hba.conf lets this user connect to the "
                 f"database (logical replication uses the database's own entry)"
             ) from exc
-
-    def _query(self, sql: str, args: Any = None) -> list[tuple[Any, ...]]:
-        with self.conn.cursor() as cur:
-            cur.execute(sql, args)
-            return cur.fetchall() if cur.description else []
 
     def _check_server(self) -> None:
         (level,) = self._query("SHOW wal_level")[0]
@@ -627,8 +615,8 @@ class PostgresSource(DatabaseSource):
                     # A large transaction goes out in chunks: memory stays bounded.
                     return batch()
             elif tag == 66:  # B
-                self.txn_lsn, self.txn_ts, self.txn_xid = pg.parse_begin(data)
-                self.txn_commit = self.txn_logical = pg.lsn_text(self.txn_lsn)
+                self.txn_lsn, self.txn_ts, self.txn_id = pg.parse_begin(data)
+                self.txn_position = self.txn_logical = pg.lsn_text(self.txn_lsn)
                 self.txn_index = -1
                 self.txn_origin = None
                 self.in_txn = True
@@ -672,9 +660,9 @@ class PostgresSource(DatabaseSource):
             after=_Raw(_encode(after)),
             table=relation.table,
             connector="postgres",
-            position=f"{self.txn_commit}:{self.txn_index}",
+            position=f"{self.txn_position}:{self.txn_index}",
             logical=self.txn_logical,
-            txid=self.txn_xid,
+            txid=self.txn_id,
             ts_ms=self.txn_ts,
         )
 
@@ -697,7 +685,7 @@ class PostgresSource(DatabaseSource):
         if op == "d":
             assert before is not None
             old_key = {k: before[k] for k in keys}
-            return [self._make("d", relation, old_key, before if full else old_key, None)]
+            return [self._update("d", relation.table, old_key, before if full else old_key, None)]
         assert after is not None
         if unchanged and before is not None:
             # The old image holds what the update left alone: the whole old row (FULL),
@@ -709,41 +697,20 @@ class PostgresSource(DatabaseSource):
         if before is None:
             if unchanged and any(key[k] == pg.UNCHANGED_TOAST for k in keys):
                 raise self._unknown_key(relation, [k for k in keys if k in unchanged])
-            return [self._make("u", relation, key, key, after)]
+            return [self._update("u", relation.table, key, key, after)]
         old_key = {k: before[k] for k in keys}
         if old_key == key:
-            return [self._make("u", relation, key, before if full else old_key, after)]
+            return [self._update("u", relation.table, key, before if full else old_key, after)]
         # The old key may live in another shard: it gets a delete, the new key an
         # insert, so both flows see the change (as for any key-value store).
         return [
-            self._make("d", relation, old_key, before if full else old_key, None),
-            self._make("c", relation, key, None, after),
+            self._update("d", relation.table, old_key, before if full else old_key, None),
+            self._update("c", relation.table, key, None, after),
         ]
-
-    def _make(
-        self,
-        op: str,
-        relation: pg.Relation,
-        key: dict[str, Any],
-        before: dict[str, Any] | None,
-        after: dict[str, Any] | None,
-    ) -> Update:
-        return Update(
-            op=op,
-            key=key,
-            before=NULL if before is None else _Raw(_encode(before)),
-            after=NULL if after is None else _Raw(_encode(after)),
-            table=relation.table,
-            connector="postgres",
-            position=f"{self.txn_commit}:{self.txn_index}",
-            logical=self.txn_logical,
-            txid=self.txn_xid,
-            ts_ms=self.txn_ts,
-        )
 
     def _unknown_key(self, relation: pg.Relation, columns: list[str]) -> SourceError:
         return SourceError(
-            f"source: the update of {relation.table} at {self.txn_commit}:{self.txn_index} "
+            f"source: the update of {relation.table} at {self.txn_position}:{self.txn_index} "
             f"left its key column(s) {', '.join(columns)} unchanged and stored out of line "
             f"(TOAST), and this server did not write their value to the WAL, so the key of "
             f"the change is unknown and it cannot be delivered. Set REPLICA IDENTITY FULL on "
@@ -754,17 +721,7 @@ class PostgresSource(DatabaseSource):
         )
 
     def _truncate(self, relation: pg.Relation) -> Update:
-        commit = pg.lsn_text(self.txn_lsn)
-        return Update(
-            op="t",
-            key={},
-            table=relation.table,
-            connector="postgres",
-            position=f"{commit}:{self.txn_index}",
-            logical=pg.lsn_text(self.txn_origin) if self.txn_origin else commit,
-            txid=self.txn_xid,
-            ts_ms=self.txn_ts,
-        )
+        return self._update("t", relation.table, {}, None, None)
 
     # -------------------------------------------------------------- snapshot
     def _open_snapshot_table(self, table: str) -> SnapshotTable:
