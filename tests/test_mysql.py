@@ -553,3 +553,31 @@ def test_a_change_is_keyed_as_its_table_was_whether_decoded_at_once_or_after_ddl
         ("c", "m2", {"id": 2}),
         ("u", "m3", {"code": 100}),
     ]
+
+
+def test_a_graceful_stop_while_the_source_reconnects_exits_0(
+    tmp_path: Path, mariadb_server: MariaDBServer, mysql_database: str
+) -> None:
+    """SIGTERM while the server is unreachable and the source waits to reconnect: the run
+    ends as any graceful stop does."""
+    from tcp_support import Process
+
+    from wormhole.testing.proxy import ThrottlingProxy
+
+    db = mysql_database
+    mariadb_server.sql(
+        "CREATE TABLE t (id INT PRIMARY KEY)", "INSERT INTO t VALUES (1)", database=db
+    )
+    with ThrottlingProxy(f"{mariadb_server.host}:{mariadb_server.port}") as proxy:
+        dsn = f"mysql://{mariadb_server.user}@127.0.0.1:{proxy.port}/"
+        pipeline = my_pipeline(tmp_path, dsn, tables=[f"{db}.t"])
+        publisher = Process("run", str(pipeline), cwd=tmp_path)
+        try:
+            out = tmp_path / "out.jsonl"
+            wait_until(lambda: out.exists() and out.read_bytes().count(b"\n") == 1, 60, "the row")
+            proxy.refuse()
+            proxy.cut()
+            wait_until(lambda: "lost the binlog stream" in publisher.stderr, 60, "a reconnect")
+        finally:
+            code = publisher.stop()
+    assert code == 0, publisher.stderr

@@ -27,6 +27,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from wormhole.core.backoff import Backoff
 from wormhole.core.errors import WormholeError
 
 log = logging.getLogger("wormhole.subscriber")
@@ -79,7 +80,7 @@ class SubscriberProcesses:
             self.stopped.wait()
 
     def _restart_loop(self) -> None:
-        backoff: dict[Key, float] = {}
+        backoff: dict[Key, Backoff] = {}
         while not self.stopping.wait(0.2):
             for key, child in list(self.children.items()):
                 code = child.poll()
@@ -92,19 +93,17 @@ class SubscriberProcesses:
                         )
                     )
                     return
-                if time.monotonic() - self.started.get(key, 0.0) > 30:
-                    backoff.pop(key, None)  # it ran for a while: restart promptly
-                delay = backoff.get(key, 0.5)
-                log.warning(
+                if key not in backoff:
+                    backoff[key] = Backoff(log, first=0.5, cap=30.0, stop=self.stopping)
+                elif time.monotonic() - self.started.get(key, 0.0) > 30:
+                    backoff[key].reset()  # it ran for a while: restart promptly
+                if not backoff[key].wait(
                     "subscriber %s/%d exited with code %s; restarting in %.1fs",
                     key[0],
                     key[1],
                     code,
-                    delay,
-                )
-                if self.stopping.wait(delay):
+                ):
                     return
-                backoff[key] = min(delay * 2, 30.0)
                 if key in self.children:
                     self.spawn(*key)
 

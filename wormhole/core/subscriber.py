@@ -10,6 +10,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from wormhole.core.backoff import Backoff
 from wormhole.core.errors import WormholeError
 from wormhole.core.flows import Flow
 from wormhole.core.update import Update
@@ -119,7 +120,7 @@ class LocalSubscriber:
             self.hub.acknowledge(self.application, self, frame.datamarkers, len(frame.updates))
 
     def _write(self, frame: Frame) -> bool:
-        delay = 0.05
+        backoff = Backoff(log, first=0.05, cap=MAX_BACKOFF, stop=self.abort)
         while True:
             try:
                 self.sink.write(frame.updates)
@@ -130,17 +131,14 @@ class LocalSubscriber:
                 self.hub.fail(exc)
                 return False
             except Exception as exc:
-                log.warning(
+                if not backoff.wait(
                     "%s: sink failed to write %d updates (%s: %s); retrying in %.2fs",
                     self.name,
                     len(frame.updates),
                     type(exc).__name__,
                     exc,
-                    delay,
-                )
-                if self.abort.wait(delay):
+                ):
                     return False
-                delay = min(delay * 2, MAX_BACKOFF)
 
     def stop(self, drain: bool = True, timeout: float = 10.0) -> bool:
         """Finish queued frames (``drain``) or abandon them, then stop.
@@ -184,7 +182,7 @@ def run_handlers(
     every ``on_updates`` handler once per shard. A failure is retried with backoff until
     it passes (a WormholeError is fatal); ``stopped(exc)`` is raised if ``stop`` is set
     meanwhile."""
-    delay = 0.05
+    backoff = Backoff(log, first=0.05, cap=max_backoff, stop=stop)
     while True:
         try:
             for batch_fn in batch_handlers:
@@ -201,17 +199,14 @@ def run_handlers(
         except WormholeError:
             raise
         except Exception as exc:
-            log.warning(
+            if not backoff.wait(
                 "%s: handler failed on %d updates (%s: %s); retrying in %.2fs",
                 application,
                 len(updates),
                 type(exc).__name__,
                 exc,
-                delay,
-            )
-            if stop.wait(delay):
+            ):
                 raise stopped(exc) from exc
-            delay = min(delay * 2, max_backoff)
 
 
 NoticeHandler = Callable[[list[int], list[int]], None]

@@ -14,6 +14,7 @@ import queue
 import threading
 from typing import Any
 
+from wormhole.core.backoff import Backoff
 from wormhole.core.errors import SourceStopped, StateError
 from wormhole.core.publisher_log import PreparedBatch, PublisherLog
 from wormhole.core.shard import assign_shards
@@ -134,7 +135,7 @@ class Tailer:
         """Append, retrying with backoff while the disk is full (nothing is lost meanwhile:
         the source is confirmed only after the append); False if stopped meanwhile."""
         publisher_log = self.publisher_log
-        delay = 0.1
+        backoff = Backoff(log, first=0.1, cap=30.0, stop=self.stop, level=logging.ERROR)
         while True:
             try:
                 publisher_log.commit(prepared)
@@ -144,13 +145,10 @@ class Tailer:
                     raise StateError(
                         f"cannot write the publisher log in {publisher_log.directory}: {exc}"
                     ) from exc
-                log.error(
+                if not backoff.wait(
                     "cannot append to the publisher log in %s (%s); nothing was lost, "
                     "retrying in %.1fs: free space on that disk",
                     publisher_log.directory,
                     exc.strerror,
-                    delay,
-                )
-                if self.stop.wait(delay):
+                ):
                     return False
-                delay = min(delay * 2, 30.0)

@@ -8,6 +8,7 @@ import time
 from typing import Any
 
 from wormhole.connectors.kafka.options import ConfigValue, KafkaOptions
+from wormhole.core.backoff import Backoff
 from wormhole.core.errors import ConfigError, StateError, WormholeError
 
 log = logging.getLogger("wormhole.kafka")
@@ -67,7 +68,7 @@ class Topics:
     def wait_for_brokers(self) -> None:
         """Retry the brokers for ``connect_timeout_s``; then fail, naming the address."""
         deadline = time.monotonic() + self.options.connect_timeout_s
-        delay = 0.2
+        backoff = Backoff(log, first=0.2, cap=5.0)
         while True:
             try:
                 self.admin.list_topics(
@@ -75,7 +76,7 @@ class Topics:
                 )
                 return
             except Exception as exc:
-                if time.monotonic() + delay > deadline:
+                if time.monotonic() + backoff.delay > deadline:
                     raise StateError(
                         f"transport.bootstrap_servers: cannot reach Kafka at "
                         f"{self.options.bootstrap_servers} within "
@@ -83,14 +84,11 @@ class Topics:
                         f"check the address and that the brokers are running, "
                         f"or raise transport.connect_timeout_s"
                     ) from None
-                log.warning(
+                backoff.wait(
                     "Kafka at %s is not reachable (%s); retrying in %.1fs",
                     self.options.bootstrap_servers,
                     _reason(exc),
-                    delay,
                 )
-                time.sleep(delay)
-                delay = min(delay * 2, 5.0)
 
     def ensure(self, topic: str) -> None:
         """The topic exists with ``shards`` partitions (created if allowed), else an error."""

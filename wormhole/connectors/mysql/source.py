@@ -31,13 +31,12 @@ import time
 import zlib
 from typing import Any
 
-import msgspec
-
 from wormhole.connectors.mysql.options import MySQLOptions
 from wormhole.connectors.mysql.values import Layout, binlog_layout, schema_layout
 from wormhole.core.errors import SourceError
-from wormhole.core.update import NULL, Update, snapshot_read
+from wormhole.core.update import Update
 from wormhole.plugins.components import SourceBatch, SourceContext
+from wormhole.plugins.database_source import DatabaseSource, SnapshotTable, close_quietly
 
 log = logging.getLogger("wormhole.mysql")
 
@@ -63,9 +62,6 @@ try:  # optional dependency: the `mysql` extra
     HAVE_DRIVER = True
 except ImportError:  # pragma: no cover - reported at open()
     HAVE_DRIVER = False
-
-_encode = msgspec.json.Encoder().encode
-_Raw = msgspec.Raw
 
 SYSTEM_SCHEMAS = frozenset({"mysql", "information_schema", "performance_schema", "sys"})
 _TRUNCATE = re.compile(r"^\s*TRUNCATE\s+(?:TABLE\s+)?(`?[\w$]+`?(?:\s*\.\s*`?[\w$]+`?)?)", re.I)
@@ -106,19 +102,22 @@ def _server_error(exc: BaseException) -> tuple[int, str]:
     return 0, str(exc)
 
 
-class MySQLSource:
+class MySQLSource(DatabaseSource):
+    connector = "mysql"
+    logger = log
+    stream_name = "the binlog stream"
+    stopped_reconnecting = "source: stopped while reconnecting to the server"
+    max_backoff_s = 10.0
+
     def __init__(self, options: MySQLOptions) -> None:
+        super().__init__(options.batch_updates)
         self.options = options
-        self.context: SourceContext | None = None
         self.settings: dict[str, Any] = options.connection()
-        self.conn: Any = None
         self.stream: Any = None
         self.mariadb = True
         self.server_id = 0  # the server's own @@server_id
         self.pos_server = 0  # the server whose binlog file/pos is self.file/self.pos
         self.reader_id = 0  # the id this reader registers as
-        self.phase = "stream"
-        self.announce = False
         # Emitted state (what the next checkpoint says).
         self.file = ""
         self.pos = 4
@@ -131,60 +130,51 @@ class MySQLSource:
         self.seen_seq: dict[int, int] = {}
         self.by_gtid = False
         # The transaction being read.
-        self.in_txn = False
         self.txn_gtid = ""
         self.txn_domain = -1
         self.txn_seq = 0
-        self.txn_position = ""
-        self.txn_index = -1
-        self.txn_ts = 0
         self.txn_began = False
         self.skip_txn = False
         self.layouts: dict[tuple[Any, ...], Layout] = {}
         # Primary keys that the table map describes as PRIMARY_KEY_WITH_PREFIX, by table id.
         self.prefix_keys: dict[int, tuple[str, ...]] = {}
         self.included: dict[tuple[str, str], bool] = {}
-        # Snapshot.
-        self.snapshot_tables: list[tuple[str, str, Layout, str]] = []
-        self.snapshot_cursor: Any = None
-        self.snapshot_layout: Layout | None = None
-        self.snapshot_table = ""
-        self.snapshot_position = ""
-        self.snapshot_index = 0
+        self.snapshot_conn: Any = None
         self.emitted: dict[str, Any] = {}
 
     # ------------------------------------------------------------------ open
-    def open(self, context: SourceContext, checkpoint: Any) -> None:
+    def _connect_and_check(self, context: SourceContext) -> None:
         if not HAVE_DRIVER:
             raise SourceError(
                 "source.type: mysql needs mysql-replication; install the extra: pip install "
                 "'wormhole[mysql]'"
             )
-        self.context = context
         self.reader_id = self.options.server_id or (
             1_000_000 + zlib.crc32(context.pipeline.encode()) % 1_000_000_000
         )
         self.conn = self._connect()
         self._check_server()
-        if checkpoint is None or checkpoint.get("phase") == "snapshot":
-            if checkpoint is not None:
-                log.warning(
-                    "the initial snapshot was interrupted; taking it again (rows already "
-                    "delivered are delivered again)"
-                )
-            if self.options.snapshot == "initial":
-                self._begin_snapshot()
-            else:
-                file, pos = self._binlog_end()
-                self.file, self.pos, self.pos_server = file, pos, self.server_id
-                self.gtid_state = _parse_gtid_state(self._gtid_at(file, pos))
-                self.announce = True  # the start position goes into the log at once
-                self._open_stream()
+
+    def _start(self, interrupted: bool) -> None:
+        if interrupted:
+            log.warning(
+                "the initial snapshot was interrupted; taking it again (rows already "
+                "delivered are delivered again)"
+            )
+        if self.options.snapshot == "initial":
+            self._begin_snapshot()
         else:
-            self._restore(checkpoint)
+            file, pos = self._binlog_end()
+            self.file, self.pos, self.pos_server = file, pos, self.server_id
+            self.gtid_state = _parse_gtid_state(self._gtid_at(file, pos))
+            self.announce = True  # the start position goes into the log at once
             self._open_stream()
-        if self.phase == "stream":
             self._checkpoint()
+
+    def _resume(self, checkpoint: Any) -> None:
+        self._restore(checkpoint)
+        self._open_stream()
+        self._checkpoint()
 
     def _connect(self, **extra: Any) -> Any:
         try:
@@ -196,11 +186,6 @@ class MySQLSource:
                 f"source.dsn: cannot connect to {self.settings['host']}:{self.settings['port']} "
                 f"({message}); {hint}"
             ) from exc
-
-    def _query(self, sql: str, args: Any = None) -> list[tuple[Any, ...]]:
-        with self.conn.cursor() as cur:
-            cur.execute(sql, args)
-            return list(cur.fetchall())
 
     def _variable(self, name: str) -> str | None:
         rows = self._query("SHOW GLOBAL VARIABLES LIKE %s", (name,))
@@ -311,6 +296,7 @@ class MySQLSource:
         self.file, self.pos, self.pos_server = file, pos, self.server_id
         self.gtid_state = _parse_gtid_state(self._gtid_at(file, pos))
         self.snapshot_position = f"{file}:{pos}"
+        self.snapshot_logical = _gtid_state_text(self.gtid_state)
         self.snapshot_tables = self._snapshot_plan()
         self.phase = "snapshot"
         log.info("initial snapshot of %d tables at %s:%d", len(self.snapshot_tables), file, pos)
@@ -347,62 +333,23 @@ class MySQLSource:
             plan.append((schema, table, schema_layout(columns, key), select))
         return plan
 
-    def _read_snapshot(self) -> SourceBatch | None:
-        limit = self.options.batch_updates
-        updates: list[Update] = []
-        while len(updates) < limit:
-            if self.snapshot_cursor is None:
-                if not self.snapshot_tables:
-                    self._finish_snapshot()
-                    break
-                schema, table, layout, select = self.snapshot_tables.pop(0)
-                cursor = self.snapshot_conn.cursor()
-                cursor.execute(f"SELECT {select} FROM {_quote(schema)}.{_quote(table)}")
-                self.snapshot_cursor = cursor
-                self.snapshot_layout = layout
-                self.snapshot_table = f"{schema}.{table}"
-            rows = self.snapshot_cursor.fetchmany(limit - len(updates))
-            if not rows:
-                self.snapshot_cursor.close()
-                self.snapshot_cursor = None
-                continue
-            current = self.snapshot_layout
-            assert current is not None
-            names = current.columns
-            keys = current.key
-            convert = current.convert
-            position = self.snapshot_position
-            logical = _gtid_state_text(self.gtid_state)
-            table_name = self.snapshot_table
-            now_ms = int(time.time() * 1000)
-            for values in rows:
-                row = convert(dict(zip(names, values, strict=True)))
-                self.snapshot_index += 1
-                updates.append(
-                    snapshot_read(
-                        row,
-                        keys,
-                        table=table_name,
-                        connector="mysql",
-                        position=f"{position}:{self.snapshot_index}",
-                        logical=logical,
-                        ts_ms=now_ms,
-                    )
-                )
-        checkpoint: dict[str, Any] = (
-            {"phase": "snapshot"} if self.phase == "snapshot" else self._checkpoint()
-        )
-        return SourceBatch(updates, checkpoint) if updates or self.phase == "stream" else None
+    def _open_snapshot_table(self, table: tuple[str, str, Layout, str]) -> SnapshotTable:
+        schema, name, layout, select = table
+        cursor = self.snapshot_conn.cursor()
+        cursor.execute(f"SELECT {select} FROM {_quote(schema)}.{_quote(name)}")
+        names, convert = layout.columns, layout.convert
 
-    def _finish_snapshot(self) -> None:
+        def as_dicts(fetched: list[Any]) -> list[dict[str, Any]]:
+            return [convert(dict(zip(names, values, strict=True))) for values in fetched]
+
+        return SnapshotTable(f"{schema}.{name}", layout.key, cursor, as_dicts)
+
+    def _end_snapshot(self) -> None:
         with contextlib.suppress(Exception):
             self.snapshot_conn.commit()
             self.snapshot_conn.close()
-        log.info(
-            "initial snapshot done (%d rows); streaming from %s",
-            self.snapshot_index,
-            self.snapshot_position,
-        )
+
+    def _start_stream(self) -> None:
         self.phase = "stream"
         self._open_stream()
         self._checkpoint()
@@ -491,25 +438,8 @@ class MySQLSource:
         self.emitted = checkpoint
         return checkpoint
 
-    # ------------------------------------------------------------------ read
-    def read(self, timeout: float) -> SourceBatch | None:
-        if self.announce:
-            self.announce = False
-            return SourceBatch([], self._checkpoint())
-        if self.phase == "snapshot":
-            return self._read_snapshot()
-        deadline = time.monotonic() + timeout
-        while True:
-            try:
-                return self._read_stream(deadline)
-            except SourceError:
-                raise
-            except Exception as exc:  # classified in _recover
-                self._recover(exc)
-                if time.monotonic() >= deadline:
-                    return None
-
-    def _recover(self, exc: BaseException) -> None:
+    # ------------------------------------------------------------- reconnect
+    def _lost(self, exc: Exception) -> str:
         code, message = _server_error(exc)
         if code == 1236:
             raise SourceError(
@@ -525,26 +455,23 @@ class MySQLSource:
         ):
             raise SourceError(f"source: reading the binlog failed: {exc!r}") from exc
         # The server went away: reconnect with backoff, then resume after what was emitted.
+        return message
+
+    def _disconnect(self) -> None:
         self._close_stream()
-        delay = 0.5
-        stop = self.context.stop if self.context else None
-        while True:
-            log.warning("lost the binlog stream (%s); reconnecting in %.1fs", message, delay)
-            if stop is not None and stop.wait(delay):
-                raise SourceError("source: stopped while reconnecting to the server")
-            try:
-                with contextlib.suppress(Exception):
-                    self.conn.close()
-                self.conn = self._connect()
-                self._check_server()
-                break
-            except SourceError as again:
-                message = str(again)
-                delay = min(delay * 2, 10.0)
+        close_quietly(self.conn)
+
+    def _reconnect(self) -> str | None:
+        try:
+            self.conn = self._connect()
+            self._check_server()
+        except SourceError as again:
+            return str(again)
         # Resume after what was emitted: changes read since then were not returned.
         self._restore(self.emitted)
         self._open_stream()
         log.info("binlog stream resumed at %s:%d", self.file, self.pos)
+        return None
 
     def _read_stream(self, deadline: float) -> SourceBatch | None:
         limit = self.options.batch_updates
@@ -644,6 +571,8 @@ class MySQLSource:
             self.txn_domain = 0
             self.txn_seq = 0
             self.txn_began = False  # MySQL writes a BEGIN query for a transaction
+        self.txn_logical = self.txn_gtid
+        self.txn_id = self.txn_seq or None
         packet = event.packet
         self.txn_position = f"{self.stream.log_file}:{packet.log_pos - packet.event_size}"
         self.txn_ts = int(event.timestamp) * 1000
@@ -689,16 +618,7 @@ class MySQLSource:
         if self.txn_gtid == self.skip_gtid and self.txn_index <= self.skip_index:
             return None
         self.partial_gtid, self.partial_index = self.txn_gtid, self.txn_index
-        return Update(
-            op="t",
-            key={},
-            table=f"{schema}.{table}",
-            connector="mysql",
-            position=f"{self.txn_position}:{self.txn_index}",
-            logical=self.txn_gtid,
-            txid=self.txn_seq or None,
-            ts_ms=self.txn_ts,
-        )
+        return self._update("t", f"{schema}.{table}", {}, None, None)
 
     def _table_map(self, event: Any) -> None:
         # The key is the primary key the table map carries (binlog_row_metadata=FULL), as
@@ -732,34 +652,13 @@ class MySQLSource:
             self.layouts[signature] = layout
         return layout
 
-    def _update(
-        self,
-        op: str,
-        table: str,
-        key: dict[str, Any],
-        before: dict[str, Any] | None,
-        after: dict[str, Any] | None,
-    ) -> Update:
-        return Update(
-            op=op,
-            key=key,
-            before=NULL if before is None else _Raw(_encode(before)),
-            after=NULL if after is None else _Raw(_encode(after)),
-            table=table,
-            connector="mysql",
-            position=f"{self.txn_position}:{self.txn_index}",
-            logical=self.txn_gtid,
-            txid=self.txn_seq or None,
-            ts_ms=self.txn_ts,
-        )
-
     # --------------------------------------------------------------- --once
     def capture_end(self) -> Any:
         file, pos = self._binlog_end()
         return [file, pos]
 
-    def reached(self, end: Any) -> bool:
-        if self.announce or self.phase == "snapshot" or self.in_txn or self.stream is None:
+    def _stream_reached(self, end: Any) -> bool:
+        if self.stream is None:
             return False
         file, pos = end
         here = (_file_number(self.stream.log_file or ""), int(self.stream.log_pos or 0))
@@ -776,10 +675,5 @@ class MySQLSource:
 
     def close(self) -> None:
         self._close_stream()
-        if self.snapshot_cursor is not None:
-            with contextlib.suppress(Exception):
-                self.snapshot_cursor.close()
-        for conn in (getattr(self, "snapshot_conn", None), self.conn):
-            if conn is not None:
-                with contextlib.suppress(Exception):
-                    conn.close()
+        snapshot_cursor = self.snapshot.cursor if self.snapshot is not None else None
+        close_quietly(snapshot_cursor, self.snapshot_conn, self.conn)

@@ -29,8 +29,9 @@ from wormhole.connectors.postgres import pgoutput as pg
 from wormhole.connectors.postgres.options import PostgresOptions
 from wormhole.connectors.postgres.schema_history import Columns, Entry, SchemaHistory
 from wormhole.core.errors import SourceError
-from wormhole.core.update import NULL, Update, snapshot_read
+from wormhole.core.update import Update
 from wormhole.plugins.components import SourceBatch, SourceContext
+from wormhole.plugins.database_source import DatabaseSource, SnapshotTable, close_quietly
 
 log = logging.getLogger("wormhole.postgres")
 
@@ -88,27 +89,24 @@ class CatalogTable(NamedTuple):
     """The columns of the REPLICA IDENTITY USING INDEX index."""
 
 
-class PostgresSource:
+class PostgresSource(DatabaseSource):
+    connector = "postgres"
+    logger = log
+    stream_name = "the replication connection"
+    stopped_reconnecting = "stopped while reconnecting to PostgreSQL"
+
     def __init__(self, options: PostgresOptions) -> None:
+        super().__init__(options.batch_updates)
         self.options = options
-        self.context: SourceContext | None = None
         self.slot = ""
         self.publication = ""
-        self.conn: Any = None  # catalog / snapshot connection
         self.repl: Any = None  # replication connection
         self.cursor: Any = None
         self.relations: dict[int, pg.Relation] = {}
         self.base_types: dict[int, int] = {}
         self.history: SchemaHistory | None = None
         self.server_version = 0
-        self.phase = "stream"
-        self.snapshot_tables: list[str] = []
-        self.snapshot_cursor: Any = None
-        self.snapshot_columns: list[pg.Column] = []
-        self.snapshot_keys: list[str] = []
-        self.snapshot_table = ""
         self.snapshot_lsn = 0
-        self.snapshot_index = 0
         # Where emitted data ends (what the next checkpoint says).
         self.lsn = 0
         self.index = -1
@@ -120,59 +118,53 @@ class PostgresSource:
         self.resume_complete = True
         # The current transaction.
         self.txn_lsn = 0
-        self.txn_index = -1
-        self.txn_ts = 0
-        self.txn_xid = 0
         self.txn_origin: int | None = None
-        self.txn_commit = ""
-        self.txn_logical = ""
         self.skip_txn = False
         self.resuming = False
-        self.in_txn = False
         self.confirmed = 0
         self.seen_lsn = 0
         self.last_heartbeat = 0.0
         self.heartbeat_conn: Any = None
-        self.announce = False
 
     # ------------------------------------------------------------------ open
-    def open(self, context: SourceContext, checkpoint: Any) -> None:
+    def _connect_and_check(self, context: SourceContext) -> None:
         if not HAVE_PSYCOPG2:
             raise SourceError(
                 "source.type: postgres needs psycopg2; install the extra: pip install "
                 "'wormhole[postgres]'"
             )
-        self.context = context
         options = self.options
         self.slot = options.slot or f"wormhole_{_identifier(context.pipeline)}"
         self.publication = options.publication or f"wormhole_{_identifier(context.pipeline)}"
         self.conn = self._connect()
         self._check_server()
         self.history = SchemaHistory(context.state_dir / "postgres-schema.json")
-        if checkpoint is None or checkpoint.get("phase") == "snapshot":
-            if checkpoint is not None:
-                log.warning(
-                    "the initial snapshot of slot %s was interrupted; dropping the slot and "
-                    "taking the snapshot again (rows already delivered are delivered again)",
-                    self.slot,
-                )
-                self._drop_slot()
-            self._ensure_publication(first_run=True)
-            self._warn_about_out_of_line_keys()
-            self._create_slot_and_snapshot()
-        else:
-            self._ensure_publication(first_run=False)
-            self._warn_about_out_of_line_keys()
-            self._require_slot()
-            self.resume_lsn = pg.parse_lsn(checkpoint["lsn"])
-            self.resume_index = int(checkpoint.get("index", -1))
-            self.resume_complete = bool(checkpoint.get("complete", True))
-            self.lsn, self.index = self.resume_lsn, self.resume_index
-            self.complete = self.resume_complete
-            self.flush = pg.parse_lsn(checkpoint.get("flush", checkpoint["lsn"]))
-            self.confirmed = self.flush
-            self.seen_lsn = self.flush
-            self._start_replication()
+
+    def _start(self, interrupted: bool) -> None:
+        if interrupted:
+            log.warning(
+                "the initial snapshot of slot %s was interrupted; dropping the slot and "
+                "taking the snapshot again (rows already delivered are delivered again)",
+                self.slot,
+            )
+            self._drop_slot()
+        self._ensure_publication(first_run=True)
+        self._warn_about_out_of_line_keys()
+        self._create_slot_and_snapshot()
+
+    def _resume(self, checkpoint: Any) -> None:
+        self._ensure_publication(first_run=False)
+        self._warn_about_out_of_line_keys()
+        self._require_slot()
+        self.resume_lsn = pg.parse_lsn(checkpoint["lsn"])
+        self.resume_index = int(checkpoint.get("index", -1))
+        self.resume_complete = bool(checkpoint.get("complete", True))
+        self.lsn, self.index = self.resume_lsn, self.resume_index
+        self.complete = self.resume_complete
+        self.flush = pg.parse_lsn(checkpoint.get("flush", checkpoint["lsn"]))
+        self.confirmed = self.flush
+        self.seen_lsn = self.flush
+        self._start_replication()
 
     def _connect(self, replication: bool = False) -> Any:
         try:
@@ -191,11 +183,6 @@ class PostgresSource:
                 f"the server is up, and that pg_hba.conf lets this user connect to the "
                 f"database (logical replication uses the database's own entry)"
             ) from exc
-
-    def _query(self, sql: str, args: Any = None) -> list[tuple[Any, ...]]:
-        with self.conn.cursor() as cur:
-            cur.execute(sql, args)
-            return cur.fetchall() if cur.description else []
 
     def _check_server(self) -> None:
         (level,) = self._query("SHOW wal_level")[0]
@@ -283,6 +270,7 @@ class PostgresSource:
         _slot, consistent_point, snapshot_name, _plugin = self.cursor.fetchone()
         log.info("created replication slot %s at %s", self.slot, consistent_point)
         self.snapshot_lsn = pg.parse_lsn(consistent_point)
+        self.snapshot_position = self.snapshot_logical = pg.lsn_text(self.snapshot_lsn)
         self.lsn, self.index, self.complete = self.snapshot_lsn, -1, True
         self.flush = self.confirmed = self.seen_lsn = self.snapshot_lsn
         self.resume_lsn, self.resume_index = self.snapshot_lsn, -1
@@ -505,63 +493,40 @@ class PostgresSource:
         # The snapshot transaction (if any) is read-only and fine for catalog reads.
         return self._query(sql, args)
 
-    # ------------------------------------------------------------------ read
-    def read(self, timeout: float) -> SourceBatch | None:
-        if self.announce:
-            self.announce = False
-            return SourceBatch([], self._checkpoint())
-        if self.phase == "snapshot":
-            return self._read_snapshot()
-        deadline = time.monotonic() + timeout
-        while True:
-            try:
-                batch = self._read_stream(deadline)
-            except psycopg2.Error as exc:
-                self._reconnect(exc)
-                continue
-            if batch is not None or time.monotonic() >= deadline:
-                return batch
-
-    def _reconnect(self, exc: Exception) -> None:
+    # ------------------------------------------------------------- reconnect
+    def _lost(self, exc: Exception) -> str:
+        if not isinstance(exc, psycopg2.Error):
+            raise exc
         text = str(exc).strip()
         if "does not exist" in text and "slot" in text:
             raise SourceError(f"source.slot: {text}") from exc
-        delay = 0.5
-        stop = self.context.stop if self.context else None
-        while True:
-            log.warning("lost the replication connection (%s); reconnecting in %.1fs", text, delay)
-            for conn in (self.repl, self.conn):
-                try:
-                    if conn is not None:
-                        conn.close()
-                except psycopg2.Error:
-                    pass
-            self.repl = self.cursor = None
-            if stop is not None and stop.wait(delay):
-                raise SourceError("stopped while reconnecting to PostgreSQL") from exc
-            try:
-                self.conn = self._connect()
-                self._require_slot()
-                # Resume after what was emitted; the server resends from the slot.
-                self.resume_lsn, self.resume_index = self.lsn, self.index
-                self.resume_complete = self.complete
-                self.in_txn = False
-                self.skip_txn = self.resuming = False
-                # Only what was returned counts as seen (for --once).
-                self.seen_lsn = self.flush
-                self.relations.clear()
-                self._start_replication()
-                log.info(
-                    "reconnected to PostgreSQL; streaming from %s", pg.lsn_text(self.confirmed)
-                )
-                return
-            except SourceError as again:
-                if "does not exist" in str(again):
-                    raise
-                text = str(again)
-            except psycopg2.Error as again:
-                text = str(again).strip()
-            delay = min(delay * 2, 30.0)
+        return text
+
+    def _disconnect(self) -> None:
+        close_quietly(self.repl, self.conn)
+        self.repl = self.cursor = None
+
+    def _reconnect(self) -> str | None:
+        try:
+            self.conn = self._connect()
+            self._require_slot()
+            # Resume after what was emitted; the server resends from the slot.
+            self.resume_lsn, self.resume_index = self.lsn, self.index
+            self.resume_complete = self.complete
+            self.in_txn = False
+            self.skip_txn = self.resuming = False
+            # Only what was returned counts as seen (for --once).
+            self.seen_lsn = self.flush
+            self.relations.clear()
+            self._start_replication()
+        except SourceError as again:
+            if "does not exist" in str(again):
+                raise
+            return str(again)
+        except psycopg2.Error as again:
+            return str(again).strip()
+        log.info("reconnected to PostgreSQL; streaming from %s", pg.lsn_text(self.confirmed))
+        return None
 
     def _checkpoint(self) -> dict[str, Any]:
         if self.history is not None:
@@ -650,8 +615,8 @@ class PostgresSource:
                     # A large transaction goes out in chunks: memory stays bounded.
                     return batch()
             elif tag == 66:  # B
-                self.txn_lsn, self.txn_ts, self.txn_xid = pg.parse_begin(data)
-                self.txn_commit = self.txn_logical = pg.lsn_text(self.txn_lsn)
+                self.txn_lsn, self.txn_ts, self.txn_id = pg.parse_begin(data)
+                self.txn_position = self.txn_logical = pg.lsn_text(self.txn_lsn)
                 self.txn_index = -1
                 self.txn_origin = None
                 self.in_txn = True
@@ -695,9 +660,9 @@ class PostgresSource:
             after=_Raw(_encode(after)),
             table=relation.table,
             connector="postgres",
-            position=f"{self.txn_commit}:{self.txn_index}",
+            position=f"{self.txn_position}:{self.txn_index}",
             logical=self.txn_logical,
-            txid=self.txn_xid,
+            txid=self.txn_id,
             ts_ms=self.txn_ts,
         )
 
@@ -720,7 +685,7 @@ class PostgresSource:
         if op == "d":
             assert before is not None
             old_key = {k: before[k] for k in keys}
-            return [self._make("d", relation, old_key, before if full else old_key, None)]
+            return [self._update("d", relation.table, old_key, before if full else old_key, None)]
         assert after is not None
         if unchanged and before is not None:
             # The old image holds what the update left alone: the whole old row (FULL),
@@ -732,41 +697,20 @@ class PostgresSource:
         if before is None:
             if unchanged and any(key[k] == pg.UNCHANGED_TOAST for k in keys):
                 raise self._unknown_key(relation, [k for k in keys if k in unchanged])
-            return [self._make("u", relation, key, key, after)]
+            return [self._update("u", relation.table, key, key, after)]
         old_key = {k: before[k] for k in keys}
         if old_key == key:
-            return [self._make("u", relation, key, before if full else old_key, after)]
+            return [self._update("u", relation.table, key, before if full else old_key, after)]
         # The old key may live in another shard: it gets a delete, the new key an
         # insert, so both flows see the change (as for any key-value store).
         return [
-            self._make("d", relation, old_key, before if full else old_key, None),
-            self._make("c", relation, key, None, after),
+            self._update("d", relation.table, old_key, before if full else old_key, None),
+            self._update("c", relation.table, key, None, after),
         ]
-
-    def _make(
-        self,
-        op: str,
-        relation: pg.Relation,
-        key: dict[str, Any],
-        before: dict[str, Any] | None,
-        after: dict[str, Any] | None,
-    ) -> Update:
-        return Update(
-            op=op,
-            key=key,
-            before=NULL if before is None else _Raw(_encode(before)),
-            after=NULL if after is None else _Raw(_encode(after)),
-            table=relation.table,
-            connector="postgres",
-            position=f"{self.txn_commit}:{self.txn_index}",
-            logical=self.txn_logical,
-            txid=self.txn_xid,
-            ts_ms=self.txn_ts,
-        )
 
     def _unknown_key(self, relation: pg.Relation, columns: list[str]) -> SourceError:
         return SourceError(
-            f"source: the update of {relation.table} at {self.txn_commit}:{self.txn_index} "
+            f"source: the update of {relation.table} at {self.txn_position}:{self.txn_index} "
             f"left its key column(s) {', '.join(columns)} unchanged and stored out of line "
             f"(TOAST), and this server did not write their value to the WAL, so the key of "
             f"the change is unknown and it cannot be delivered. Set REPLICA IDENTITY FULL on "
@@ -777,61 +721,10 @@ class PostgresSource:
         )
 
     def _truncate(self, relation: pg.Relation) -> Update:
-        commit = pg.lsn_text(self.txn_lsn)
-        return Update(
-            op="t",
-            key={},
-            table=relation.table,
-            connector="postgres",
-            position=f"{commit}:{self.txn_index}",
-            logical=pg.lsn_text(self.txn_origin) if self.txn_origin else commit,
-            txid=self.txn_xid,
-            ts_ms=self.txn_ts,
-        )
+        return self._update("t", relation.table, {}, None, None)
 
     # -------------------------------------------------------------- snapshot
-    def _read_snapshot(self) -> SourceBatch | None:
-        limit = self.options.batch_updates
-        updates: list[Update] = []
-        while len(updates) < limit:
-            if self.snapshot_cursor is None:
-                if not self.snapshot_tables:
-                    self._finish_snapshot()
-                    break
-                self._open_snapshot_table(self.snapshot_tables.pop(0))
-            rows = self.snapshot_cursor.fetchmany(limit - len(updates))
-            if not rows:
-                self.snapshot_cursor.close()
-                self.snapshot_cursor = None
-                continue
-            columns = self.snapshot_columns
-            keys = self.snapshot_keys
-            position = pg.lsn_text(self.snapshot_lsn)
-            table = self.snapshot_table
-            now_ms = int(time.time() * 1000)
-            for values in rows:
-                row = {
-                    c.name: (v if v is None or c.kind == 0 else pg.convert(c.kind, v))
-                    for c, v in zip(columns, values, strict=True)
-                }
-                self.snapshot_index += 1
-                updates.append(
-                    snapshot_read(
-                        row,
-                        keys,
-                        table=table,
-                        connector="postgres",
-                        position=f"{position}:{self.snapshot_index}",
-                        logical=position,
-                        ts_ms=now_ms,
-                    )
-                )
-        checkpoint: dict[str, Any] = (
-            {"phase": "snapshot"} if self.phase == "snapshot" else self._checkpoint()
-        )
-        return SourceBatch(updates, checkpoint) if updates or self.phase == "stream" else None
-
-    def _open_snapshot_table(self, table: str) -> None:
+    def _open_snapshot_table(self, table: str) -> SnapshotTable:
         schema, _, name = table.partition(".")
         rows = self._query(
             "SELECT a.attname, a.atttypid FROM pg_attribute a JOIN pg_class c ON c.oid = "
@@ -852,23 +745,29 @@ class PostgresSource:
         # The rule of _stream_key, from the catalog in the snapshot (the slot's start).
         key = table_now.identity_index if table_now.identity == "i" else table_now.primary_key
         relation.key_columns = key or [c.name for c in relation.columns]
-        self.snapshot_columns = relation.columns
-        self.snapshot_keys = relation.key_columns
-        self.snapshot_table = table
-        select_list = ", ".join(f"{_quote(c.name)}::text" for c in relation.columns)
+        columns = relation.columns
+        convert = pg.convert
+
+        def as_dicts(fetched: list[Any]) -> list[dict[str, Any]]:
+            return [
+                {
+                    c.name: (v if v is None or c.kind == 0 else convert(c.kind, v))
+                    for c, v in zip(columns, values, strict=True)
+                }
+                for values in fetched
+            ]
+
+        select_list = ", ".join(f"{_quote(c.name)}::text" for c in columns)
         cursor = self.conn.cursor(name=f"wormhole_snapshot_{oid}")
         cursor.itersize = self.options.batch_updates
         cursor.execute(f"SELECT {select_list} FROM {_qualified(table)}")
-        self.snapshot_cursor = cursor
+        return SnapshotTable(table, relation.key_columns, cursor, as_dicts)
 
-    def _finish_snapshot(self) -> None:
+    def _end_snapshot(self) -> None:
         self.conn.commit()
         self.conn.autocommit = True
-        log.info(
-            "initial snapshot done (%d rows); streaming from %s",
-            self.snapshot_index,
-            pg.lsn_text(self.snapshot_lsn),
-        )
+
+    def _start_stream(self) -> None:
         self._start_replication()
 
     # --------------------------------------------------------------- --once
@@ -879,9 +778,7 @@ class PostgresSource:
         (lsn,) = self._query("SELECT pg_current_wal_lsn()::text")[0]
         return lsn
 
-    def reached(self, end: Any) -> bool:
-        if self.announce or self.phase == "snapshot" or self.in_txn:
-            return False
+    def _stream_reached(self, end: Any) -> bool:
         return self.seen_lsn >= pg.parse_lsn(end)
 
     # ------------------------------------------------------------- confirm
@@ -925,7 +822,4 @@ class PostgresSource:
             # Status updates go out every status_interval; the last one must not wait.
             with contextlib.suppress(Exception):
                 self.cursor.send_feedback(flush_lsn=self.confirmed, force=True)
-        for conn in (self.repl, self.conn, self.heartbeat_conn):
-            if conn is not None:
-                with contextlib.suppress(Exception):
-                    conn.close()
+        close_quietly(self.repl, self.conn, self.heartbeat_conn)

@@ -39,6 +39,7 @@ from collections.abc import Callable
 from typing import Any
 
 from wormhole.connectors.tcp import protocol as p
+from wormhole.core.backoff import Backoff
 from wormhole.core.errors import WormholeError
 from wormhole.core.flows import Flow
 from wormhole.core.subscriber import Handlers, run_handlers
@@ -117,7 +118,7 @@ class Subscriber(Handlers):
 
     def run(self) -> None:
         """Serve until ``stop()``; reconnects on connection loss (with backoff)."""
-        backoff = 0.2
+        backoff = Backoff(log, first=0.2, cap=self.max_backoff, stop=self._stop)
         attempt = 0
         while not self._stop.is_set():
             if self._publishers is not None:
@@ -127,7 +128,7 @@ class Subscriber(Handlers):
             self._connected = False
             try:
                 self._serve(address)
-                backoff = 0.2
+                backoff.reset()
             except SubscriberRefused:
                 raise
             except (OSError, p.PeerClosed, p.ProtocolError, _Closed) as exc:
@@ -137,11 +138,9 @@ class Subscriber(Handlers):
                 if not self.reconnect:
                     raise
                 if self._connected:
-                    backoff = 0.2  # it worked until now: retry soon
-                log.warning("publisher %s: %s; reconnecting in %.1fs", address, exc, backoff)
-                if self._stop.wait(backoff):
+                    backoff.reset()  # it worked until now: retry soon
+                if not backoff.wait("publisher %s: %s; reconnecting in %.1fs", address, exc):
                     return
-                backoff = min(backoff * 2, self.max_backoff)
 
     def _lose_shards(self) -> None:
         if self.assigned:

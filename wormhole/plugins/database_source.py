@@ -1,0 +1,287 @@
+"""A base for database sources: an initial snapshot, then the stream of the database's log.
+
+The built-in ``postgres`` and ``mysql`` sources build on :class:`DatabaseSource`, and
+a source for another database can too. It holds what such sources share, so that a
+subclass writes only what is particular to its database:
+
+- **Phases.** ``open`` starts over on a first run (no checkpoint) and after an
+  interrupted snapshot (a checkpoint ``{"phase": "snapshot"}``), and resumes the
+  stream from any other checkpoint. ``read`` returns the start position when it must
+  be recorded at once (``announce``), then the snapshot, then the stream.
+- **The snapshot.** One table at a time through a cursor, ``batch_updates`` rows per
+  batch, each row an op ``r`` update at ``<snapshot position>:<n>``. Its batches carry
+  the checkpoint ``{"phase": "snapshot"}``, so an interrupted snapshot is taken again.
+- **Reconnecting.** An error of the stream is classified by the subclass: what a
+  reconnect cannot fix stops the run, anything else reconnects with backoff (logged,
+  cut short by the pipeline's stop) and resumes after what ``read`` returned.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import time
+from abc import ABC, abstractmethod
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import msgspec
+
+from wormhole.core.backoff import Backoff
+from wormhole.core.errors import SourceError, SourceStopped
+from wormhole.core.update import NULL, Update, snapshot_read
+from wormhole.plugins.components import SourceBatch, SourceContext
+
+_encode = msgspec.json.Encoder().encode
+_Raw = msgspec.Raw
+
+
+def close_quietly(*resources: Any) -> None:
+    """Close each resource that is not None, ignoring errors (it may be broken already)."""
+    for resource in resources:
+        if resource is not None:
+            with contextlib.suppress(Exception):
+                resource.close()
+
+
+@dataclass
+class SnapshotTable:
+    """One table of the initial snapshot, being read."""
+
+    name: str
+    """The updates' ``table`` (``schema.table``)."""
+    keys: list[str]
+    """The key columns."""
+    cursor: Any
+    """The table's rows: ``fetchmany(n)`` gives up to ``n`` of them, ``close()`` ends it."""
+    rows: Callable[[list[Any]], list[dict[str, Any]]]
+    """Rows as fetched -> rows as column -> JSON value dicts."""
+
+
+class DatabaseSource(ABC):
+    """A source that snapshots a database, then streams its log (see the module docstring).
+
+    A subclass sets the class attributes, implements the abstract methods, and keeps
+    ``phase`` (``"snapshot"`` or ``"stream"``), ``announce``, ``in_txn`` and the ``txn_*``
+    attributes of the transaction being read (for :meth:`_update`) up to date.
+    """
+
+    connector: ClassVar[str]
+    """The updates' ``connector``."""
+    logger: ClassVar[logging.Logger] = logging.getLogger("wormhole.source")
+    stream_name: ClassVar[str] = "the stream"
+    """What is lost and reconnected, for the log (``lost the binlog stream (…)``)."""
+    stopped_reconnecting: ClassVar[str] = "source: stopped while reconnecting"
+    """The error when the pipeline stops while the source waits to reconnect."""
+    first_backoff_s: ClassVar[float] = 0.5
+    max_backoff_s: ClassVar[float] = 30.0
+
+    def __init__(self, batch_updates: int) -> None:
+        self.batch_updates = batch_updates
+        self.context: SourceContext | None = None
+        self.conn: Any = None
+        """A DB-API connection for :meth:`_query` (catalog reads and the like)."""
+        self.phase = "stream"
+        self.announce = False
+        """The next ``read`` returns no updates, only the checkpoint (a new start position)."""
+        self.in_txn = False
+        """The stream is inside a transaction (``--once`` does not end there)."""
+        # The transaction being read: its changes are at <txn_position>:<txn_index>.
+        self.txn_position = ""
+        self.txn_index = -1
+        self.txn_logical = ""
+        self.txn_id: int | None = None
+        self.txn_ts = 0
+        self.snapshot_tables: list[Any] = []
+        """What is left to read of the snapshot, for :meth:`_open_snapshot_table`."""
+        self.snapshot: SnapshotTable | None = None
+        self.snapshot_position = ""
+        """The snapshot's native position; row ``n`` is at ``<snapshot_position>:<n>``."""
+        self.snapshot_logical = ""
+        self.snapshot_index = 0
+
+    # ----------------------------------------------------------- the protocol
+    def open(self, context: SourceContext, checkpoint: Any) -> None:
+        self.context = context
+        self._connect_and_check(context)
+        if checkpoint is None or checkpoint.get("phase") == "snapshot":
+            self._start(interrupted=checkpoint is not None)
+        else:
+            self._resume(checkpoint)
+
+    def read(self, timeout: float) -> SourceBatch | None:
+        if self.announce:
+            self.announce = False
+            return SourceBatch([], self._checkpoint())
+        if self.phase == "snapshot":
+            return self._read_snapshot()
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                batch = self._read_stream(deadline)
+            except SourceError:
+                raise
+            except Exception as exc:
+                self._recover(exc)
+                if time.monotonic() >= deadline:
+                    return None
+                continue
+            if batch is not None or time.monotonic() >= deadline:
+                return batch
+
+    def reached(self, end: Any) -> bool:
+        if self.announce or self.phase == "snapshot" or self.in_txn:
+            return False
+        return self._stream_reached(end)
+
+    # --------------------------------------------------------- what differs
+    @abstractmethod
+    def _connect_and_check(self, context: SourceContext) -> None:
+        """Connect, and check that the server is set up for change capture."""
+
+    @abstractmethod
+    def _start(self, interrupted: bool) -> None:
+        """Begin a first run: the snapshot (``phase = "snapshot"``), or the stream at its
+        current end (``announce = True``). ``interrupted``: an earlier snapshot was."""
+
+    @abstractmethod
+    def _resume(self, checkpoint: Any) -> None:
+        """Resume the stream after ``checkpoint`` (one of phase ``stream``)."""
+
+    @abstractmethod
+    def _checkpoint(self) -> Any:
+        """The stream checkpoint after what was returned (``{"phase": "stream", ...}``)."""
+
+    @abstractmethod
+    def _open_snapshot_table(self, table: Any) -> SnapshotTable:
+        """Start reading ``table`` (an item of ``snapshot_tables``)."""
+
+    @abstractmethod
+    def _end_snapshot(self) -> None:
+        """Every table was read: end the snapshot's transaction."""
+
+    @abstractmethod
+    def _start_stream(self) -> None:
+        """Stream from the snapshot's position (``phase = "stream"``)."""
+
+    @abstractmethod
+    def _read_stream(self, deadline: float) -> SourceBatch | None:
+        """The next batch of the stream, or None at ``deadline`` (``time.monotonic()``).
+
+        Raise :class:`SourceError` for what cannot be read; any other error goes to
+        :meth:`_lost`, and a reconnect resumes after what was returned.
+        """
+
+    @abstractmethod
+    def _lost(self, exc: Exception) -> str:
+        """Why the stream failed (for the log), when a reconnect may help; raise (a
+        :class:`SourceError`, or ``exc``) when it cannot."""
+
+    @abstractmethod
+    def _disconnect(self) -> None:
+        """Drop the connections, before each wait to reconnect."""
+
+    @abstractmethod
+    def _reconnect(self) -> str | None:
+        """One attempt to reconnect and resume after what was returned: None when it
+        worked, else why not (it is tried again after a longer wait). Raise what
+        another attempt cannot fix."""
+
+    @abstractmethod
+    def _stream_reached(self, end: Any) -> bool:
+        """Whether the stream, between transactions, has returned everything up to ``end``."""
+
+    def _update(
+        self,
+        op: str,
+        table: str,
+        key: dict[str, Any],
+        before: dict[str, Any] | None,
+        after: dict[str, Any] | None,
+    ) -> Update:
+        """An update of change ``txn_index`` of the transaction being read."""
+        return Update(
+            op=op,
+            key=key,
+            before=NULL if before is None else _Raw(_encode(before)),
+            after=NULL if after is None else _Raw(_encode(after)),
+            table=table,
+            connector=self.connector,
+            position=f"{self.txn_position}:{self.txn_index}",
+            logical=self.txn_logical,
+            txid=self.txn_id,
+            ts_ms=self.txn_ts,
+        )
+
+    def _query(self, sql: str, args: Any = None) -> list[tuple[Any, ...]]:
+        """The rows of ``sql`` on ``conn`` (none for a statement that returns none)."""
+        with self.conn.cursor() as cur:
+            cur.execute(sql, args)
+            return list(cur.fetchall()) if cur.description else []
+
+    # ------------------------------------------------------------ the snapshot
+    def _read_snapshot(self) -> SourceBatch | None:
+        limit = self.batch_updates
+        updates: list[Update] = []
+        while len(updates) < limit:
+            table = self.snapshot
+            if table is None:
+                if not self.snapshot_tables:
+                    self._finish_snapshot()
+                    break
+                table = self.snapshot = self._open_snapshot_table(self.snapshot_tables.pop(0))
+            rows = table.cursor.fetchmany(limit - len(updates))
+            if not rows:
+                table.cursor.close()
+                self.snapshot = None
+                continue
+            self._snapshot_reads(table, rows, updates)
+        checkpoint: Any = {"phase": "snapshot"} if self.phase == "snapshot" else self._checkpoint()
+        return SourceBatch(updates, checkpoint) if updates or self.phase == "stream" else None
+
+    def _snapshot_reads(self, table: SnapshotTable, rows: list[Any], updates: list[Update]) -> None:
+        position, logical = self.snapshot_position, self.snapshot_logical
+        keys, name, connector = table.keys, table.name, self.connector
+        now_ms = int(time.time() * 1000)
+        index = self.snapshot_index
+        for row in table.rows(rows):
+            index += 1
+            updates.append(
+                snapshot_read(
+                    row,
+                    keys,
+                    table=name,
+                    connector=connector,
+                    position=f"{position}:{index}",
+                    logical=logical,
+                    ts_ms=now_ms,
+                )
+            )
+        self.snapshot_index = index
+
+    def _finish_snapshot(self) -> None:
+        self._end_snapshot()
+        self.logger.info(
+            "initial snapshot done (%d rows); streaming from %s",
+            self.snapshot_index,
+            self.snapshot_position,
+        )
+        self._start_stream()
+
+    # ------------------------------------------------------------ reconnecting
+    def _recover(self, exc: Exception) -> None:
+        reason: str | None = self._lost(exc)
+        backoff = Backoff(
+            self.logger,
+            first=self.first_backoff_s,
+            cap=self.max_backoff_s,
+            stop=self.context.stop if self.context else None,
+        )
+        while reason is not None:
+            self._disconnect()
+            if not backoff.wait("lost %s (%s); reconnecting in %.1fs", self.stream_name, reason):
+                # Asked to stop while the server is away: nothing is lost (the source
+                # resumes from its checkpoint), so the run ends as a graceful stop does.
+                raise SourceStopped(self.stopped_reconnecting) from exc
+            reason = self._reconnect()
