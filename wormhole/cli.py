@@ -329,25 +329,24 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    run = sub.add_parser("run", help="run a pipeline until stopped (or --once)")
-    run.add_argument("pipeline", help="pipeline file (YAML)")
-    run.add_argument(
-        "--once",
-        action="store_true",
-        help="deliver everything the source holds now to every application, then exit",
-    )
-    run.add_argument("-q", "--quiet", action="store_true", help="no summary")
-    run.add_argument("--json", action="store_true", help="print the summary as JSON")
-    run.set_defaults(func=cmd_run)
-
-    publish = sub.add_parser(
-        "publish", help="run only the publisher; subscribers connect to it (tcp transport)"
-    )
-    publish.add_argument("pipeline", help="pipeline file (YAML)")
-    publish.add_argument("--once", action="store_true", help="as for run")
-    publish.add_argument("-q", "--quiet", action="store_true", help="no summary")
-    publish.add_argument("--json", action="store_true", help="print the summary as JSON")
-    publish.set_defaults(func=cmd_run)
+    for name, help_text, once_help in (
+        (
+            "run",
+            "run a pipeline until stopped (or --once)",
+            "deliver everything the source holds now to every application, then exit",
+        ),
+        (
+            "publish",
+            "run only the publisher; subscribers connect to it (tcp transport)",
+            "as for run",
+        ),
+    ):
+        command = sub.add_parser(name, help=help_text)
+        command.add_argument("pipeline", help="pipeline file (YAML)")
+        command.add_argument("--once", action="store_true", help=once_help)
+        command.add_argument("-q", "--quiet", action="store_true", help="no summary")
+        command.add_argument("--json", action="store_true", help="print the summary as JSON")
+        command.set_defaults(func=cmd_run)
 
     subscribe = sub.add_parser(
         "subscribe", help="run one subscriber of an application, with its sink, on any machine"

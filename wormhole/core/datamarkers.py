@@ -23,6 +23,17 @@ CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
 """
 
 
+def connect_durable(path: str | Path, busy_timeout_ms: int = 10_000) -> sqlite3.Connection:
+    """A SQLite connection in autocommit mode whose commits are durable when they return
+    (WAL, synchronous=FULL), shared between threads, waiting out other writers."""
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    db = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+    db.execute(f"PRAGMA busy_timeout={int(busy_timeout_ms)}")
+    db.execute("PRAGMA journal_mode=WAL")
+    db.execute("PRAGMA synchronous=FULL")
+    return db
+
+
 class SqliteDatamarkerStore:
     """``<state_dir>/state.db``: one row per flow, written in one transaction per save."""
 
@@ -34,11 +45,7 @@ class SqliteDatamarkerStore:
     def open(self, pipeline: str, state_dir: Path) -> None:
         self.path = state_dir / self.filename
         try:
-            state_dir.mkdir(parents=True, exist_ok=True)
-            db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
-            db.execute("PRAGMA journal_mode=WAL")
-            db.execute("PRAGMA synchronous=FULL")
-            db.execute("PRAGMA busy_timeout=10000")
+            db = connect_durable(self.path)
             db.executescript(SCHEMA)
         except (OSError, sqlite3.Error) as exc:
             raise StateError(

@@ -3,6 +3,13 @@
 from __future__ import annotations
 
 
+def first_line(exc: BaseException) -> str:
+    """The first line of an exception's message (drivers add pages of context), or its
+    repr when the message is empty."""
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else repr(exc)
+
+
 class WormholeError(Exception):
     """Base class for errors that are reported to the user without a traceback."""
 

@@ -423,20 +423,10 @@ def parse_pipeline(
     # Component options are checked even when the structure has problems, so one
     # run of `wormhole validate` shows everything.
     source_c = _component(registry, "source", data.get("source"), "source", problems)
-    transport_c = _component(
-        registry,
-        "transport",
-        data.get("transport", {"type": registry.default_name("transport")}),
-        "transport",
-        problems,
-    )
     delivery = data.get("delivery") if isinstance(data.get("delivery"), dict) else {}
-    store_c = _component(
-        registry,
-        "datamarker_store",
-        delivery.get("store", {"type": registry.default_name("datamarker_store")}),
-        "delivery.store",
-        problems,
+    transport_c = _component_or_default(registry, "transport", data, "transport", "", problems)
+    store_c = _component_or_default(
+        registry, "datamarker_store", delivery, "store", "delivery.", problems
     )
     apps = _applications(registry, data, model, transport_c, problems)
     if model is not None and model.delivery.mode == "multiple-copy" and store_c is not None:
@@ -535,6 +525,20 @@ def _check_shared_store(registry: Registry, store: Component, problems: list[str
         f"store; set delivery.store to one (known stores: "
         f"{', '.join(shared) or 'none installed'})"
     )
+
+
+def _component_or_default(
+    registry: Registry,
+    kind: Kind,
+    section: dict[str, Any],
+    key: str,
+    prefix: str,
+    problems: list[str],
+) -> Component | None:
+    """``section[key]`` (at path ``prefix + key``), or the registry's default component of
+    ``kind`` when the key is absent."""
+    raw = section.get(key, {"type": registry.default_name(kind)})
+    return _component(registry, kind, raw, prefix + key, problems)
 
 
 def _component(

@@ -14,7 +14,7 @@ from wormhole.core.backoff import Backoff
 from wormhole.core.errors import WormholeError
 from wormhole.core.flows import Flow
 from wormhole.core.update import Update
-from wormhole.plugins.components import Frame, PublisherView, Sink
+from wormhole.plugins.components import Frame, PublisherView, Sink, SinkContext
 
 log = logging.getLogger("wormhole.subscriber")
 
@@ -214,12 +214,49 @@ UpdatesHandler = Callable[[Flow, list[Update]], None]
 BatchHandler = Callable[[list[Update]], None]
 
 
+def open_sink(component: Any, pipeline: Any, app: Any, instance: int) -> Sink:
+    """Create and open ``app``'s sink as its subscriber ``instance``."""
+    sink: Sink = component.create()
+    sink.open(
+        SinkContext(
+            pipeline=pipeline.name,
+            application=app.name,
+            subscriber=instance,
+            subscribers=app.subscribers,
+            state_dir=pipeline.state_dir,
+            log=logging.getLogger(f"wormhole.sink.{app.name}"),
+        )
+    )
+    return sink
+
+
 class Handlers:
     """The handler registration of the subscriber libraries (TCP and Kafka)."""
 
     _notice_handlers: list[NoticeHandler]
     _updates_handlers: list[UpdatesHandler]
     _batch_handlers: list[BatchHandler]
+    app: str
+    _stop: threading.Event
+    handler_max_backoff = 30.0
+    """Longest wait between retries of a failing handler."""
+
+    def _stopped_while_retrying(self, exc: Exception) -> BaseException:
+        """What ``_handle`` raises when the subscriber stops while a handler fails."""
+        return WormholeError(f"{self.app}: stopped while retrying a batch")
+
+    def _handle(self, updates: list[Update]) -> None:
+        """Give a batch to the handlers, retrying with backoff until they take it."""
+        run_handlers(
+            self.app,
+            updates,
+            self._batch_handlers,
+            self._updates_handlers,
+            Flow,
+            self._stop,
+            self._stopped_while_retrying,
+            self.handler_max_backoff,
+        )
 
     def _init_handlers(self) -> None:
         self._notice_handlers = []
@@ -265,19 +302,7 @@ class Handlers:
         every batch, run until SIGINT or SIGTERM, close it."""
         import signal
 
-        from wormhole.plugins.components import SinkContext
-
-        sink = sink_component.create()
-        sink.open(
-            SinkContext(
-                pipeline=pipeline.name,
-                application=app.name,
-                subscriber=instance,
-                subscribers=app.subscribers,
-                state_dir=pipeline.state_dir,
-                log=logging.getLogger(f"wormhole.sink.{app.name}"),
-            )
-        )
+        sink = open_sink(sink_component, pipeline, app, instance)
         self.on_batch(sink.write)
 
         def on_signal(signum: int, frame: Any) -> None:

@@ -7,14 +7,13 @@ remote subscribers.
 
 from __future__ import annotations
 
-import logging
 from typing import Any
 
 from pydantic import Field
 
 from wormhole.core.errors import ConfigError
-from wormhole.core.subscriber import LocalSubscriber
-from wormhole.plugins.components import ComponentSpec, Options, PublisherView, SinkContext
+from wormhole.core.subscriber import LocalSubscriber, open_sink
+from wormhole.plugins.components import ComponentSpec, Options, PublisherView
 from wormhole.plugins.hookspecs import hookimpl
 
 
@@ -53,17 +52,7 @@ class InprocessTransport:
         component = app.config.sink
         assert component is not None, "validation requires a sink with this transport"
         for index in range(n):
-            sink = component.create()
-            sink.open(
-                SinkContext(
-                    pipeline=pipeline.name,
-                    application=app.name,
-                    subscriber=index,
-                    subscribers=n,
-                    state_dir=pipeline.state_dir,
-                    log=logging.getLogger(f"wormhole.sink.{app.name}"),
-                )
-            )
+            sink = open_sink(component, pipeline, app.config, index)
             subscriber = LocalSubscriber(
                 hub, app.name, index, sink, max_frames=self.options.queue_frames
             )

@@ -27,9 +27,9 @@ from wormhole.connectors.kafka.common import (
 from wormhole.connectors.kafka.options import ConfigValue, KafkaOptions
 from wormhole.core.assignment import shards_of
 from wormhole.core.errors import ConfigError, WormholeError
-from wormhole.core.flows import Flow, application_filter
+from wormhole.core.flows import application_filter
 from wormhole.core.pipeline import Pipeline, load_pipeline, sink_application
-from wormhole.core.subscriber import Handlers, run_handlers
+from wormhole.core.subscriber import Handlers
 from wormhole.core.update import Update, decode_envelope
 from wormhole.plugins.filters import BatchFilter
 
@@ -75,6 +75,7 @@ class KafkaSubscriber(Handlers):
         self.instance = instance or f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
         self.batch_updates = batch_updates
         self.max_backoff = max_backoff
+        self.handler_max_backoff = max_backoff
         self.shards = sorted(shards) if shards is not None else None
         """Fixed shards (partitions) to read, without group rebalancing; None: the group
         divides the partitions among its members."""
@@ -260,19 +261,10 @@ class KafkaSubscriber(Handlers):
         else:
             log.warning("%s: Kafka: %s", self.app, err.str())
 
-    def _handle(self, updates: list[Update]) -> None:
-        run_handlers(
-            self.app,
-            updates,
-            self._batch_handlers,
-            self._updates_handlers,
-            Flow,
-            self._stop,
-            lambda exc: WormholeError(
-                f"{self.app}: stopped while retrying a batch; it was not committed and "
-                f"is delivered again"
-            ),
-            self.max_backoff,
+    def _stopped_while_retrying(self, exc: Exception) -> BaseException:
+        return WormholeError(
+            f"{self.app}: stopped while retrying a batch; it was not committed and "
+            f"is delivered again"
         )
 
     def _commit(self, only: set[tuple[str, int]] | None = None) -> None:

@@ -10,11 +10,11 @@ per-key order holds.
 from __future__ import annotations
 
 import sqlite3
-from pathlib import Path
 from typing import Any
 
 from pydantic import Field
 
+from wormhole.core.datamarkers import connect_durable
 from wormhole.core.errors import SinkError
 from wormhole.core.shard import canonical_key
 from wormhole.core.update import Update
@@ -55,11 +55,7 @@ class LatestSink:
                 f"unknown placeholder ({exc}); only {{application}} is available"
             ) from exc
         try:
-            Path(path).parent.mkdir(parents=True, exist_ok=True)
-            db = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
-            db.execute("PRAGMA busy_timeout=30000")
-            db.execute("PRAGMA journal_mode=WAL")
-            db.execute("PRAGMA synchronous=FULL")
+            db = connect_durable(path, busy_timeout_ms=30_000)
             db.execute(SCHEMA)
             columns = {row[1] for row in db.execute("PRAGMA table_info(latest)")}
             if "shard" not in columns:  # a view made before truncates were kept per shard

@@ -28,7 +28,7 @@ import msgspec
 from wormhole.connectors.postgres import pgoutput as pg
 from wormhole.connectors.postgres.options import PostgresOptions
 from wormhole.connectors.postgres.schema_history import Columns, Entry, SchemaHistory
-from wormhole.core.errors import SourceError
+from wormhole.core.errors import SourceError, first_line
 from wormhole.core.update import Update
 from wormhole.plugins.components import SourceBatch, SourceContext
 from wormhole.plugins.database_source import DatabaseSource, SnapshotTable, close_quietly
@@ -177,10 +177,9 @@ class PostgresSource(DatabaseSource):
             conn.autocommit = True
             return conn
         except psycopg2.OperationalError as exc:
-            message = str(exc).strip().splitlines()[0] if str(exc).strip() else repr(exc)
             raise SourceError(
-                f"source.dsn: cannot connect to PostgreSQL ({message}); check the DSN, that "
-                f"the server is up, and that pg_hba.conf lets this user connect to the "
+                f"source.dsn: cannot connect to PostgreSQL ({first_line(exc)}); check the "
+                f"DSN, that the server is up, and that pg_hba.conf lets this user connect to the "
                 f"database (logical replication uses the database's own entry)"
             ) from exc
 

@@ -47,7 +47,7 @@ from typing import Any
 
 from pydantic import Field
 
-from wormhole.core.errors import SinkError
+from wormhole.core.errors import SinkError, first_line
 from wormhole.core.shard import canonical_key
 from wormhole.core.update import Update
 from wormhole.core.versions import version_of
@@ -252,11 +252,10 @@ class SparkSink:
                     result = spark.sql(sql)
                 except Exception as exc:  # Spark's AnalysisException, ParseException, ...
                     app = self.context.application if self.context else "?"
-                    first = str(exc).strip().splitlines()[0] if str(exc).strip() else repr(exc)
                     raise SinkError(
                         f"applications.{app}.sink.transforms.{name}: Spark cannot run it "
-                        f"({first}); fix the SQL (the current tables are views named like "
-                        f"public_orders, every update is the view `changes`)"
+                        f"({first_line(exc)}); fix the SQL (the current tables are views "
+                        f"named like public_orders, every update is the view `changes`)"
                     ) from exc
                 _replace_dir(self.root / "transforms" / name, result)
             self.dirty = False

@@ -41,9 +41,7 @@ from typing import Any
 from wormhole.connectors.tcp import protocol as p
 from wormhole.core.backoff import Backoff
 from wormhole.core.errors import WormholeError
-from wormhole.core.flows import Flow
-from wormhole.core.subscriber import Handlers, run_handlers
-from wormhole.core.update import Update
+from wormhole.core.subscriber import Handlers
 
 log = logging.getLogger("wormhole.subscriber")
 
@@ -307,16 +305,8 @@ class Subscriber(Handlers):
         datamarkers = {s: pos for s, pos in frame.datamarkers.items() if s in assigned}
         self._send(p.encode(p.ACK, p.Ack(id=frame.id, datamarkers=datamarkers, credits=1)))
 
-    def _handle(self, updates: list[Update]) -> None:
-        run_handlers(
-            self.app,
-            updates,
-            self._batch_handlers,
-            self._updates_handlers,
-            Flow,
-            self._stop,
-            lambda exc: _Closed("stopped while retrying a batch"),
-        )
+    def _stopped_while_retrying(self, exc: Exception) -> BaseException:
+        return _Closed("stopped while retrying a batch")
 
     def latency(self) -> float:
         """Seconds since the batch being handled reached the publisher log.
