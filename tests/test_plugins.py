@@ -232,3 +232,12 @@ def test_a_third_party_transport_runs_its_own_subscribers(
     for e in read_envelopes(out):
         ns.setdefault(e["key"]["id"], []).append(e["after"]["n"])
     assert ns == {k: list(range(k, 300, 7)) for k in range(7)}
+
+
+def test_the_public_names_of_the_package_import() -> None:
+    import wormhole
+
+    for name in wormhole.__all__:
+        assert getattr(wormhole, name) is not None, name
+    flow = wormhole.Flow("search", 3)
+    assert (flow.application, flow.shard) == ("search", 3)

@@ -21,10 +21,14 @@ __all__ = ["Flow", "LogWriter", "Subscriber", "SubscriberRefused", "Update", "__
 
 def __getattr__(name: str) -> Any:
     # Lazy, so `import wormhole` stays cheap for plugins and the CLI.
-    if name in ("Subscriber", "Flow", "SubscriberRefused"):
+    if name in ("Subscriber", "SubscriberRefused"):
         from wormhole.connectors.tcp import client
 
         return getattr(client, name)
+    if name == "Flow":
+        from wormhole.core.flows import Flow
+
+        return Flow
     if name == "Update":
         from wormhole.core.update import Update
 
