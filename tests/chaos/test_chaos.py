@@ -477,15 +477,6 @@ class Chaos:
             for shard in range(16)
         )
 
-    def all_serving(self) -> bool:
-        """Every subscriber process is up and connected to the publisher."""
-        self.supervise()
-        found = f.subscribers_of(self.publisher.pid)
-        return len(found) == sum(APPLICATIONS.values()) and all(
-            any(remote == self.port for _, remote in f.tcp_connections(pid).values())
-            for pid in found.values()
-        )
-
     def close(self) -> None:
         self.stop.set()
         if self.paused is not None:
@@ -549,9 +540,7 @@ def test_every_update_reaches_every_application_in_order_through_random_faults(
                 "every application to acknowledge every update",
             )
             caught_up = time.monotonic()
-            # Every subscriber serving first: one stopped while it starts fails the run
-            # (test_a_graceful_stop_while_its_subscribers_start_exits_0, a known bug).
-            wait_until(run.all_serving, max(1.0, deadline - time.monotonic()), "subscribers")
+            # The stop comes whatever the subscribers are doing, starting included.
             code = run.publisher.stop()
             assert code == 0, f"the graceful stop exited {code}"
             stopped = time.monotonic()
