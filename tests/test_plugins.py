@@ -241,3 +241,51 @@ def test_the_public_names_of_the_package_import() -> None:
         assert getattr(wormhole, name) is not None, name
     flow = wormhole.Flow("search", 3)
     assert (flow.application, flow.shard) == ("search", 3)
+
+
+def test_a_third_party_datamarker_store_keeps_the_datamarkers(
+    tmp_path: Path, example_plugin_site: Path
+) -> None:
+    """A run resumes from the datamarkers a plugin store kept, and status and forget use it."""
+    from wormhole.testing import read_envelopes
+
+    env = site_env(example_plugin_site)
+    data = tmp_path / "data"
+    data.mkdir()
+
+    def append(start: int, count: int) -> None:
+        with open(data / "1.jsonl", "a") as f:
+            for i in range(start, start + count):
+                f.write(json.dumps({"key": {"id": i}, "after": {"id": i}}) + "\n")
+
+    def pipeline(*apps: str) -> Path:
+        return write_pipeline(
+            tmp_path / "p.yml",
+            {
+                "pipeline": "store",
+                "state_dir": str(tmp_path / "state"),
+                "dataset": {"shards": 4},
+                "source": {"type": "filelog", "path": str(data)},
+                "transport": {"type": "inprocess"},
+                "delivery": {"store": {"type": "jsonfile"}},
+                "applications": {
+                    a: {"sink": {"type": "jsonl", "path": str(tmp_path / f"{a}.jsonl")}}
+                    for a in apps
+                },
+            },
+        )
+
+    append(0, 50)
+    assert run_cli("run", str(pipeline("a", "b")), "--once", cwd=tmp_path, env=env).returncode == 0
+    stored = json.loads((tmp_path / "state" / "datamarkers.json").read_text())
+    assert sum(stored["datamarkers"][f"a/{s}"] for s in range(4)) > 0
+    append(50, 25)
+    assert run_cli("run", str(pipeline("a", "b")), "--once", cwd=tmp_path, env=env).returncode == 0
+    assert [e["key"]["id"] for e in read_envelopes(tmp_path / "a.jsonl")] == list(range(75))
+    status = json.loads(
+        run_cli("status", str(pipeline("a")), "--json", cwd=tmp_path, env=env).stdout
+    )
+    assert [r["application"] for r in status["removed_applications"]] == ["b"]
+    assert run_cli("forget", str(pipeline("a")), "b", cwd=tmp_path, env=env).returncode == 0
+    stored = json.loads((tmp_path / "state" / "datamarkers.json").read_text())
+    assert not any(k.startswith("b/") for k in stored["datamarkers"])

@@ -9,7 +9,8 @@ Registers, through the ``wormhole`` entry-point group:
 * a ``ledger`` source reading a file of numbered entries, with its own position
   mapper, so that replay-safe sinks can order its updates per key, and
 * an ``outbox`` transport (frames as files, acknowledgements as files back) with its
-  own ``wormhole subscribe`` path (:mod:`wormhole_example_plugin.outbox`).
+  own ``wormhole subscribe`` path (:mod:`wormhole_example_plugin.outbox`), and
+* a ``jsonfile`` datamarker store.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from pydantic import Field
 from wormhole.core.update import Update
 from wormhole.plugins.components import (
     ComponentSpec,
+    Datamarker,
     NoOptions,
     Options,
     SinkContext,
@@ -234,5 +236,82 @@ def wormhole_transports() -> list[ComponentSpec]:
             options=OutboxOptions,
             description="Frames as files in a directory, acknowledgements as files back.",
             subscribe=_outbox_subscribe,
+        )
+    ]
+
+
+class JsonStoreOptions(Options):
+    """Datamarkers in one JSON file in the state dir, replaced atomically on every save."""
+
+    filename: str = "datamarkers.json"
+
+
+class JsonDatamarkerStore:
+    """A datamarker store: every save rewrites the file and fsyncs it (and its directory)
+    before returning, so datamarkers on disk are never ahead of what was acknowledged."""
+
+    def __init__(self, options: JsonStoreOptions) -> None:
+        self.options = options
+        self.path: Any = None
+        self.data: dict[str, Any] = {"datamarkers": {}, "meta": {}}
+
+    def open(self, pipeline: str, state_dir: Any) -> None:
+        self.path = state_dir / self.options.filename
+        if self.path.exists():
+            self.data = json.loads(self.path.read_text())
+
+    def load(self) -> dict[tuple[str, int], Datamarker]:
+        out = {}
+        for key, position in self.data["datamarkers"].items():
+            application, shard = key.rsplit("/", 1)
+            out[(application, int(shard))] = Datamarker(application, int(shard), position)
+        return out
+
+    def save(self, datamarkers: Any) -> None:
+        for d in datamarkers:
+            self.data["datamarkers"][f"{d.application}/{d.shard}"] = d.position
+        self._write()
+
+    def forget(self, application: str) -> int:
+        keys = [k for k in self.data["datamarkers"] if k.rsplit("/", 1)[0] == application]
+        for key in keys:
+            del self.data["datamarkers"][key]
+        self._write()
+        return len(keys)
+
+    def get_meta(self, key: str) -> str | None:
+        value = self.data["meta"].get(key)
+        return None if value is None else str(value)
+
+    def set_meta(self, key: str, value: str) -> None:
+        self.data["meta"][key] = value
+        self._write()
+
+    def close(self) -> None:
+        pass
+
+    def _write(self) -> None:
+        temporary = self.path.with_name(self.path.name + ".tmp")
+        with open(temporary, "w") as f:
+            json.dump(self.data, f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(temporary, self.path)
+        directory = os.open(self.path.parent, os.O_RDONLY)
+        try:
+            os.fsync(directory)
+        finally:
+            os.close(directory)
+
+
+@hookimpl
+def wormhole_datamarker_stores() -> list[ComponentSpec]:
+    return [
+        ComponentSpec(
+            kind="datamarker_store",
+            name="jsonfile",
+            factory=JsonDatamarkerStore,
+            options=JsonStoreOptions,
+            description="Datamarkers in a JSON file in the state dir.",
         )
     ]
