@@ -137,8 +137,8 @@ class KafkaSubscriber(Handlers):
             raise ConfigError(f"--app: unknown application {app!r} (known: {known})", pipeline.file)
         if isinstance(application.start, dict) and start is None:
             raise ConfigError(
-                f"applications.{app}.start: a publisher-log position cannot be mapped to Kafka "
-                f"offsets; with the kafka transport use earliest or latest",
+                f"applications.{app}.start: a publisher-log position or a time cannot be "
+                f"mapped to Kafka offsets; with the kafka transport use earliest or latest",
                 pipeline.file,
             )
         topics = (

@@ -131,8 +131,8 @@ class KafkaTransport:
         for name, app in pipeline.applications.items():
             if isinstance(app.start, dict):
                 raise ConfigError(
-                    f"applications.{name}.start: a publisher-log position cannot be mapped to "
-                    f"Kafka offsets; with the kafka transport use earliest or latest",
+                    f"applications.{name}.start: a publisher-log position or a time cannot be "
+                    f"mapped to Kafka offsets; with the kafka transport use earliest or latest",
                     pipeline.file,
                 )
         # The producer first: an idempotent producer needs a producer id from the broker
