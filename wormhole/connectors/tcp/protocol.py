@@ -169,6 +169,9 @@ def read_frame(sock: socket.socket | ssl.SSLSocket, max_frame: int) -> tuple[int
         return kind, decoder.decode(body)
     except msgspec.DecodeError as exc:
         raise ProtocolError(f"malformed {NAMES[kind]} frame: {exc}") from exc
+    except RecursionError:
+        # The decoder recurses once per level of JSON nesting.
+        raise ProtocolError(f"malformed {NAMES[kind]} frame: JSON nested too deeply") from None
 
 
 def close_socket(sock: socket.socket | ssl.SSLSocket) -> None:

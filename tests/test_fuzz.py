@@ -1,0 +1,325 @@
+"""Garbage frames and garbage pipeline files get a clear error, never a hang or a traceback.
+
+Real processes and sockets throughout: a `wormhole publish` process takes garbage from raw
+client sockets while a well-behaved subscriber goes on receiving; a `wormhole.Subscriber` (and a
+`wormhole subscribe` process) takes garbage from a fake publisher socket; `wormhole validate`
+reads random pipeline files.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import socket
+import struct
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, example, given, settings
+from hypothesis import strategies as st
+from tcp_support import LibrarySubscriber, Process, tcp_pipeline
+
+from wormhole.connectors.tcp import protocol as p
+from wormhole.publish import LogWriter
+from wormhole.testing import free_port, wait_until
+
+TOKEN = "s3cret"
+SHARDS = 16
+HEARTBEAT_MS = 100
+HEARTBEAT_TIMEOUT_MS = 400
+CLOSE_WITHIN = 5.0
+"""Seconds a connection fed garbage may stay open: the longest timeout involved plus slack for a
+loaded machine. A hang lasts until a test's own timeout."""
+
+FUZZ = settings(
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+    max_examples=40,
+)
+
+
+# ------------------------------------------------------------------ frame building
+def frame(kind: int, body: bytes = b"") -> bytes:
+    return struct.pack(">IB", len(body) + 1, kind) + body
+
+
+def json_frame(kind: int, body: Any) -> bytes:
+    return frame(kind, json.dumps(body).encode())
+
+
+def nested(depth: int) -> bytes:
+    return b"[" * depth + b"]" * depth
+
+
+def hello(app: str = "a", token: str = TOKEN) -> bytes:
+    body = {"version": 1, "application": app, "instance": "fuzz", "token": token}
+    return p.preamble() + json_frame(p.HELLO, body)
+
+
+json_values = st.recursive(
+    st.none()
+    | st.booleans()
+    | st.integers(min_value=-(2**70), max_value=2**70)
+    | st.floats()
+    | st.text(max_size=12),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner),
+    max_leaves=8,
+)
+"""Any JSON value, with integers beyond 64 bits, NaN and infinities (written as JSON's
+extensions, which a strict decoder refuses) and lone surrogates (escaped, refused too)."""
+
+big_ints = st.integers(min_value=-(2**70), max_value=2**70)
+
+
+def body_with(fields: dict[str, st.SearchStrategy[Any]]) -> st.SearchStrategy[dict[str, Any]]:
+    """A frame body with some of ``fields`` (each plausible or wrong) and maybe unknown keys."""
+    return st.builds(
+        lambda extra, known: {**extra, **known},
+        st.dictionaries(st.text(max_size=8), json_values, max_size=2),
+        st.fixed_dictionaries({}, optional={k: v | json_values for k, v in fields.items()}),
+    )
+
+
+shard_maps = st.dictionaries(
+    st.integers(-2, SHARDS + 2).map(str) | st.text(max_size=4), big_ints | json_values, max_size=4
+)
+
+
+def any_frame(bodies: st.SearchStrategy[bytes]) -> st.SearchStrategy[bytes]:
+    """Frames that break the format itself, whoever sends them."""
+    return st.one_of(
+        st.builds(frame, st.integers(0, 255), bodies),
+        # A length prefix announcing far more than the peer accepts, up to 4 GiB.
+        st.builds(
+            lambda length, kind: struct.pack(">IB", length, kind),
+            st.integers(1 << 30, (1 << 32) - 1),
+            st.integers(0, 255),
+        ),
+        st.just(struct.pack(">I", 0) + b"\x07"),  # length 0
+        st.just(frame(p.HEARTBEAT, b"junk")),
+        # JSON nested deeper than any decoder recurses.
+        st.builds(
+            lambda kind, depth: frame(
+                kind, b'{"id":1,"datamarkers":{},"x":' + nested(depth) + b"}"
+            ),
+            st.sampled_from(list(p.NAMES)),
+            st.integers(1_000, 30_000),
+        ),
+        st.binary(max_size=40),  # not a frame at all
+    )
+
+
+frame_bodies = st.one_of(
+    st.binary(max_size=48), json_values.map(lambda v: json.dumps(v).encode()), st.just(b"{}")
+)
+
+
+def truncated(data: bytes, cut: int | None) -> bytes:
+    return data if cut is None else data[: max(1, len(data) - cut)]
+
+
+# ================================================================ the publisher side
+hello_bodies = body_with(
+    {
+        "version": st.just(1) | big_ints,
+        "application": st.sampled_from(["a", "b", "nope"]),
+        "instance": st.text(max_size=12),
+        "token": st.sampled_from([TOKEN, "", "guess"]),
+        "credits": st.integers(-3, 2000) | big_ints,
+    }
+)
+
+subscriber_frames = st.one_of(
+    st.builds(
+        json_frame,
+        st.just(p.ACK),
+        body_with({"id": big_ints, "datamarkers": shard_maps, "credits": big_ints}),
+    ),
+    st.builds(json_frame, st.just(p.NOTICE_ACK), body_with({"id": big_ints})),
+    st.builds(json_frame, st.just(p.BYE), body_with({"reason": st.text(max_size=12)})),
+    st.builds(json_frame, st.just(p.HELLO), hello_bodies),  # a second hello
+    st.just(frame(p.HEARTBEAT)),
+    any_frame(frame_bodies),
+)
+
+
+@st.composite
+def client_garbage(draw: st.DrawFn) -> tuple[bytes, bool]:
+    """What a broken client sends, and whether it then closes its sending side.
+
+    Before a complete handshake it always does: a client that sends half a hello and waits is
+    closed after the 10 s handshake deadline, which its own test checks.
+    """
+    opening = draw(st.sampled_from(["raw", "preamble", "hello", "session"]))
+    cut = draw(st.none() | st.integers(1, 64))
+    if opening == "raw":
+        return draw(st.binary(min_size=1, max_size=96)), True
+    frames = b"".join(draw(st.lists(subscriber_frames, max_size=5)))
+    if opening == "preamble":
+        version = draw(st.just(1) | st.integers(0, 65535))
+        return truncated(p.PREAMBLE + struct.pack(">H", version) + frames, cut), True
+    if opening == "hello":
+        # Any first frame: a hello with wrong fields, an ack before any hello, garbage.
+        first = draw(st.builds(json_frame, st.just(p.HELLO), hello_bodies) | subscriber_frames)
+        return truncated(p.preamble() + first + frames, cut), True
+    # A session (welcome sent) fed garbage; without the half-close it ends by heartbeat timeout.
+    session = hello(draw(st.sampled_from(["a", "b"])))
+    return session + truncated(frames, cut) if frames else session, draw(st.booleans())
+
+
+def read_frames(data: bytes) -> list[tuple[int, Any]]:
+    """The frames in ``data``: what a publisher sends must always be well formed."""
+    frames = []
+    offset = 0
+    while offset < len(data):
+        length, kind = struct.unpack_from(">IB", data, offset)
+        body = data[offset + 5 : offset + 4 + length]
+        assert len(body) == length - 1, f"publisher sent a torn frame: {data[offset:]!r}"
+        frames.append((kind, None if kind == p.HEARTBEAT else json.loads(body)))
+        offset += 4 + length
+    return frames
+
+
+def closed_by_peer(sock: socket.socket, within: float) -> bytes:
+    """Everything the peer sent before it closed the connection; fails if it stays open."""
+    deadline = time.monotonic() + within
+    received = b""
+    try:
+        while True:
+            remaining = deadline - time.monotonic()
+            assert remaining > 0, f"connection still open after {within}s (got {received[:200]!r})"
+            sock.settimeout(remaining)
+            chunk = sock.recv(65536)
+            if not chunk:
+                return received
+            received += chunk
+    except ConnectionResetError:
+        return received  # closed with our bytes unread: closed all the same
+    except TimeoutError:
+        raise AssertionError(f"connection still open after {within}s") from None
+    finally:
+        sock.close()
+
+
+def peak_memory(pid: int) -> int:
+    """The process's peak resident set, in bytes."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) * 1024
+    raise AssertionError("no VmHWM in /proc")
+
+
+def write_riders(directory: Path, riders: int, start: int) -> None:
+    with LogWriter(directory, publisher_id="gps", batch_size=2000) as writer:
+        for rider in range(riders):
+            writer.publish("rider_location", {"rider": rider}, {"rider": rider, "seq": start})
+
+
+class PublisherUnderFire:
+    """A `wormhole publish` process, and a well-behaved subscriber that must stay served."""
+
+    def __init__(self, tmp_path: Path) -> None:
+        self.tmp_path = tmp_path
+        self.port = free_port()
+        (tmp_path / "data").mkdir()
+        pipeline = tcp_pipeline(
+            tmp_path,
+            self.port,
+            {"a": {}, "b": {}},
+            token=TOKEN,
+            heartbeat_ms=HEARTBEAT_MS,
+            heartbeat_timeout_ms=HEARTBEAT_TIMEOUT_MS,
+        )
+        self.process = Process("publish", str(pipeline), cwd=tmp_path)
+        self.good: LibrarySubscriber | None = None
+        self.rounds = 0
+
+    def start(self) -> None:
+        wait_until(self._listening, 30, "the publisher to listen")
+        self.good = LibrarySubscriber("a", self.port, token=TOKEN).start()
+        self.deliver()
+        self.baseline_memory = peak_memory(self.process.pid)
+
+    def _listening(self) -> bool:
+        assert self.process.proc.poll() is None, self.process.stderr
+        with contextlib.suppress(OSError):
+            socket.create_connection(("127.0.0.1", self.port), timeout=1).close()
+            return True
+        return False
+
+    def deliver(self) -> None:
+        """Publish one update per rider; the good subscriber must receive them all."""
+        assert self.good is not None
+        write_riders(self.tmp_path / "data" / "gps", 50, self.rounds)
+        self.rounds += 1
+        good = self.good
+
+        def received() -> bool:
+            with good.lock:
+                seen = {(u.key["rider"], u.after_row()["seq"]) for u in good.updates}
+            return all((r, self.rounds - 1) in seen for r in range(50))
+
+        wait_until(received, 30, f"the good subscriber's updates of round {self.rounds}")
+        assert good.error is None
+
+    def send(self, data: bytes, half_close: bool) -> bytes:
+        sock = socket.create_connection(("127.0.0.1", self.port), timeout=5)
+        with contextlib.suppress(OSError):  # the publisher may close before it has read all
+            sock.sendall(data)
+            if half_close:
+                sock.shutdown(socket.SHUT_WR)
+        return closed_by_peer(sock, CLOSE_WITHIN)
+
+    def check_clean(self) -> None:
+        assert self.process.proc.poll() is None, f"publisher exited:\n{self.process.stderr}"
+        assert "Traceback" not in self.process.stderr, self.process.stderr
+        grown = peak_memory(self.process.pid) - self.baseline_memory
+        assert grown < 64 << 20, f"publisher's peak memory grew by {grown:,} bytes"
+
+    def stop(self) -> None:
+        if self.good is not None:
+            self.good.stop()
+        self.process.stop()
+
+
+@pytest.fixture(scope="module")
+def publisher(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PublisherUnderFire]:
+    target = PublisherUnderFire(tmp_path_factory.mktemp("publisher"))
+    try:
+        target.start()
+        yield target
+    finally:
+        target.stop()
+    assert "Traceback" not in target.process.stderr, target.process.stderr
+
+
+def test_garbage_from_clients_closes_their_connection_and_the_publisher_serves_on(
+    publisher: PublisherUnderFire,
+) -> None:
+    @FUZZ
+    @given(client_garbage())
+    # Regression: JSON nested deeper than the decoder recurses, in a hello and after the
+    # welcome, killed the connection's thread with a RecursionError traceback; the session
+    # after the welcome then stayed open, its shards held, until the publisher stopped.
+    @example((p.preamble() + frame(p.HELLO, b'{"x":' + nested(1100) + b"}"), True))
+    @example(
+        (hello() + frame(p.ACK, b'{"id":1,"datamarkers":{},"x":' + nested(1100) + b"}"), False)
+    )
+    def check(garbage: tuple[bytes, bool]) -> None:
+        data, half_close = garbage
+        replies = read_frames(publisher.send(data, half_close))
+        # It answers a broken handshake with a refusal at most, and ends a broken session
+        # with one (or a bye when it stops).
+        kinds = [kind for kind, _ in replies]
+        assert set(kinds) <= {p.WELCOME, p.REFUSE, p.NOTICE, p.BATCH, p.HEARTBEAT, p.BYE}
+        if p.REFUSE in kinds:
+            assert kinds.index(p.REFUSE) == len(kinds) - 1, "frames after a refuse"
+            assert replies[-1][1]["reason"], "a refusal without a reason"
+        publisher.check_clean()
+
+    check()
+    publisher.deliver()
+    publisher.check_clean()
