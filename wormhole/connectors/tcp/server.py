@@ -67,6 +67,7 @@ class TcpSession:
         self.last_datamarker = time.monotonic()
         self.send_lock = threading.Lock()
         self.last_sent = time.monotonic()
+        self.said_last = False  # a refuse or bye went out: nothing may follow it
 
     def start(self) -> None:
         threading.Thread(target=self._receive, name=f"recv {self.name}", daemon=True).start()
@@ -119,8 +120,11 @@ class TcpSession:
         return True
 
     # ------------------------------------------------------------- sending
-    def _write(self, data: bytes) -> None:
+    def _write(self, data: bytes, last: bool = False) -> None:
         with self.send_lock:
+            if self.said_last:
+                return
+            self.said_last = last
             self.sock.sendall(data)
             self.last_sent = time.monotonic()
 
@@ -249,7 +253,7 @@ class TcpSession:
 
     def _refuse(self, reason: str) -> None:
         with contextlib.suppress(OSError):
-            self._write(p.encode(p.REFUSE, p.Refuse(reason=reason, fatal=False)))
+            self._write(p.encode(p.REFUSE, p.Refuse(reason=reason, fatal=False)), last=True)
 
     def close(self, reason: str) -> None:
         with self.cond:
@@ -277,7 +281,7 @@ class TcpSession:
 
     def bye(self, reason: str) -> None:
         with contextlib.suppress(OSError):
-            self._write(p.encode(p.BYE, p.Bye(reason=reason)))
+            self._write(p.encode(p.BYE, p.Bye(reason=reason)), last=True)
         self.close(reason)
 
 
