@@ -13,6 +13,7 @@ import json
 import os
 import socket
 import struct
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -24,6 +25,9 @@ from hypothesis import strategies as st
 from tcp_support import LibrarySubscriber, Process, tcp_pipeline
 
 from wormhole.connectors.tcp import protocol as p
+from wormhole.connectors.tcp import server
+from wormhole.core.pipeline import load_pipeline
+from wormhole.core.publisher import Publisher
 from wormhole.publish import LogWriter
 from wormhole.testing import free_port, wait_until
 
@@ -337,3 +341,33 @@ def test_nothing_follows_a_refuse_even_when_the_garbage_comes_with_the_hello(
         kinds = [kind for kind, _ in replies]
         assert kinds[-1] == p.REFUSE, f"attempt {attempt}: {kinds} (a frame after the refuse)"
         assert replies[-1][1]["reason"] == "unknown frame type 214"
+
+
+def test_a_handshake_that_trickles_in_is_closed_at_the_handshake_deadline(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Regression: the deadline was a timeout per read, so a client sending a byte every few
+    # seconds held its connection (and a thread) for as long as it liked. In process, with a
+    # short deadline, to keep the test quick.
+    monkeypatch.setattr(server, "HANDSHAKE_TIMEOUT", 1.0)
+    port = free_port()
+    (tmp_path / "data").mkdir()
+    pipeline = load_pipeline(tcp_pipeline(tmp_path, port, {"a": {}}))
+    publisher = Publisher(pipeline, local_subscribers=False)
+    thread = threading.Thread(target=publisher.run, daemon=True)
+    thread.start()
+    try:
+        wait_until(lambda: (tmp_path / "state" / server.ADDRESS_FILE).exists(), 30, "listening")
+        sock = socket.create_connection(("127.0.0.1", port), timeout=5)
+        started = time.monotonic()
+        with contextlib.suppress(OSError):
+            for byte in hello():
+                sock.sendall(bytes([byte]))
+                time.sleep(0.2)
+                if time.monotonic() - started > 4:
+                    break
+        closed_by_peer(sock, max(0.1, 2.0 - (time.monotonic() - started)))
+    finally:
+        publisher.request_stop()
+        thread.join(30)
+    assert not thread.is_alive()

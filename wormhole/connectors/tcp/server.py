@@ -354,12 +354,14 @@ class TcpTransport:
 
     def _handshake(self, raw: socket.socket, peer: str) -> None:
         sock: socket.socket = raw
+        # For the whole handshake, not per read: a client trickling bytes in is closed too.
+        deadline = time.monotonic() + HANDSHAKE_TIMEOUT
         try:
             raw.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             raw.settimeout(HANDSHAKE_TIMEOUT)
             if self.tls is not None:
                 sock = self.tls.wrap_socket(raw, server_side=True)
-            version = p.read_preamble(sock)
+            version = p.read_preamble(sock, deadline)
             if version != p.VERSION:
                 self._refuse(
                     sock,
@@ -368,7 +370,7 @@ class TcpTransport:
                     f"publisher speaks version {p.VERSION}",
                 )
                 return
-            kind, hello = p.read_frame(sock, 1 << 16)
+            kind, hello = p.read_frame(sock, 1 << 16, deadline)
             if kind != p.HELLO:
                 raise p.ProtocolError(f"expected hello, got {p.NAMES.get(kind, kind)}")
             if hello.version != version or hello.credits < 1:
@@ -407,6 +409,14 @@ class TcpTransport:
         except p.PeerClosed:
             # A port probe or health check: connected and left without a word.
             log.debug("connection from %s closed before its hello", peer)
+            p.close_socket(sock)
+            return
+        except TimeoutError:
+            log.warning(
+                "closing connection from %s: no complete handshake within %gs",
+                peer,
+                HANDSHAKE_TIMEOUT,
+            )
             p.close_socket(sock)
             return
         except (p.ProtocolError, ssl.SSLError, OSError) as exc:
