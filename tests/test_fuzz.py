@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import os
 import socket
 import struct
@@ -26,6 +27,7 @@ from tcp_support import LibrarySubscriber, Process, tcp_pipeline
 
 from wormhole.connectors.tcp import protocol as p
 from wormhole.connectors.tcp import server
+from wormhole.connectors.tcp.client import Subscriber, SubscriberRefused
 from wormhole.core.pipeline import load_pipeline
 from wormhole.core.publisher import Publisher
 from wormhole.publish import LogWriter
@@ -35,7 +37,7 @@ TOKEN = "s3cret"
 SHARDS = 16
 HEARTBEAT_MS = 100
 HEARTBEAT_TIMEOUT_MS = 400
-CLOSE_WITHIN = 5.0
+CLOSE_WITHIN = 3.0
 """Seconds a connection fed garbage may stay open: the longest timeout involved plus slack for a
 loaded machine. A hang lasts until a test's own timeout."""
 
@@ -80,13 +82,17 @@ extensions, which a strict decoder refuses) and lone surrogates (escaped, refuse
 big_ints = st.integers(min_value=-(2**70), max_value=2**70)
 
 
-def body_with(fields: dict[str, st.SearchStrategy[Any]]) -> st.SearchStrategy[dict[str, Any]]:
-    """A frame body with some of ``fields`` (each plausible or wrong) and maybe unknown keys."""
-    return st.builds(
+def body_with(
+    fields: dict[str, st.SearchStrategy[Any]], wrong: st.SearchStrategy[Any] = json_values
+) -> st.SearchStrategy[dict[str, Any]]:
+    """A frame body: every field of ``fields`` with a value of the right type (semantic edge
+    cases), or some of them, each maybe ``wrong``, and maybe unknown keys."""
+    mangled = st.builds(
         lambda extra, known: {**extra, **known},
         st.dictionaries(st.text(max_size=8), json_values, max_size=2),
-        st.fixed_dictionaries({}, optional={k: v | json_values for k, v in fields.items()}),
+        st.fixed_dictionaries({}, optional={k: v | wrong for k, v in fields.items()}),
     )
+    return st.fixed_dictionaries(fields) | mangled
 
 
 shard_maps = st.dictionaries(
@@ -371,3 +377,224 @@ def test_a_handshake_that_trickles_in_is_closed_at_the_handshake_deadline(
         publisher.request_stop()
         thread.join(30)
     assert not thread.is_alive()
+
+
+# =============================================================== the subscriber side
+SUBSCRIBER_TIMEOUT_MS = 300
+
+not_ints = json_values.filter(lambda v: not isinstance(v, int) or isinstance(v, bool))
+
+
+def welcome(heartbeat_ms: int = HEARTBEAT_MS) -> bytes:
+    body = {
+        "version": 1,
+        "publisher": "fake:1",
+        "pipeline": "fuzz",
+        "shards": SHARDS,
+        "heartbeat_ms": heartbeat_ms,
+    }
+    return json_frame(p.WELCOME, body)
+
+
+def notice_all() -> bytes:
+    body = {"id": 1, "assigned": list(range(SHARDS)), "revoked": [], "datamarkers": {}}
+    return json_frame(p.NOTICE, body)
+
+
+welcome_bodies = body_with(
+    {
+        "version": st.just(1) | big_ints,
+        "publisher": st.text(max_size=12),
+        "pipeline": st.text(max_size=12),
+        "shards": st.integers(-1, SHARDS) | big_ints,
+        # Only intervals out of range or of the wrong type: a subscriber rightly waits three
+        # intervals of silence before it calls a publisher gone.
+        "heartbeat_ms": st.integers(max_value=0) | st.integers(min_value=p.MAX_HEARTBEAT_MS + 1),
+    },
+    wrong=not_ints,
+)
+shard_lists = st.lists(st.integers(-2, SHARDS + 2) | big_ints, max_size=5)
+update_bodies = body_with(
+    {
+        "op": st.sampled_from(["c", "u", "d", "r", "t"]) | st.text(max_size=2),
+        "key": st.dictionaries(st.text(max_size=6), json_values, max_size=3),
+        "before": json_values,
+        "after": json_values,
+        "table": st.text(max_size=8),
+        "shard": st.integers(0, SHARDS - 1) | big_ints,
+        "position": st.text(max_size=8),
+        "txid": big_ints | st.none(),
+        "ts_ms": big_ints | st.none(),
+    }
+)
+publisher_frames = st.one_of(
+    st.builds(json_frame, st.just(p.WELCOME), welcome_bodies),
+    st.builds(
+        json_frame,
+        st.just(p.REFUSE),
+        body_with({"reason": st.text(max_size=12), "fatal": st.booleans()}),
+    ),
+    st.builds(
+        json_frame,
+        st.just(p.NOTICE),
+        body_with(
+            {
+                "id": big_ints,
+                "assigned": shard_lists,
+                "revoked": shard_lists,
+                "datamarkers": shard_maps,
+            }
+        ),
+    ),
+    st.builds(
+        json_frame,
+        st.just(p.BATCH),
+        body_with(
+            {
+                "id": big_ints,
+                "first": big_ints,
+                "end": big_ints,
+                "appended_ns": big_ints,
+                "datamarkers": shard_maps,
+                "updates": st.lists(update_bodies, max_size=3),
+            }
+        ),
+    ),
+    st.builds(json_frame, st.just(p.BYE), body_with({"reason": st.text(max_size=12)})),
+    st.just(frame(p.HEARTBEAT)),
+    any_frame(frame_bodies),
+)
+
+
+@st.composite
+def publisher_garbage(draw: st.DrawFn) -> bytes:
+    """What a broken publisher sends a subscriber that has just said hello."""
+    opening = draw(st.sampled_from(["raw", "welcome", "session"]))
+    prefix = {"raw": b"", "welcome": welcome(), "session": welcome() + notice_all()}[opening]
+    frames = b"".join(draw(st.lists(publisher_frames, min_size=1, max_size=5)))
+    return prefix + truncated(frames, draw(st.none() | st.integers(1, 64)))
+
+
+class FakePublisher:
+    """A listening socket that feeds garbage to a `wormhole.Subscriber` run in a thread.
+
+    Tracebacks (an uncaught exception in any thread, a log record with one) are collected,
+    and so is how each subscriber ended; a refused one is replaced by a new one.
+    """
+
+    def __init__(self) -> None:
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.listener.settimeout(10)
+        self.address = f"127.0.0.1:{self.listener.getsockname()[1]}"
+        self.tracebacks: list[str] = []
+        self.ended: list[BaseException] = []
+        self.thread: threading.Thread | None = None
+        self.subscriber: Subscriber | None = None
+        self._excepthook = threading.excepthook
+        threading.excepthook = self._uncaught
+        self._handler = _TracebackHandler(self.tracebacks)
+        logging.getLogger().addHandler(self._handler)
+
+    def _uncaught(self, args: threading.ExceptHookArgs) -> None:
+        name = args.thread.name if args.thread else "?"
+        self.tracebacks.append(f"thread {name}: {args.exc_type.__name__}: {args.exc_value}")
+        self._excepthook(args)
+
+    def _run(self, subscriber: Subscriber) -> None:
+        try:
+            subscriber.run()
+        except BaseException as exc:
+            self.ended.append(exc)
+
+    def connection(self) -> socket.socket:
+        """The subscriber's next connection, its preamble and hello read."""
+        if self.thread is None or not self.thread.is_alive():
+            if self.thread is not None:
+                self.thread.join()
+            self.subscriber = Subscriber(
+                "a",
+                [self.address],
+                instance="fuzz",
+                heartbeat_ms=HEARTBEAT_MS,
+                heartbeat_timeout_ms=SUBSCRIBER_TIMEOUT_MS,
+                max_backoff=0.05,
+            )
+            self.subscriber.on_updates(lambda flow, updates: None)
+            self.thread = threading.Thread(target=self._run, args=(self.subscriber,), daemon=True)
+            self.thread.start()
+        while True:
+            conn, _ = self.listener.accept()
+            conn.settimeout(5)
+            try:
+                assert p.read_preamble(conn) == p.VERSION
+                kind, body = p.read_frame(conn, 1 << 16)
+            except (OSError, p.PeerClosed):
+                conn.close()  # it gave up on an earlier attempt meanwhile
+                continue
+            assert kind == p.HELLO and body.application == "a"
+            return conn
+
+    def check_clean(self) -> None:
+        assert not self.tracebacks, self.tracebacks
+        for exc in self.ended:
+            # The only way a reconnecting subscriber stops: a refusal the publisher calls fatal.
+            assert isinstance(exc, SubscriberRefused), f"{type(exc).__name__}: {exc}"
+            assert "refused a:" in str(exc)
+
+    def close(self) -> None:
+        if self.subscriber is not None:
+            self.subscriber.stop()
+        if self.thread is not None:
+            self.thread.join(10)
+        self.listener.close()
+        threading.excepthook = self._excepthook
+        logging.getLogger().removeHandler(self._handler)
+
+
+class _TracebackHandler(logging.Handler):
+    def __init__(self, into: list[str]) -> None:
+        super().__init__(logging.DEBUG)
+        self.into = into
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if record.exc_info:
+            self.into.append(f"logged with a traceback: {record.getMessage()}")
+
+
+@pytest.fixture(scope="module")
+def fake_publisher() -> Iterator[FakePublisher]:
+    fake = FakePublisher()
+    try:
+        yield fake
+    finally:
+        fake.close()
+    fake.check_clean()
+
+
+def test_garbage_from_a_publisher_makes_the_subscriber_reconnect_or_stop_with_a_clear_error(
+    fake_publisher: FakePublisher,
+) -> None:
+    @FUZZ
+    @given(publisher_garbage())
+    # Regression: a first frame other than welcome or refuse left the connection open as long
+    # as anything (a log handler keeping the warning's exception, say) held the traceback.
+    @example(frame(p.HEARTBEAT))
+    # Regression: a welcome's heartbeat_ms of 0 made the subscriber send heartbeats in a busy
+    # loop; a huge one made it wait hours for silence (past 9e12, a traceback in its reader
+    # thread and a hang: the timeout did not fit a socket's).
+    @example(welcome(heartbeat_ms=0))
+    @example(welcome(heartbeat_ms=p.MAX_HEARTBEAT_MS + 1))
+    @example(welcome(heartbeat_ms=10**13))
+    def check(garbage: bytes) -> None:
+        conn = fake_publisher.connection()
+        with contextlib.suppress(OSError):
+            conn.sendall(garbage)
+        # Then silence: whatever it made of the garbage, the subscriber lets go of this
+        # connection within its heartbeat timeout, and does not flood it meanwhile.
+        sent = closed_by_peer(conn, CLOSE_WITHIN)
+        assert len(sent) < 16 << 10, f"the subscriber sent {len(sent):,} bytes"
+        kinds = {kind for kind, _ in read_frames(sent)}
+        assert kinds <= {p.ACK, p.NOTICE_ACK, p.HEARTBEAT, p.BYE}
+        fake_publisher.check_clean()
+
+    check()

@@ -15,7 +15,7 @@ import socket
 import ssl
 import struct
 import time
-from typing import Any
+from typing import Annotated, Any
 
 import msgspec
 
@@ -25,6 +25,8 @@ PREAMBLE = b"WORMHOLE"
 VERSION = 1
 _PREAMBLE_SIZE = len(PREAMBLE) + 2
 _LENGTH = struct.Struct(">IB")
+MAX_HEARTBEAT_MS = 3_600_000
+"""The longest heartbeat interval (``transport.heartbeat_ms``, ``welcome.heartbeat_ms``)."""
 
 HELLO = 1
 WELCOME = 2
@@ -62,7 +64,8 @@ class Welcome(msgspec.Struct, kw_only=True):
     publisher: str
     pipeline: str
     shards: int
-    heartbeat_ms: int
+    # Out of range, a subscriber would beat in a busy loop (0) or wait forever for silence.
+    heartbeat_ms: Annotated[int, msgspec.Meta(ge=1, le=MAX_HEARTBEAT_MS)]
 
 
 class Refuse(msgspec.Struct, kw_only=True):
