@@ -9,6 +9,7 @@ reads random pipeline files.
 from __future__ import annotations
 
 import contextlib
+import io
 import json
 import logging
 import os
@@ -21,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from hypothesis import HealthCheck, example, given, settings
+from hypothesis import HealthCheck, Phase, event, example, given, settings
 from hypothesis import strategies as st
 from tcp_support import LibrarySubscriber, Process, tcp_pipeline
 
@@ -31,7 +32,7 @@ from wormhole.connectors.tcp.client import Subscriber, SubscriberRefused
 from wormhole.core.pipeline import load_pipeline
 from wormhole.core.publisher import Publisher
 from wormhole.publish import LogWriter
-from wormhole.testing import free_port, wait_until
+from wormhole.testing import free_port, run_cli, wait_until
 
 TOKEN = "s3cret"
 SHARDS = 16
@@ -43,6 +44,8 @@ loaded machine. A hang lasts until a test's own timeout."""
 
 FUZZ = settings(
     deadline=None,
+    # Explaining a failure traces every line it runs: far too slow around processes.
+    phases=[Phase.explicit, Phase.reuse, Phase.generate, Phase.target, Phase.shrink],
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
     # Enough for the suite's minute; set WORMHOLE_FUZZ_EXAMPLES=2000 for a longer hunt.
     max_examples=int(os.environ.get("WORMHOLE_FUZZ_EXAMPLES", "40")),
@@ -484,7 +487,6 @@ class FakePublisher:
 
     def __init__(self) -> None:
         self.listener = socket.create_server(("127.0.0.1", 0))
-        self.listener.settimeout(10)
         self.address = f"127.0.0.1:{self.listener.getsockname()[1]}"
         self.tracebacks: list[str] = []
         self.ended: list[BaseException] = []
@@ -506,24 +508,33 @@ class FakePublisher:
         except BaseException as exc:
             self.ended.append(exc)
 
+    def _ensure_subscriber(self) -> None:
+        if self.thread is not None and self.thread.is_alive():
+            return
+        self.subscriber = Subscriber(
+            "a",
+            [self.address],
+            instance="fuzz",
+            heartbeat_ms=HEARTBEAT_MS,
+            heartbeat_timeout_ms=SUBSCRIBER_TIMEOUT_MS,
+            max_backoff=0.05,
+        )
+        self.subscriber.on_updates(lambda flow, updates: None)
+        self.thread = threading.Thread(target=self._run, args=(self.subscriber,), daemon=True)
+        self.thread.start()
+
     def connection(self) -> socket.socket:
         """The subscriber's next connection, its preamble and hello read."""
-        if self.thread is None or not self.thread.is_alive():
-            if self.thread is not None:
-                self.thread.join()
-            self.subscriber = Subscriber(
-                "a",
-                [self.address],
-                instance="fuzz",
-                heartbeat_ms=HEARTBEAT_MS,
-                heartbeat_timeout_ms=SUBSCRIBER_TIMEOUT_MS,
-                max_backoff=0.05,
-            )
-            self.subscriber.on_updates(lambda flow, updates: None)
-            self.thread = threading.Thread(target=self._run, args=(self.subscriber,), daemon=True)
-            self.thread.start()
+        deadline = time.monotonic() + 10
         while True:
-            conn, _ = self.listener.accept()
+            # A refused subscriber may still be on its way out: look again while waiting.
+            self._ensure_subscriber()
+            self.listener.settimeout(0.2)
+            try:
+                conn, _ = self.listener.accept()
+            except TimeoutError:
+                assert time.monotonic() < deadline, "the subscriber did not connect again"
+                continue
             conn.settimeout(5)
             try:
                 assert p.read_preamble(conn) == p.VERSION
@@ -539,7 +550,7 @@ class FakePublisher:
         for exc in self.ended:
             # The only way a reconnecting subscriber stops: a refusal the publisher calls fatal.
             assert isinstance(exc, SubscriberRefused), f"{type(exc).__name__}: {exc}"
-            assert "refused a:" in str(exc)
+            assert str(exc).startswith(f"publisher {self.address}"), str(exc)
 
     def close(self) -> None:
         if self.subscriber is not None:
@@ -598,3 +609,376 @@ def test_garbage_from_a_publisher_makes_the_subscriber_reconnect_or_stop_with_a_
         fake_publisher.check_clean()
 
     check()
+
+
+# ================================================================= pipeline files
+MINIMAL_PIPELINE = "pipeline: x\nsource: {type: filelog, path: data}\napplications: {a: {}}\n"
+ENV = {"FUZZ_SET": "16", "FUZZ_EMPTY": "", "FUZZ_TEXT": "a b:{c}"}
+"""Set while `wormhole validate` runs; FUZZ_UNSET is never set."""
+
+odd_strings = st.sampled_from(
+    [
+        "",
+        "~",
+        "null",
+        "1GiB",
+        "64MB",
+        "-1",
+        "0x10",
+        "1e400",
+        "nan",
+        "127.0.0.1:0",
+        "[::1]:7070",
+        "host:",
+        "earliest",
+        "latest",
+        "2026-11-22T10:00:00Z",
+        "2026-13-45",
+        "a\x00b",
+        "../../etc",
+        "{application}-{subscriber}",
+    ]
+)
+interpolations = st.sampled_from(
+    [
+        "${FUZZ_SET}",
+        "${FUZZ_UNSET}",
+        "${FUZZ_EMPTY}",
+        "${FUZZ_EMPTY:-8}",
+        "${FUZZ_UNSET:-}",
+        "${FUZZ_TEXT}",
+        "$$",
+        "$${FUZZ_SET}",
+        "${",
+        "${}",
+        "${1BAD}",
+        "${FUZZ_UNSET:-${FUZZ_SET}}",
+        "$",
+        "${FUZZ_SET",
+    ]
+)
+yaml_text = st.builds(
+    "".join, st.lists(st.text(max_size=6) | interpolations | odd_strings, max_size=3)
+)
+scalars = (
+    st.none()
+    | st.booleans()
+    | st.integers(min_value=-(2**70), max_value=2**70)
+    | st.floats()
+    | yaml_text
+)
+yaml_values = st.recursive(
+    scalars,
+    lambda inner: (
+        st.lists(inner, max_size=3)
+        | st.dictionaries(st.text(max_size=6) | st.integers() | st.none(), inner, max_size=3)
+    ),
+    max_leaves=6,
+)
+names = st.sampled_from(["orders", "a", "b.c-d_1", "9", "-bad", "has space", ""]) | yaml_text
+
+
+def _registry() -> Any:
+    from wormhole.plugins.manager import default_registry
+
+    return default_registry()
+
+
+def mostly(valid: st.SearchStrategy[Any]) -> st.SearchStrategy[Any]:
+    """``valid`` 19 times in 20, anything the 20th: files with a problem or two reach deeper
+    into validation than files with nothing right."""
+    return st.integers(0, 19).flatmap(lambda i: yaml_values if i == 19 else valid)
+
+
+def _option_value(field: Any) -> st.SearchStrategy[Any]:
+    from pydantic_core import PydanticUndefined, to_jsonable_python
+
+    default = field.get_default(call_default_factory=True)
+    plausible = (
+        st.just(json.loads(json.dumps(to_jsonable_python(default))))
+        if default is not PydanticUndefined
+        else yaml_text
+    )
+    return mostly(plausible) | odd_strings
+
+
+@st.composite
+def components(draw: st.DrawFn, kind: str) -> Any:
+    """A component of ``kind``: a real type with some of its real options (mostly their
+    defaults), sometimes a wrong type, a missing type, or not a mapping at all."""
+    registered = _registry().components[kind]
+    type_name = draw(mostly(st.sampled_from(sorted(registered))))
+    options: dict[str, Any] = {"type": type_name}
+    spec = registered.get(type_name) if isinstance(type_name, str) else None
+    fields = spec.spec.options.model_fields if spec is not None else {}
+    for option, field in fields.items():
+        if field.is_required() or draw(st.integers(0, 3)) == 3:
+            options[option] = draw(_option_value(field))
+    if draw(st.integers(0, 9)) == 9:
+        options.update(draw(st.dictionaries(st.text(max_size=6), yaml_values, max_size=1)))
+    if draw(st.integers(0, 19)) == 19:
+        options.pop("type", None)
+    return options
+
+
+where_texts = st.one_of(
+    st.text(alphabet="()'\"`=<>!,%_ aAndotrisulk0123.-", max_size=30),
+    st.sampled_from(
+        ["status = 'active' and amount > 100", "a in (1, 2", "not not a is null", "'unterminated"]
+    ),
+    # Nesting as deep as the parser recurses, and deeper.
+    st.builds(lambda n: "(" * n + "a = 1" + ")" * n, st.integers(50, 2000)),
+    st.builds(lambda n: "not " * n + "a = 1", st.integers(50, 2000)),
+)
+
+
+def mapping(
+    fields: dict[str, st.SearchStrategy[Any]], required: tuple[str, ...] = ()
+) -> st.SearchStrategy[Any]:
+    """Some of ``fields`` (all of ``required``), mostly with their own values; rarely an
+    unknown key or not a mapping at all."""
+    known = st.fixed_dictionaries(
+        {k: mostly(v) for k, v in fields.items() if k in required},
+        optional={k: mostly(v) for k, v in fields.items() if k not in required},
+    )
+    extra = st.integers(0, 9).flatmap(
+        lambda i: (
+            st.dictionaries(st.text(max_size=6), yaml_values, max_size=1) if i == 9 else st.just({})
+        )
+    )
+    return mostly(st.builds(lambda e, k: {**e, **k}, extra, known))
+
+
+good_names = st.sampled_from(["orders", "a", "b.c-d_1", "9"])
+applications = mapping(
+    {
+        "start": st.sampled_from(["earliest", "latest"])
+        | st.builds(lambda v: {"position": v}, st.integers(-1, 2**64) | scalars)
+        | st.builds(lambda v: {"time": v}, st.integers(-1, 2**64) | scalars | odd_strings),
+        "filter": mapping(
+            {
+                "tables": st.lists(yaml_text),
+                "ops": st.lists(st.sampled_from(["c", "u", "d", "r", "t", "x"])),
+                "plugins": st.lists(components("filter"), max_size=2),
+                "where": where_texts | st.dictionaries(yaml_text, where_texts, max_size=2),
+                "columns": st.lists(yaml_text) | st.dictionaries(yaml_text, st.lists(yaml_text)),
+            }
+        ),
+        "sink": components("sink"),
+        "subscribers": st.integers(-1, 2000),
+        "external": st.booleans(),
+    }
+)
+pipelines = mapping(
+    {
+        "pipeline": mostly(good_names),
+        "state_dir": yaml_text,
+        "dataset": mapping({"shards": st.integers(-1, 70000) | yaml_text}),
+        "source": components("source"),
+        "transport": components("transport"),
+        "delivery": mapping(
+            {
+                "mode": st.sampled_from(["single-copy", "multiple-copy", "other"]),
+                "datamarker_interval_ms": st.integers(-1, 2**64),
+                "store": components("datamarker_store"),
+                "max_caravans": st.integers(-1, 2000),
+                "merge_distance": st.integers(-1, 2**64),
+                "slow_flow_ms": st.integers(-1, 2**64),
+            }
+        ),
+        "log": mapping(
+            {
+                "roll_size": st.integers(-1, 2**64) | odd_strings,
+                "fsync": st.booleans(),
+                "keep_rolled": st.integers(-1, 2**64),
+                "tail_updates": st.integers(-1, 2**64),
+            }
+        ),
+        "applications": st.dictionaries(good_names | names, applications, min_size=1, max_size=3),
+    },
+    required=("pipeline", "source", "applications"),
+)
+
+
+def _dump(document: Any) -> str:
+    import yaml
+
+    return yaml.safe_dump(document, sort_keys=False, allow_unicode=True)
+
+
+def laughs(levels: int, width: int) -> str:
+    """Anchors whose aliases expand to ``width ** levels`` values."""
+    lines = [f"l0: &l0 [{', '.join(['x'] * width)}]"]
+    lines += [f"l{i}: &l{i} [{', '.join([f'*l{i - 1}'] * width)}]" for i in range(1, levels)]
+    return "\n".join(lines) + "\n"
+
+
+alias_files = st.one_of(
+    # A value inside itself: a mapping, a list, or deeper down.
+    st.sampled_from(
+        [
+            MINIMAL_PIPELINE + "dataset: &d {shards: *d}\n",
+            MINIMAL_PIPELINE.replace("{a: {}}", "&apps {a: *apps}"),
+            "&root [*root]\n",
+            "pipeline: x\nsource: &s {type: filelog, path: [*s]}\napplications: {a: {}}\n",
+        ]
+    ),
+    st.builds(lambda n: "a: " + "[" * n + "]" * n + "\n", st.integers(50, 1500)),
+    st.builds(lambda n: "".join(f"{'  ' * i}k{i}:\n" for i in range(n)), st.integers(50, 400)),
+    st.builds(laughs, st.integers(2, 9), st.integers(2, 10)).map(lambda t: MINIMAL_PIPELINE + t),
+)
+
+
+@st.composite
+def pipeline_files(draw: st.DrawFn) -> bytes:
+    """The bytes of a pipeline file: random structure under the real keys, then maybe mangled
+    as text (malformed YAML) or as bytes (not UTF-8)."""
+    how = draw(st.sampled_from(["yaml", "yaml", "yaml", "edited", "text", "bytes", "aliases"]))
+    if how == "text":
+        return draw(st.text(max_size=200)).encode("utf-8", "surrogatepass")
+    if how == "aliases":
+        return draw(alias_files).encode()
+    text = _dump(draw(pipelines))
+    if how == "edited":
+        for _ in range(draw(st.integers(1, 4))):
+            at = draw(st.integers(0, len(text)))
+            cut = draw(st.integers(0, 8))
+            text = (
+                text[:at]
+                + draw(
+                    st.sampled_from(
+                        [
+                            "",
+                            ":",
+                            "- ",
+                            "{",
+                            "[",
+                            "'",
+                            '"',
+                            "\t",
+                            "&a ",
+                            "*a",
+                            "!!python/object ",
+                            "\n  ",
+                            "${",
+                        ]
+                    )
+                )
+                + text[at + cut :]
+            )
+    data = text.encode("utf-8", "surrogatepass")
+    if how == "bytes":
+        at = draw(st.integers(0, len(data)))
+        data = data[:at] + draw(st.binary(min_size=1, max_size=4)) + data[at:]
+    return data
+
+
+def where_app(where: str) -> str:
+    return "{a: {filter: {where: '" + where + "'}}}"
+
+
+def validate(path: Path) -> tuple[int, str, str]:
+    """`wormhole validate PATH` in process: exit code, stdout, stderr."""
+    from wormhole.cli import main
+
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        code = main(["validate", str(path)])
+    return code, out.getvalue(), err.getvalue()
+
+
+@pytest.fixture(scope="module")
+def pipeline_env() -> Iterator[None]:
+    saved = {k: os.environ.get(k) for k in [*ENV, "FUZZ_UNSET", "WORMHOLE_LOG_LEVEL"]}
+    os.environ.update(ENV)
+    os.environ.pop("FUZZ_UNSET", None)
+    try:
+        yield
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
+
+def test_validate_exits_0_or_2_on_any_pipeline_file_and_names_the_problem(
+    pipeline_env: None, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    path = tmp_path_factory.mktemp("pipelines") / "fuzz.yml"
+
+    @settings(FUZZ, max_examples=FUZZ.max_examples * 10)
+    @given(pipeline_files())
+    # Regressions, each a RecursionError traceback and exit 1: a value inside itself through a
+    # YAML alias; YAML nested deeper than its parser recurses; a where nested deeper than its.
+    @example((MINIMAL_PIPELINE + "dataset: &d {shards: *d}\n").encode())
+    @example(b"a: " + b"[" * 1000 + b"]" * 1000)
+    @example(
+        MINIMAL_PIPELINE.replace("{a: {}}", where_app("(" * 400 + "a = 1" + ")" * 400)).encode()
+    )
+    @example(MINIMAL_PIPELINE.replace("{a: {}}", where_app("not " * 400 + "a = 1")).encode())
+    def check(data: bytes) -> None:
+        path.write_bytes(data)
+        started = time.monotonic()
+        code, out, err = validate(path)
+        # Generous for a loaded machine: a hang (aliases expanding to 10**9 values) is far longer.
+        assert time.monotonic() - started < 20, "validate took more than 20 s"
+        event(f"exit {code}")
+        assert code in (0, 2), f"exit {code}\n{err}"
+        assert "Traceback" not in err
+        if code == 0:
+            assert out.startswith(f"{path}: valid.")
+        else:
+            assert str(path) in err, err
+
+    check()
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        pytest.param(
+            (MINIMAL_PIPELINE + "# caf\xe9\n").encode("latin-1"),
+            "cannot read",
+            id="not-utf-8",
+        ),
+        pytest.param(b"pipeline: [x\nsource: {", "malformed YAML: line", id="malformed-yaml"),
+        # Regression: ten aliases of ten aliases, nine levels deep, expanded to 10**9 values
+        # and never finished.
+        pytest.param(
+            (MINIMAL_PIPELINE + laughs(9, 10)).encode(),
+            "more than 100,000 values once YAML aliases are expanded",
+            id="aliases-of-aliases",
+        ),
+        pytest.param(
+            MINIMAL_PIPELINE.replace("{a: {}}", "&apps {a: *apps}").encode(),
+            "applications.a: contains itself",
+            id="alias-inside-its-anchor",
+        ),
+        pytest.param(
+            MINIMAL_PIPELINE.replace(
+                "{a: {}}", where_app("(" * 400 + "a = 1" + ")" * 400)
+            ).encode(),
+            "applications.a.filter.where: cannot parse",
+            id="deep-where",
+        ),
+        # Regression: valid, then a traceback in the publisher when the first subscriber
+        # connected (a socket timeout that does not fit).
+        pytest.param(
+            (
+                MINIMAL_PIPELINE + "transport: {type: tcp, heartbeat_timeout_ms: 10000000000000}\n"
+            ).encode(),
+            "transport.heartbeat_timeout_ms: input should be less than or equal to 86400000",
+            id="heartbeat-timeout-out-of-range",
+        ),
+    ],
+)
+def test_wormhole_validate_reports_a_broken_file_with_exit_2_and_no_traceback(
+    tmp_path: Path, text: bytes, expected: str
+) -> None:
+    path = tmp_path / "broken.yml"
+    path.write_bytes(text)
+    result = run_cli("validate", str(path), cwd=tmp_path, timeout=20)
+    assert result.returncode == 2, result
+    assert "Traceback" not in result.stderr
+    assert str(path) in result.stderr and expected in result.stderr, result.stderr
