@@ -971,6 +971,22 @@ def test_validate_exits_0_or_2_on_any_pipeline_file_and_names_the_problem(
             "transport.heartbeat_timeout_ms: input should be less than or equal to 86400000",
             id="heartbeat-timeout-out-of-range",
         ),
+        # Regression: valid, then `wormhole run` died with an OverflowError traceback.
+        pytest.param(
+            (MINIMAL_PIPELINE + "transport: {type: inprocess, drain_timeout_s: 1e300}\n").encode(),
+            "transport.drain_timeout_s: must be at most 31,536,000 (a year)",
+            id="duration-past-a-year",
+        ),
+        pytest.param(
+            (MINIMAL_PIPELINE + "transport: {type: inprocess, drain_timeout_s: .inf}\n").encode(),
+            "transport.drain_timeout_s: input should be a finite number",
+            id="infinite-duration",
+        ),
+        pytest.param(
+            (MINIMAL_PIPELINE + "transport: {type: tcp, drain_timeout_s: .nan}\n").encode(),
+            "transport.drain_timeout_s: input should be a finite number",
+            id="nan-duration",
+        ),
     ],
 )
 def test_wormhole_validate_reports_a_broken_file_with_exit_2_and_no_traceback(
