@@ -998,3 +998,51 @@ def test_wormhole_validate_reports_a_broken_file_with_exit_2_and_no_traceback(
     assert result.returncode == 2, result
     assert "Traceback" not in result.stderr
     assert str(path) in result.stderr and expected in result.stderr, result.stderr
+
+
+@pytest.mark.parametrize(
+    ("garbage", "warning"),
+    [
+        pytest.param(
+            welcome() + notice_all() + frame(p.BATCH, b'{"id":1,"x":' + nested(3000) + b"}"),
+            "malformed batch frame: JSON nested too deeply",
+            id="deep-json",
+        ),
+        pytest.param(
+            welcome(heartbeat_ms=0), "malformed welcome frame: Expected `int` >= 1", id="no-beat"
+        ),
+        pytest.param(
+            welcome() + struct.pack(">IB", (1 << 32) - 1, p.BATCH),
+            "oversize frame: 4294967295 bytes",
+            id="4-GiB-frame",
+        ),
+    ],
+)
+def test_wormhole_subscribe_fed_garbage_reconnects_and_stops_on_a_fatal_refusal(
+    tmp_path: Path, garbage: bytes, warning: str
+) -> None:
+    listener = socket.create_server(("127.0.0.1", 0))
+    listener.settimeout(30)
+    port = listener.getsockname()[1]
+    pipeline = tcp_pipeline(
+        tmp_path, port, {"h": {"sink": {"type": "jsonl", "path": str(tmp_path / "h.jsonl")}}}
+    )
+    subscriber = Process(
+        "subscribe", str(pipeline), "--app", "h", "--publisher", f"127.0.0.1:{port}", cwd=tmp_path
+    )
+    try:
+        for reply in (garbage, json_frame(p.REFUSE, {"reason": "go away", "fatal": True})):
+            conn, _ = listener.accept()
+            conn.settimeout(10)
+            p.read_preamble(conn)
+            assert p.read_frame(conn, 1 << 16)[0] == p.HELLO
+            conn.sendall(reply)
+            closed_by_peer(conn, CLOSE_WITHIN)
+        assert subscriber.proc.wait(30) == 2
+        refused = f"error: publisher 127.0.0.1:{port} refused h: go away"
+        wait_until(lambda: refused in subscriber.stderr, 10, "the refusal in its stderr")
+    finally:
+        subscriber.kill()
+        listener.close()
+    assert "Traceback" not in subscriber.stderr, subscriber.stderr
+    assert warning in subscriber.stderr, subscriber.stderr

@@ -331,8 +331,9 @@ class Subscriber(Handlers):
                 if kind in (p.BATCH, p.NOTICE) and lost.is_set():
                     # They can no longer be acknowledged: the publisher sends them
                     # again to whoever owns the flow next. Writing them now could
-                    # interleave with that owner.
-                    raise _Closed("connection lost; unacknowledged batches left for redelivery")
+                    # interleave with that owner. Dropped: the reader's reason for the loss
+                    # follows them.
+                    continue
                 if kind == p.BATCH:
                     self._batch(body)
                 elif kind == p.NOTICE:
