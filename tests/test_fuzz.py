@@ -917,6 +917,13 @@ def test_validate_exits_0_or_2_on_any_pipeline_file_and_names_the_problem(
         MINIMAL_PIPELINE.replace("{a: {}}", where_app("(" * 400 + "a = 1" + ")" * 400)).encode()
     )
     @example(MINIMAL_PIPELINE.replace("{a: {}}", where_app("not " * 400 + "a = 1")).encode())
+    # Regression: an AssertionError traceback for an option error under an application whose
+    # name holds a line break.
+    @example(
+        MINIMAL_PIPELINE.replace(
+            "{a: {}}", '{"a\\nb": {sink: {type: jsonl, path: x, y: 1}}}'
+        ).encode()
+    )
     def check(data: bytes) -> None:
         path.write_bytes(data)
         started = time.monotonic()

@@ -598,7 +598,8 @@ def _component(
 def _split_path(path: str) -> tuple[Any, ...]:
     parts: list[Any] = []
     for piece in path.split("."):
-        m = re.fullmatch(r"(.*?)((?:\[\d+\])*)", piece)
+        # re.S: application names are any YAML key until validated, line breaks included.
+        m = re.fullmatch(r"(.*?)((?:\[\d+\])*)", piece, re.S)
         assert m is not None
         if m.group(1):
             parts.append(m.group(1))
