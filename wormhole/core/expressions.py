@@ -160,12 +160,18 @@ def _compare(op: str, left: Any, right: Any) -> bool:
         return False
 
 
+MAX_DEPTH = 100
+"""Parentheses and ``not`` nest at most this deep: the parser and the predicate it builds
+recurse once per level."""
+
+
 class Expression:
     """A parsed ``where`` expression: ``expr(row)`` is True when the row matches."""
 
     def __init__(self, text: str) -> None:
         self.text = text
         self.columns: set[str] = set()
+        self._depth = 0
         tokens = _Tokens(text)
         if not tokens.items:
             raise ExpressionError("the expression is empty")
@@ -196,9 +202,18 @@ class Expression:
             return parts[0]
         return lambda row: all(p(row) for p in parts)
 
+    def _nested(self, parse: Callable[[], Predicate], start: int) -> Predicate:
+        self._depth += 1
+        if self._depth > MAX_DEPTH:
+            raise ExpressionError(f"nested more than {MAX_DEPTH} levels deep at column {start + 1}")
+        inner = parse()
+        self._depth -= 1
+        return inner
+
     def _not(self) -> Predicate:
+        start = self._tokens.peek()[2]
         if self._tokens.keyword("not"):
-            inner = self._not()
+            inner = self._nested(self._not, start)
             return lambda row: not inner(row)
         return self._test()
 
@@ -261,7 +276,7 @@ class Expression:
             name = value
             return lambda row: row.get(name)
         if kind == "op" and value == "(":
-            inner = self._or()
+            inner = self._nested(self._or, start)
             self._tokens.expect("op", ")")
             return inner
         raise ExpressionError(

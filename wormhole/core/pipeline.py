@@ -368,14 +368,60 @@ def format_validation_error(
 
 
 # ------------------------------------------------------------------- loading
+MAX_NESTING = 64
+"""Mappings and lists nest at most this deep in a pipeline file."""
+MAX_VALUES = 100_000
+"""Values in a pipeline file, counting each use of a YAML alias again."""
+
+
 def load_yaml(text: str, source: str) -> Any:
     try:
-        return yaml.safe_load(text)
+        data = yaml.safe_load(text)
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark else ""
         problem = getattr(exc, "problem", None) or str(exc)
         raise ConfigError(f"malformed YAML: {where}{problem}", source) from exc
+    except RecursionError:
+        # The YAML parser recurses once per level of nesting.
+        raise ConfigError(
+            f"malformed YAML: nested too deeply (at most {MAX_NESTING} levels)", source
+        ) from None
+    _check_shape(data, "", [], [MAX_VALUES], source)
+    return data
+
+
+def _check_shape(
+    value: Any, path: str, ancestors: list[int], budget: list[int], source: str
+) -> None:
+    """Refuse what YAML anchors and aliases can build before anything walks it: a mapping or
+    list inside itself, nesting deeper than MAX_NESTING, or aliases of aliases that expand
+    to more than MAX_VALUES values."""
+    if not isinstance(value, dict | list):
+        return
+    if id(value) in ancestors:
+        raise ConfigError(
+            f"{path or '<root>'}: contains itself (a YAML alias inside its own anchor); "
+            f"write the value out",
+            source,
+        )
+    if len(ancestors) >= MAX_NESTING:
+        raise ConfigError(f"{path}: nested more than {MAX_NESTING} levels deep", source)
+    ancestors.append(id(value))
+    items = value.items() if isinstance(value, dict) else enumerate(value)
+    for key, item in items:
+        budget[0] -= 1
+        if budget[0] < 0:
+            raise ConfigError(
+                f"more than {MAX_VALUES:,} values once YAML aliases are expanded (aliases "
+                f"inside aliases?); a pipeline file needs far fewer",
+                source,
+            )
+        child = (
+            f"{path}[{key}]" if isinstance(value, list) else f"{path}.{key}" if path else str(key)
+        )
+        _check_shape(item, child, ancestors, budget, source)
+    ancestors.pop()
 
 
 def load_pipeline(
@@ -580,7 +626,8 @@ def _component(
 def _split_path(path: str) -> tuple[Any, ...]:
     parts: list[Any] = []
     for piece in path.split("."):
-        m = re.fullmatch(r"(.*?)((?:\[\d+\])*)", piece)
+        # re.S: application names are any YAML key until validated, line breaks included.
+        m = re.fullmatch(r"(.*?)((?:\[\d+\])*)", piece, re.S)
         assert m is not None
         if m.group(1):
             parts.append(m.group(1))

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, Protocol, runtime_checkable
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, ValidationInfo, field_validator
 
 from wormhole.core.update import Update
 
@@ -32,10 +32,32 @@ KINDS: tuple[Kind, ...] = (
 )
 
 
-class Options(BaseModel):
-    """Base for component options: unknown keys are errors, so typos never pass silently."""
+MAX_DURATION_S = 365 * 86_400
+"""The longest duration an option may hold: one year."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+
+class Options(BaseModel):
+    """Base for component options: unknown keys are errors, so typos never pass silently.
+
+    Numbers must be finite, and a duration (an option named ``*_s``, in seconds, or ``*_ms``,
+    in milliseconds) at most a year: longer ones do not fit the timeouts they feed.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
+
+    @field_validator("*")
+    @classmethod
+    def _duration_fits(cls, value: Any, info: ValidationInfo) -> Any:
+        name = info.field_name or ""
+        unit = 1.0 if name.endswith("_s") else 0.001 if name.endswith("_ms") else None
+        if (
+            unit is not None
+            and isinstance(value, int | float)
+            and not isinstance(value, bool)
+            and value * unit > MAX_DURATION_S
+        ):
+            raise ValueError(f"must be at most {round(MAX_DURATION_S / unit):,} (a year)")
+        return value
 
 
 class NoOptions(Options):

@@ -155,6 +155,29 @@ class Subscriber(Handlers):
         sock: socket.socket = raw
         if self.tls is not None:
             sock = self.tls.wrap_socket(raw, server_hostname=self.server_name or host)
+        try:
+            body = self._hello(sock, address)
+        except BaseException:
+            # Closed now, not whenever the exception (which a log handler may keep) is freed.
+            p.close_socket(sock)
+            raise
+        self.publisher = address
+        # Beat at least as often as the publisher asks, whatever this side was told,
+        # and give it at least three of its own intervals before calling it silent.
+        self._beat_interval = min(self.heartbeat, body.heartbeat_ms / 1000.0)
+        self._silence = max(self.heartbeat_timeout, 3 * body.heartbeat_ms / 1000.0)
+        self._connected = True
+        log.info(
+            "connected to publisher %s (%s) as %s/%s",
+            address,
+            body.publisher,
+            self.app,
+            self.instance,
+        )
+        return sock
+
+    def _hello(self, sock: socket.socket, address: str) -> p.Welcome:
+        """Say hello; the publisher's welcome (a refusal raises)."""
         sock.sendall(p.preamble())
         sock.sendall(
             p.encode(
@@ -176,20 +199,8 @@ class Subscriber(Handlers):
             raise _Closed(f"refused: {body.reason}")
         if kind != p.WELCOME:
             raise p.ProtocolError(f"expected welcome, got {p.NAMES.get(kind, kind)}")
-        self.publisher = address
-        # Beat at least as often as the publisher asks, whatever this side was told,
-        # and give it at least three of its own intervals before calling it silent.
-        self._beat_interval = min(self.heartbeat, body.heartbeat_ms / 1000.0)
-        self._silence = max(self.heartbeat_timeout, 3 * body.heartbeat_ms / 1000.0)
-        self._connected = True
-        log.info(
-            "connected to publisher %s (%s) as %s/%s",
-            address,
-            body.publisher,
-            self.app,
-            self.instance,
-        )
-        return sock
+        welcome: p.Welcome = body
+        return welcome
 
     def _send(self, data: bytes) -> None:
         sock = self._sock
@@ -229,8 +240,9 @@ class Subscriber(Handlers):
                 if kind in (p.BATCH, p.NOTICE) and lost.is_set():
                     # They can no longer be acknowledged: the publisher sends them
                     # again to whoever owns the flow next. Writing them now could
-                    # interleave with that owner.
-                    raise _Closed("connection lost; unacknowledged batches left for redelivery")
+                    # interleave with that owner. Dropped: the reader's reason for the loss
+                    # follows them.
+                    continue
                 if kind == p.BATCH:
                     self._batch(body)
                 elif kind == p.NOTICE:

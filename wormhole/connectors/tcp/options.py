@@ -6,6 +6,7 @@ import ssl
 
 from pydantic import ByteSize, Field, model_validator
 
+from wormhole.connectors.tcp.protocol import MAX_HEARTBEAT_MS
 from wormhole.plugins.components import Options
 
 
@@ -53,9 +54,11 @@ class TcpOptions(Options):
         "", description="shared secret subscribers must present (empty: no authentication)"
     )
     tls: TlsOptions | None = Field(None, description="TLS for subscriber connections")
-    heartbeat_ms: int = Field(1000, ge=10, description="heartbeat interval, both ways")
+    heartbeat_ms: int = Field(
+        1000, ge=10, le=MAX_HEARTBEAT_MS, description="heartbeat interval, both ways"
+    )
     heartbeat_timeout_ms: int = Field(
-        3000, ge=20, description="a peer silent this long is gone (its shards move)"
+        3000, ge=20, le=86_400_000, description="a peer silent this long is gone (its shards move)"
     )
     credits: int = Field(
         8, ge=1, le=1024, description="batch frames a subscriber may have unacknowledged"

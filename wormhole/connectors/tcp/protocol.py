@@ -14,7 +14,8 @@ import contextlib
 import socket
 import ssl
 import struct
-from typing import Any
+import time
+from typing import Annotated, Any
 
 import msgspec
 
@@ -24,6 +25,8 @@ PREAMBLE = b"WORMHOLE"
 VERSION = 1
 _PREAMBLE_SIZE = len(PREAMBLE) + 2
 _LENGTH = struct.Struct(">IB")
+MAX_HEARTBEAT_MS = 3_600_000
+"""The longest heartbeat interval (``transport.heartbeat_ms``, ``welcome.heartbeat_ms``)."""
 
 HELLO = 1
 WELCOME = 2
@@ -61,7 +64,8 @@ class Welcome(msgspec.Struct, kw_only=True):
     publisher: str
     pipeline: str
     shards: int
-    heartbeat_ms: int
+    # Out of range, a subscriber would beat in a busy loop (0) or wait forever for silence.
+    heartbeat_ms: Annotated[int, msgspec.Meta(ge=1, le=MAX_HEARTBEAT_MS)]
 
 
 class Refuse(msgspec.Struct, kw_only=True):
@@ -204,9 +208,18 @@ def preamble() -> bytes:
     return PREAMBLE + struct.pack(">H", VERSION)
 
 
-def read_exactly(sock: socket.socket | ssl.SSLSocket, n: int) -> bytes:
+def read_exactly(
+    sock: socket.socket | ssl.SSLSocket, n: int, deadline: float | None = None
+) -> bytes:
+    """``n`` bytes; with a ``deadline`` (``time.monotonic()``), TimeoutError once it passes,
+    however the bytes trickle in (the socket's own timeout is per read)."""
     chunks = []
     while n:
+        if deadline is not None:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise TimeoutError("deadline passed")
+            sock.settimeout(remaining)
         chunk = sock.recv(min(n, 1 << 20))
         if not chunk:
             raise PeerClosed("connection closed by peer")
@@ -215,24 +228,26 @@ def read_exactly(sock: socket.socket | ssl.SSLSocket, n: int) -> bytes:
     return b"".join(chunks)
 
 
-def read_preamble(sock: socket.socket | ssl.SSLSocket) -> int:
+def read_preamble(sock: socket.socket | ssl.SSLSocket, deadline: float | None = None) -> int:
     """The subscriber's protocol version; ProtocolError if this is not a Wormhole client."""
-    data = read_exactly(sock, _PREAMBLE_SIZE)
+    data = read_exactly(sock, _PREAMBLE_SIZE, deadline)
     if data[: len(PREAMBLE)] != PREAMBLE:
         raise ProtocolError(f"not a Wormhole subscriber (first bytes {data[:8]!r})")
     version: int = struct.unpack(">H", data[len(PREAMBLE) :])[0]
     return version
 
 
-def read_frame(sock: socket.socket | ssl.SSLSocket, max_frame: int) -> tuple[int, Any]:
+def read_frame(
+    sock: socket.socket | ssl.SSLSocket, max_frame: int, deadline: float | None = None
+) -> tuple[int, Any]:
     """One frame: (type, decoded body or None)."""
-    header = read_exactly(sock, _LENGTH.size)
+    header = read_exactly(sock, _LENGTH.size, deadline)
     length, kind = _LENGTH.unpack(header)
     if length < 1:
         raise ProtocolError("frame of length 0")
     if length > max_frame:
         raise ProtocolError(f"oversize frame: {length} bytes (limit {max_frame})")
-    body = read_exactly(sock, length - 1) if length > 1 else b""
+    body = read_exactly(sock, length - 1, deadline) if length > 1 else b""
     if kind == HEARTBEAT:
         return kind, None
     decoder = _decoders.get(kind)
@@ -242,6 +257,9 @@ def read_frame(sock: socket.socket | ssl.SSLSocket, max_frame: int) -> tuple[int
         return kind, decoder.decode(body)
     except msgspec.DecodeError as exc:
         raise ProtocolError(f"malformed {NAMES[kind]} frame: {exc}") from exc
+    except RecursionError:
+        # The decoder recurses once per level of JSON nesting.
+        raise ProtocolError(f"malformed {NAMES[kind]} frame: JSON nested too deeply") from None
 
 
 # One TLS record: an SSL socket's write waits for the whole of what it is given under

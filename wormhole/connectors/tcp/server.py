@@ -80,6 +80,7 @@ class TcpSession:
         self.last_datamarker = time.monotonic()
         self.send_lock = threading.Lock()
         self.last_sent = time.monotonic()
+        self.said_last = False  # a refuse or bye went out: nothing may follow it
 
     def start(self) -> None:
         threading.Thread(target=self._receive, name=f"recv {self.name}", daemon=True).start()
@@ -132,8 +133,11 @@ class TcpSession:
         return True
 
     # ------------------------------------------------------------- sending
-    def _write(self, data: bytes) -> None:
+    def _write(self, data: bytes, last: bool = False) -> None:
         with self.send_lock:
+            if self.said_last:
+                return
+            self.said_last = last
             # The socket's timeout (heartbeat_timeout_ms) bounds each wait for the
             # subscriber to take bytes, not the whole frame: a slow link is not a dead one.
             p.send_all(self.sock, data)
@@ -292,7 +296,7 @@ class TcpSession:
 
     def _refuse(self, reason: str) -> None:
         with contextlib.suppress(OSError):
-            self._write(p.encode(p.REFUSE, p.Refuse(reason=reason, fatal=False)))
+            self._write(p.encode(p.REFUSE, p.Refuse(reason=reason, fatal=False)), last=True)
 
     def close(self, reason: str) -> None:
         with self.cond:
@@ -320,7 +324,7 @@ class TcpSession:
 
     def bye(self, reason: str) -> None:
         with contextlib.suppress(OSError):
-            self._write(p.encode(p.BYE, p.Bye(reason=reason)))
+            self._write(p.encode(p.BYE, p.Bye(reason=reason)), last=True)
         self.close(reason)
 
 
@@ -393,12 +397,14 @@ class TcpTransport:
 
     def _handshake(self, raw: socket.socket, peer: str) -> None:
         sock: socket.socket = raw
+        # For the whole handshake, not per read: a client trickling bytes in is closed too.
+        deadline = time.monotonic() + HANDSHAKE_TIMEOUT
         try:
             raw.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             raw.settimeout(HANDSHAKE_TIMEOUT)
             if self.tls is not None:
                 sock = self.tls.wrap_socket(raw, server_side=True)
-            version = p.read_preamble(sock)
+            version = p.read_preamble(sock, deadline)
             if version != p.VERSION:
                 self._refuse(
                     sock,
@@ -407,7 +413,7 @@ class TcpTransport:
                     f"publisher speaks version {p.VERSION}",
                 )
                 return
-            kind, hello = p.read_frame(sock, 1 << 16)
+            kind, hello = p.read_frame(sock, 1 << 16, deadline)
             if kind != p.HELLO:
                 raise p.ProtocolError(f"expected hello, got {p.NAMES.get(kind, kind)}")
             if hello.version != version or hello.credits < 1:
@@ -446,6 +452,14 @@ class TcpTransport:
         except p.PeerClosed:
             # A port probe or health check: connected and left without a word.
             log.debug("connection from %s closed before its hello", peer)
+            p.close_socket(sock)
+            return
+        except TimeoutError:
+            log.warning(
+                "closing connection from %s: no complete handshake within %gs",
+                peer,
+                HANDSHAKE_TIMEOUT,
+            )
             p.close_socket(sock)
             return
         except (p.ProtocolError, ssl.SSLError, OSError) as exc:
