@@ -88,6 +88,14 @@ def memcached_servers() -> Iterator[list[Any]]:
 
 
 @pytest.fixture(scope="session")
+def zookeeper_server() -> Iterator[Any]:
+    """A throwaway standalone ZooKeeper on a free loopback port, for the test session."""
+    from wormhole.testing.zookeeper import start_zookeeper
+
+    yield from start_zookeeper()
+
+
+@pytest.fixture(scope="session")
 def spark() -> Iterator[Any]:
     """A local[2] SparkSession for the test session (start-up dominates: one per session)."""
     from wormhole.testing.spark import start_spark

@@ -1,0 +1,159 @@
+"""A throwaway ZooKeeper server (standalone) on a free loopback port.
+
+Runs the Debian ``zookeeper`` package's jars with ``java`` in a temp dir: a
+``zoo.cfg`` with ``dataDir``, ``clientPort``, ``clientPortAddress=127.0.0.1`` and
+the admin server off. The server can be stopped and started again on the same
+port with its data (a restarted ZooKeeper), or paused (SIGSTOP) past a session
+timeout.
+"""
+
+from __future__ import annotations
+
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+from collections.abc import Generator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from wormhole.testing.helpers import free_port, require
+
+JARS = Path("/usr/share/java")
+CONF = Path("/etc/zookeeper/conf")
+
+
+@dataclass
+class ZooKeeperServer:
+    host: str
+    port: int
+    directory: Path
+    process: subprocess.Popen[bytes] = field(repr=False)
+
+    @property
+    def hosts(self) -> str:
+        """``host:port``, as kazoo and the ``registry.hosts`` option take it."""
+        return f"{self.host}:{self.port}"
+
+    def client(self, **kwargs: Any) -> Any:
+        """A started kazoo ``KazooClient`` for this server (needs ``kazoo``); stop it after."""
+        from kazoo.client import KazooClient
+
+        client = KazooClient(hosts=self.hosts, **kwargs)
+        client.start(timeout=30)
+        return client
+
+    def running(self) -> bool:
+        return self.process.poll() is None
+
+    def stop(self, kill: bool = False) -> None:
+        """Stop the server (SIGTERM, or SIGKILL with ``kill``); its data stays on disk."""
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGCONT)  # a paused server cannot exit
+            if kill:
+                self.process.kill()
+            else:
+                self.process.terminate()
+            self.process.wait(timeout=30)
+
+    def pause(self) -> None:
+        """SIGSTOP: connections stay open but nothing answers (sessions time out)."""
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGSTOP)
+
+    def resume(self) -> None:
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGCONT)
+
+    def start(self) -> None:
+        """Start (again) on the same port with the same data; returns once it answers."""
+        if self.process.poll() is None:
+            return
+        self.process = _spawn(self.directory)
+        _wait_ready(self)
+
+
+def answers(host: str, port: int, timeout: float = 1.0) -> bool:
+    """Whether a ZooKeeper server at ``host:port`` serves requests (``srvr``)."""
+    try:
+        with socket.create_connection((host, port), timeout=timeout) as sock:
+            sock.sendall(b"srvr")
+            return b"Mode:" in sock.recv(4096)
+    except OSError:
+        return False
+
+
+def _spawn(directory: Path) -> subprocess.Popen[bytes]:
+    classpath = f"{JARS}/*:{CONF}"
+    log = open(directory / "zookeeper.log", "ab")  # noqa: SIM115 - the server owns it
+    try:
+        return subprocess.Popen(
+            [
+                "java",
+                "-Xmx256m",
+                f"-Dzookeeper.log.dir={directory}",
+                "-cp",
+                classpath,
+                "org.apache.zookeeper.server.quorum.QuorumPeerMain",
+                str(directory / "zoo.cfg"),
+            ],
+            stdout=log,
+            stderr=log,
+            stdin=subprocess.DEVNULL,
+        )
+    finally:
+        log.close()
+
+
+def _wait_ready(server: ZooKeeperServer, timeout: float = 60) -> None:
+    deadline = time.monotonic() + timeout
+    while not answers(server.host, server.port):
+        if server.process.poll() is not None:
+            log = (server.directory / "zookeeper.log").read_text(errors="replace")[-2000:]
+            raise RuntimeError(
+                f"ZooKeeper on port {server.port} exited with {server.process.returncode}:\n{log}"
+            )
+        if time.monotonic() > deadline:
+            server.stop(kill=True)
+            raise RuntimeError(f"ZooKeeper on port {server.port} did not answer in {timeout}s")
+        time.sleep(0.05)  # polling a starting server: nothing to wait on
+
+
+def start_zookeeper() -> Generator[ZooKeeperServer, None, None]:
+    """Start a server; yields it and stops it afterwards (a generator for fixtures)."""
+    require(
+        shutil.which("java") is not None and any(JARS.glob("zookeeper-3*.jar")),
+        "ZooKeeper (Debian package zookeeper) and java",
+    )
+    directory = Path(tempfile.mkdtemp(prefix="wormhole-zookeeper-"))
+    server: ZooKeeperServer | None = None
+    try:
+        for attempt in range(5):
+            port = free_port()
+            (directory / "data").mkdir(exist_ok=True)
+            (directory / "zoo.cfg").write_text(
+                f"dataDir={directory / 'data'}\n"
+                f"clientPort={port}\n"
+                "clientPortAddress=127.0.0.1\n"
+                "tickTime=500\n"
+                "minSessionTimeout=1000\n"
+                "admin.enableServer=false\n"
+                "4lw.commands.whitelist=srvr,ruok\n"
+            )
+            server = ZooKeeperServer("127.0.0.1", port, directory, _spawn(directory))
+            try:
+                _wait_ready(server)
+                break
+            except RuntimeError:
+                # Another process may have taken the port since free_port() saw it free.
+                if attempt == 4:
+                    raise
+        assert server is not None
+        yield server
+    finally:
+        if server is not None:
+            server.stop(kill=True)
+        shutil.rmtree(directory, ignore_errors=True)
