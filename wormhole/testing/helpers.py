@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -149,3 +150,31 @@ def subscriber_pids(parent: int) -> list[int]:
         if ppid == parent and b"subscribe" in cmdline:
             pids.append(int(entry.name))
     return sorted(pids)
+
+
+class ServerProcess:
+    """Process control shared by the throwaway servers (``self.process``): stop (SIGTERM, or
+    SIGKILL with ``kill``), pause (SIGSTOP: connections stay open, nothing answers) and
+    resume (SIGCONT)."""
+
+    process: subprocess.Popen[bytes]
+
+    def running(self) -> bool:
+        return self.process.poll() is None
+
+    def stop(self, kill: bool = False) -> None:
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGCONT)  # a paused server cannot exit
+            if kill:
+                self.process.kill()
+            else:
+                self.process.terminate()
+            self.process.wait(timeout=30)
+
+    def pause(self) -> None:
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGSTOP)
+
+    def resume(self) -> None:
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGCONT)

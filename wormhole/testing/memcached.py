@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import signal
 import socket
 import subprocess
 import tempfile
@@ -20,11 +19,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from wormhole.testing.helpers import free_port, require
+from wormhole.testing.helpers import ServerProcess, free_port, require
 
 
 @dataclass
-class MemcachedServer:
+class MemcachedServer(ServerProcess):
     host: str
     port: int
     directory: Path
@@ -47,29 +46,6 @@ class MemcachedServer:
         options: dict[str, Any] = {"connect_timeout": 5, "timeout": 5, "allow_unicode_keys": True}
         options.update(kwargs)
         return Client((self.host, self.port), **options)
-
-    def running(self) -> bool:
-        return self.process.poll() is None
-
-    def stop(self, kill: bool = False) -> None:
-        """Stop the server: SIGTERM, or SIGKILL with ``kill``. Its items are lost."""
-        if self.process.poll() is None:
-            if kill:
-                self.process.kill()
-            else:
-                self.process.send_signal(signal.SIGCONT)  # a paused server cannot exit
-                self.process.terminate()
-            self.process.wait(timeout=30)
-
-    def pause(self) -> None:
-        """SIGSTOP: the server keeps its items and accepts connections, but never answers."""
-        if self.process.poll() is None:
-            self.process.send_signal(signal.SIGSTOP)
-
-    def resume(self) -> None:
-        """SIGCONT after :meth:`pause`: it answers again, its items intact."""
-        if self.process.poll() is None:
-            self.process.send_signal(signal.SIGCONT)
 
     def start(self) -> None:
         """Start (again) on the same port, empty; returns once it answers."""

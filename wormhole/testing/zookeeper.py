@@ -10,7 +10,6 @@ timeout.
 from __future__ import annotations
 
 import shutil
-import signal
 import socket
 import subprocess
 import tempfile
@@ -20,14 +19,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from wormhole.testing.helpers import free_port, require
+from wormhole.testing.helpers import ServerProcess, free_port, require
 
 JARS = Path("/usr/share/java")
 CONF = Path("/etc/zookeeper/conf")
 
 
 @dataclass
-class ZooKeeperServer:
+class ZooKeeperServer(ServerProcess):
     host: str
     port: int
     directory: Path
@@ -45,28 +44,6 @@ class ZooKeeperServer:
         client = KazooClient(hosts=self.hosts, **kwargs)
         client.start(timeout=30)
         return client
-
-    def running(self) -> bool:
-        return self.process.poll() is None
-
-    def stop(self, kill: bool = False) -> None:
-        """Stop the server (SIGTERM, or SIGKILL with ``kill``); its data stays on disk."""
-        if self.process.poll() is None:
-            self.process.send_signal(signal.SIGCONT)  # a paused server cannot exit
-            if kill:
-                self.process.kill()
-            else:
-                self.process.terminate()
-            self.process.wait(timeout=30)
-
-    def pause(self) -> None:
-        """SIGSTOP: connections stay open but nothing answers (sessions time out)."""
-        if self.process.poll() is None:
-            self.process.send_signal(signal.SIGSTOP)
-
-    def resume(self) -> None:
-        if self.process.poll() is None:
-            self.process.send_signal(signal.SIGCONT)
 
     def start(self) -> None:
         """Start (again) on the same port with the same data; returns once it answers."""
