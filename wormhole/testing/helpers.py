@@ -11,7 +11,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import msgspec
 import pytest
@@ -152,6 +152,9 @@ def subscriber_pids(parent: int) -> list[int]:
     return sorted(pids)
 
 
+S = TypeVar("S")
+
+
 class ServerProcess:
     """Process control shared by the throwaway servers (``self.process``): stop (SIGTERM, or
     SIGKILL with ``kill``), pause (SIGSTOP: connections stay open, nothing answers) and
@@ -178,3 +181,15 @@ class ServerProcess:
     def resume(self) -> None:
         if self.process.poll() is None:
             self.process.send_signal(signal.SIGCONT)
+
+
+def start_on_free_port(start: Callable[[int], S], attempts: int = 5) -> S:
+    """``start(port)`` on a free port, again on another if it fails with RuntimeError:
+    another process may have taken the port since :func:`free_port` saw it free."""
+    for attempt in range(attempts):
+        try:
+            return start(free_port())
+        except RuntimeError:
+            if attempt == attempts - 1:
+                raise
+    raise AssertionError("unreachable")

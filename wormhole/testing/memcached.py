@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from wormhole.testing.helpers import ServerProcess, free_port, require
+from wormhole.testing.helpers import ServerProcess, require, start_on_free_port
 
 
 @dataclass
@@ -103,23 +103,19 @@ def start_memcached(
     require(shutil.which("memcached") is not None, "memcached (Debian package memcached)")
     directory = Path(tempfile.mkdtemp(prefix="wormhole-memcached-"))
     extra = list(extra_args or [])
-    server: MemcachedServer | None = None
+    started: list[MemcachedServer] = []
+
+    def start(port: int) -> MemcachedServer:
+        server = MemcachedServer(
+            "127.0.0.1", port, directory, _spawn(directory, "127.0.0.1", port, extra), extra
+        )
+        started.append(server)
+        _wait_ready(server)
+        return server
+
     try:
-        for attempt in range(5):
-            port = free_port()
-            server = MemcachedServer(
-                "127.0.0.1", port, directory, _spawn(directory, "127.0.0.1", port, extra), extra
-            )
-            try:
-                _wait_ready(server)
-                break
-            except RuntimeError:
-                # Another process may have taken the port since free_port() saw it free.
-                if attempt == 4:
-                    raise
-        assert server is not None
-        yield server
+        yield start_on_free_port(start)
     finally:
-        if server is not None:
-            server.stop(kill=True)
+        for each in started:
+            each.stop(kill=True)
         shutil.rmtree(directory, ignore_errors=True)

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from wormhole.testing.helpers import ServerProcess, free_port, require
+from wormhole.testing.helpers import ServerProcess, require, start_on_free_port
 
 JARS = Path("/usr/share/java")
 CONF = Path("/etc/zookeeper/conf")
@@ -106,31 +106,28 @@ def start_zookeeper() -> Generator[ZooKeeperServer, None, None]:
         "ZooKeeper (Debian package zookeeper) and java",
     )
     directory = Path(tempfile.mkdtemp(prefix="wormhole-zookeeper-"))
-    server: ZooKeeperServer | None = None
+    started: list[ZooKeeperServer] = []
+
+    def start(port: int) -> ZooKeeperServer:
+        (directory / "data").mkdir(exist_ok=True)
+        (directory / "zoo.cfg").write_text(
+            f"dataDir={directory / 'data'}\n"
+            f"clientPort={port}\n"
+            "clientPortAddress=127.0.0.1\n"
+            "tickTime=500\n"
+            "minSessionTimeout=1000\n"
+            "admin.enableServer=false\n"
+            "4lw.commands.whitelist=srvr,ruok\n"
+        )
+        server = ZooKeeperServer("127.0.0.1", port, directory, _spawn(directory))
+        started.append(server)
+        _wait_ready(server)
+        return server
+
     try:
-        for attempt in range(5):
-            port = free_port()
-            (directory / "data").mkdir(exist_ok=True)
-            (directory / "zoo.cfg").write_text(
-                f"dataDir={directory / 'data'}\n"
-                f"clientPort={port}\n"
-                "clientPortAddress=127.0.0.1\n"
-                "tickTime=500\n"
-                "minSessionTimeout=1000\n"
-                "admin.enableServer=false\n"
-                "4lw.commands.whitelist=srvr,ruok\n"
-            )
-            server = ZooKeeperServer("127.0.0.1", port, directory, _spawn(directory))
-            try:
-                _wait_ready(server)
-                break
-            except RuntimeError:
-                # Another process may have taken the port since free_port() saw it free.
-                if attempt == 4:
-                    raise
-        assert server is not None
+        server = start_on_free_port(start)
         yield server
     finally:
-        if server is not None:
-            server.stop(kill=True)
+        for each in started:
+            each.stop(kill=True)
         shutil.rmtree(directory, ignore_errors=True)
