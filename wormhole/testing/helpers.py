@@ -202,6 +202,23 @@ class ServerProcess:
         if self.process.poll() is None:
             self.process.send_signal(signal.SIGSTOP)
 
+    def wait_ready(
+        self, name: str, port: int, answers: Callable[[], bool], log: Path, timeout: float
+    ) -> None:
+        """Return once ``answers()``; fail with the tail of ``log`` if the server exits, or
+        kill it after ``timeout`` seconds."""
+        deadline = time.monotonic() + timeout
+        while not answers():
+            if self.process.poll() is not None:
+                tail = log.read_text(errors="replace")[-2000:]
+                raise RuntimeError(
+                    f"{name} on port {port} exited with {self.process.returncode}:\n{tail}"
+                )
+            if time.monotonic() > deadline:
+                self.stop(kill=True)
+                raise RuntimeError(f"{name} on port {port} did not answer in {timeout}s")
+            time.sleep(0.02)  # polling a starting server: nothing to wait on
+
     def resume(self) -> None:
         if self.process.poll() is None:
             self.process.send_signal(signal.SIGCONT)

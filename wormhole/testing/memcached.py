@@ -13,7 +13,6 @@ import shutil
 import socket
 import subprocess
 import tempfile
-import time
 from collections.abc import Generator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -83,17 +82,13 @@ def answers(host: str, port: int, timeout: float = 1.0) -> bool:
 
 
 def _wait_ready(server: MemcachedServer, timeout: float = 30) -> None:
-    deadline = time.monotonic() + timeout
-    while not answers(server.host, server.port):
-        if server.process.poll() is not None:
-            log = (server.directory / "memcached.log").read_text(errors="replace")[-2000:]
-            raise RuntimeError(
-                f"memcached on port {server.port} exited with {server.process.returncode}:\n{log}"
-            )
-        if time.monotonic() > deadline:
-            server.stop(kill=True)
-            raise RuntimeError(f"memcached on port {server.port} did not answer in {timeout}s")
-        time.sleep(0.02)  # polling a starting server: nothing to wait on
+    server.wait_ready(
+        "memcached",
+        server.port,
+        lambda: answers(server.host, server.port),
+        server.directory / "memcached.log",
+        timeout,
+    )
 
 
 def start_memcached(

@@ -13,7 +13,6 @@ import shutil
 import socket
 import subprocess
 import tempfile
-import time
 from collections.abc import Generator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -86,17 +85,13 @@ def _spawn(directory: Path) -> subprocess.Popen[bytes]:
 
 
 def _wait_ready(server: ZooKeeperServer, timeout: float = 60) -> None:
-    deadline = time.monotonic() + timeout
-    while not answers(server.host, server.port):
-        if server.process.poll() is not None:
-            log = (server.directory / "zookeeper.log").read_text(errors="replace")[-2000:]
-            raise RuntimeError(
-                f"ZooKeeper on port {server.port} exited with {server.process.returncode}:\n{log}"
-            )
-        if time.monotonic() > deadline:
-            server.stop(kill=True)
-            raise RuntimeError(f"ZooKeeper on port {server.port} did not answer in {timeout}s")
-        time.sleep(0.05)  # polling a starting server: nothing to wait on
+    server.wait_ready(
+        "ZooKeeper",
+        server.port,
+        lambda: answers(server.host, server.port),
+        server.directory / "zookeeper.log",
+        timeout,
+    )
 
 
 def start_zookeeper() -> Generator[ZooKeeperServer, None, None]:
