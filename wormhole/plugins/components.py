@@ -21,7 +21,9 @@ from pydantic import BaseModel, ConfigDict, ValidationInfo, field_validator
 
 from wormhole.core.update import Update
 
-Kind = Literal["source", "sink", "filter", "transport", "position_mapper", "datamarker_store"]
+Kind = Literal[
+    "source", "sink", "filter", "transport", "position_mapper", "datamarker_store", "registry"
+]
 KINDS: tuple[Kind, ...] = (
     "source",
     "sink",
@@ -29,6 +31,7 @@ KINDS: tuple[Kind, ...] = (
     "transport",
     "position_mapper",
     "datamarker_store",
+    "registry",
 )
 
 
@@ -294,6 +297,9 @@ class SubscriberSession(Protocol):
     connection)."""
 
     name: str
+    instance: str
+    """The subscriber's instance name (what it registered under in a registry that tracks
+    subscribers; the hub orders sessions by it when the registry knows it)."""
     timed_delivery: bool
     """Whether ``deliver`` honours ``deadline`` (else it is never passed one)."""
 
@@ -413,6 +419,113 @@ class Transport(Protocol):
     def stop(self, drain: bool = True) -> None:
         """Stop. With ``drain``, let subscribers finish (and acknowledge) what they hold;
         without it (the run is failing), stop at once."""
+
+
+# -------------------------------------------------------------------- registry
+@dataclass(frozen=True)
+class PublisherEntry:
+    """One live publisher of a dataset, as registered."""
+
+    datastore: str
+    """Which part of the dataset it publishes (the pipeline file's ``datastore``)."""
+    address: str = ""
+    """Where subscribers reach it (``host:port``; empty until its transport listens, or
+    when its transport has no address: subscribers then read elsewhere)."""
+    shards: int = 16
+    protocol: int = 0
+    """The subscriber protocol version it speaks (0: not applicable)."""
+    transport: str = ""
+    host: str = ""
+    pid: int = 0
+    started_ms: int = 0
+
+
+@dataclass(frozen=True)
+class SubscriberEntry:
+    """One live subscriber of an application, as registered."""
+
+    instance: str
+    order: int = 0
+    """Registration order: the assignment spreads flows over subscribers in this order."""
+    host: str = ""
+    pid: int = 0
+
+
+@dataclass(frozen=True)
+class InvalidEntry:
+    """Registry data that could not be read: where it is and what is wrong with it."""
+
+    path: str
+    reason: str
+
+
+class DatasetRegistry(Protocol):
+    """Where the publishers, applications and subscribers of a dataset find each other.
+
+    The built-in ``file`` registry is the pipeline file itself: one publisher, applications
+    from the file, subscribers not tracked. ``zookeeper`` keeps them in ZooKeeper
+    (ephemeral nodes for publishers and subscribers, watches for changes).
+
+    Watch callbacks are called once with the current value when the watch is set, then on
+    every change, from a thread of the registry's: they must not block. A registry survives
+    losing its connection: entries are registered again and watches fire again once it is
+    back; meanwhile the last values stand.
+    """
+
+    def open(self, dataset: str, stop: threading.Event) -> None:
+        """Connect, retrying with backoff (a clear message naming where it connects) until
+        connected or ``stop`` is set; a configuration that can never work raises
+        ``ConfigError`` at once."""
+
+    def describe(self) -> str:
+        """Where it is, for messages: ``zookeeper 10.0.0.1:2181/wormhole``."""
+
+    def close(self) -> None:
+        """Unregister what this process registered and disconnect."""
+
+    # publishers
+    def register_publisher(self, entry: PublisherEntry) -> None:
+        """Claim ``entry.datastore`` for this process, or update the entry it already
+        holds. Raises ``StateError`` naming the holder if another live publisher holds it."""
+
+    def watch_publishers(self, fn: Callable[[list[PublisherEntry]], None]) -> None:
+        """``fn(entries)`` with the live publishers of the dataset, by datastore."""
+
+    def publish_status(self, datastore: str, status: dict[str, Any]) -> None:
+        """Share a publisher's live status (flows, datamarkers, owners) for ``status``."""
+
+    def statuses(self) -> dict[str, dict[str, Any]]:
+        """Every live publisher's last shared status, by datastore."""
+
+    # applications
+    def holds_applications(self) -> bool:
+        """Whether applications are registry data (else: the pipeline file's)."""
+
+    def seed_applications(self, raw: dict[str, Any]) -> bool:
+        """Store the pipeline file's applications if the dataset has none registered yet
+        (its first publisher); True if it did."""
+
+    def applications(self) -> dict[str, dict[str, Any] | InvalidEntry]:
+        """The registered applications: name -> the application's mapping, as in the file."""
+
+    def watch_applications(
+        self, fn: Callable[[dict[str, dict[str, Any] | InvalidEntry]], None]
+    ) -> None: ...
+
+    def put_application(self, name: str, raw: dict[str, Any]) -> None: ...
+
+    def remove_application(self, name: str) -> bool:
+        """False if there was no such application."""
+
+    # subscribers
+    def register_subscriber(self, application: str, entry: SubscriberEntry) -> None: ...
+
+    def unregister_subscriber(self, application: str, instance: str) -> None: ...
+
+    def watch_subscribers(
+        self, application: str, fn: Callable[[list[SubscriberEntry]], None]
+    ) -> None:
+        """``fn(entries)`` with the application's live subscribers in registration order."""
 
 
 @dataclass

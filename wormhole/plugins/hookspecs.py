@@ -86,6 +86,13 @@ def wormhole_datamarker_stores() -> list[ComponentSpec]:
 
 
 @hookspec
+def wormhole_registries() -> list[ComponentSpec]:
+    """Registries: where the publishers, applications and subscribers of a dataset find
+    each other (:class:`wormhole.plugins.components.DatasetRegistry`)."""
+    return []
+
+
+@hookspec
 def wormhole_commands(commands: Any) -> None:
     """Add subcommands to the ``wormhole`` command line.
 

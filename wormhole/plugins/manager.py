@@ -31,6 +31,8 @@ BUILTIN_PLUGINS = (
     "wormhole.connectors.search",
     "wormhole.connectors.spark",
     "wormhole.connectors.sqlite",
+    "wormhole.connectors.pipelinefile",
+    "wormhole.connectors.zookeeper",
     "wormhole.plugins.filters",
 )
 
@@ -41,6 +43,7 @@ _HOOK_BY_KIND: dict[Kind, str] = {
     "transport": "wormhole_transports",
     "position_mapper": "wormhole_position_mappers",
     "datamarker_store": "wormhole_datamarker_stores",
+    "registry": "wormhole_registries",
 }
 
 

@@ -1,0 +1,1 @@
+"""The ``zookeeper`` registry (placeholder until the connector lands)."""
