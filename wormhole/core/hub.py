@@ -14,7 +14,7 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from wormhole.core.assignment import owners
+from wormhole.core.assignment import spread
 from wormhole.core.flows import FlowState
 from wormhole.core.pipeline import Application, Pipeline
 from wormhole.core.publisher_log import LogReader, PublisherLog
@@ -51,6 +51,10 @@ class ApplicationRuntime:
         return [shard for shard, owner in enumerate(self.owner) if owner is session]
 
 
+def _instance(session: SubscriberSession) -> str:
+    return getattr(session, "instance", "") or session.name
+
+
 class Hub:
     def __init__(self, pipeline: Pipeline, applications: dict[str, ApplicationRuntime]) -> None:
         self.pipeline = pipeline
@@ -70,8 +74,37 @@ class Hub:
         """The publisher log (set by the publisher before the transport starts)."""
         self.store: DatamarkerStore | None = None
         """The datamarker store (set by the publisher before the transport starts)."""
+        self.datastore = pipeline.datastore or pipeline.name
+        self.datastores: dict[str, int] = {self.datastore: self.shards}
+        """Every live datastore of the dataset and its shards (from the registry)."""
+        self.registered: dict[str, list[str]] = {}
+        """Each application's subscribers as the registry lists them, in registration order."""
         for app in applications.values():
             app.owner = [None] * self.shards
+
+    # ---------------------------------------------------------- membership
+    def set_datastores(self, datastores: dict[str, int]) -> None:
+        """The registry's live datastores changed: flows may move between subscribers."""
+        with self.lock:
+            datastores = dict(datastores)
+            datastores.setdefault(self.datastore, self.shards)
+            if datastores == self.datastores:
+                return
+            self.datastores = datastores
+            for app in self.applications.values():
+                self._assign(app)
+            self.changed.notify_all()
+
+    def set_registered(self, application: str, instances: list[str]) -> None:
+        """The registry's subscribers of ``application`` changed."""
+        with self.lock:
+            if self.registered.get(application) == instances:
+                return
+            self.registered[application] = list(instances)
+            app = self.applications.get(application)
+            if app is not None:
+                self._assign(app)
+            self.changed.notify_all()
 
     # ------------------------------------------------------------ sessions
     def attach(self, application: str, session: SubscriberSession) -> None:
@@ -136,15 +169,24 @@ class Hub:
                 app.rewind += 1
 
     def _assign(self, app: ApplicationRuntime) -> None:
-        # Caller holds the lock. Owners come from the assignment (a stable, even split
-        # over the sessions in joining order). A shard changes hands in two steps: the
-        # old owner is told to let go, and only once it confirms does the new owner get
-        # it, from the flow's datamarker -- so two subscribers never hold one flow at once.
+        # Caller holds the lock. Owners come from the assignment (an even split of the
+        # dataset's flows over the subscribers, see `spread`). A shard changes hands in two
+        # steps: the old owner is told to let go, and only once it confirms does the new
+        # owner get it, from the flow's datamarker -- so two subscribers never hold one
+        # flow at once.
         sessions = app.sessions
         assigned: dict[int, list[int]] = {}
         revoked: dict[int, list[int]] = {}
         by_id = {id(s): s for s in sessions}
-        for shard, wanted in enumerate(owners(self.shards, sessions)):
+        wanted_owners = spread(
+            self.datastore,
+            self.shards,
+            self.datastores,
+            self.registered.get(app.name, ()),
+            sessions,
+            _instance,
+        )
+        for shard, wanted in enumerate(wanted_owners):
             current = app.owner[shard]
             if current is wanted or shard in app.revoking:
                 continue

@@ -206,6 +206,16 @@ class PipelineModel(Options):
     )
     delivery: DeliveryConfig = Field(default_factory=DeliveryConfig)
     log: LogConfig = Field(default_factory=LogConfig)
+    registry: dict[str, Any] | None = Field(
+        None,
+        description="where the dataset's publishers, applications and subscribers find each "
+        "other: {type: zookeeper, hosts: ..., root: ...} (default: this file)",
+    )
+    datastore: str | None = Field(
+        None,
+        pattern=NAME_PATTERN,
+        description="this publisher's part of the dataset (default: the pipeline name)",
+    )
     applications: dict[str, ApplicationConfig] = Field(min_length=1)
 
     @field_validator("applications")
@@ -268,6 +278,10 @@ class Pipeline:
     log: LogConfig
     applications: dict[str, Application]
     registry: Registry
+    dataset_registry: Component | None = None
+    """The ``registry`` component (where publishers, applications and subscribers meet)."""
+    datastore: str = ""
+    """This publisher's part of the dataset (the ``datastore`` key; default: the name)."""
     caravans: CaravanConfig = field(default_factory=CaravanConfig)
     raw: dict[str, Any] = field(default_factory=dict)
 
@@ -474,6 +488,7 @@ def parse_pipeline(
     store_c = _component_or_default(
         registry, "datamarker_store", delivery, "store", "delivery.", problems
     )
+    registry_c = _component_or_default(registry, "registry", data, "registry", "", problems)
     apps = _applications(registry, data, model, transport_c, problems)
     if model is not None and model.delivery.mode == "multiple-copy" and store_c is not None:
         _check_shared_store(registry, store_c, problems)
@@ -499,6 +514,8 @@ def parse_pipeline(
         log=model.log,
         applications=apps,
         registry=registry,
+        dataset_registry=registry_c,
+        datastore=model.datastore or model.pipeline,
         raw=data,
     )
 
@@ -556,6 +573,34 @@ def _applications(
                 external=app.external,
             )
     return apps
+
+
+def parse_application(
+    pipeline: Pipeline, name: str, raw: Any, where: str
+) -> tuple[Application | None, list[str]]:
+    """One application's mapping from outside the file (a registry), validated as the file's
+    ``applications.<name>`` would be; problems name ``where`` (a znode path) and the key."""
+    problems: list[str] = []
+    if not re.match(NAME_PATTERN, name):
+        return None, [f"{where}: application name {name!r} must match {NAME_PATTERN}"]
+    if not isinstance(raw, dict):
+        return None, [f"{where}: must be a mapping (start, filter, sink, subscribers)"]
+    data = {"applications": {name: raw}}
+    try:
+        model = PipelineModel.model_validate(
+            {"pipeline": pipeline.name, "source": {}, "applications": {name: raw}}
+        )
+    except ValidationError as exc:
+        problems.extend(format_validation_error(exc, PipelineModel))
+        model = None
+    apps = _applications(pipeline.registry, data, model, pipeline.transport, problems)
+    prefix = f"applications.{name}"
+    problems = [
+        f"{where}: {p[len(prefix) + 1 :] if p.startswith(prefix + '.') else p}" for p in problems
+    ]
+    if problems:
+        return None, problems
+    return apps.get(name), []
 
 
 def _check_shared_store(registry: Registry, store: Component, problems: list[str]) -> None:

@@ -55,6 +55,7 @@ class LocalSubscriber:
         self.application = application
         self.index = index
         self.name = f"{application}/{index}"
+        self.instance = str(index)
         self.sink = sink
         self.max_frames = max_frames
         self.shards: set[int] = set()

@@ -61,6 +61,7 @@ class OutboxSession:
         self.transport = transport
         self.application = application
         self.name = f"outbox:{application}"
+        self.instance = "outbox"
         self.directory = Path(transport.options.path) / application
         self.directory.mkdir(parents=True, exist_ok=True)
         self.cond = threading.Condition()

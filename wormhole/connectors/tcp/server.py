@@ -60,6 +60,7 @@ class TcpSession:
         self.peer = peer
         self.application = hello.application
         self.name = f"{hello.application}/{hello.instance}@{peer}"
+        self.instance = hello.instance
         self.window = min(hello.credits, self.options.credits)
         self.credits = self.window
         self.cond = threading.Condition()
