@@ -25,6 +25,7 @@ from wormhole.core.flows import application_filter, start_flows
 from wormhole.core.hub import ApplicationRuntime, Hub
 from wormhole.core.pipeline import Application, Pipeline, load_pipeline
 from wormhole.core.publisher_log import PublisherLog
+from wormhole.core.registry import PublisherMembership
 from wormhole.core.retention import Retention
 from wormhole.core.status import LiveStatus
 from wormhole.core.tailer import Tailer
@@ -81,6 +82,7 @@ class Publisher:
         self.transport_reads_log = pipeline.transport.registered.spec.reads_log
         self.start_failures: dict[str, Exception] = {}
         self.caravans: CaravanManager | None = None
+        self.membership: PublisherMembership | None = None
 
     def request_reload(self) -> None:
         """Re-read the pipeline file (SIGHUP): add and remove applications."""
@@ -97,6 +99,7 @@ class Publisher:
         with contextlib.ExitStack() as cleanup:
             store = self._open_state(cleanup)
             self._check_meta(store)
+            self._join_registry(cleanup)
             publisher_log = self.publisher_log = PublisherLog(
                 pipeline.state_dir / "log",
                 roll_size=int(pipeline.log.roll_size),
@@ -149,6 +152,21 @@ class Publisher:
         cleanup.callback(store.close)
         return store
 
+    def _join_registry(self, cleanup: contextlib.ExitStack) -> None:
+        """Claim this publisher's datastore in the registry; take the applications from it
+        when it holds them."""
+        membership = self.membership = PublisherMembership(self.pipeline, self.stop_requested)
+        membership.claim()
+        cleanup.callback(membership.close)
+        found = membership.applications()
+        if found is None:
+            return
+        apps, problems = found
+        for name, problem in problems.items():
+            log.error("application %s does not start: %s", name, problem)
+            self.start_failures[name] = ConfigError(problem)
+        self.pipeline.applications = apps
+
     def _source_context(self) -> SourceContext:
         pipeline = self.pipeline
         return SourceContext(
@@ -177,6 +195,8 @@ class Publisher:
         hub.store = store
         transport.start(hub)
         cleanup.callback(self._abort_transport)
+        assert self.membership is not None
+        self.membership.attach(hub, getattr(transport, "address", ""))
         pipeline.registry.pm.hook.wormhole_pipeline_started(pipeline=pipeline)
         caravans = self.caravans = CaravanManager(
             hub,
@@ -306,6 +326,13 @@ class Publisher:
             if self.reload_requested.is_set():
                 self.reload_requested.clear()
                 self._reload(store, publisher_log, hub)
+            assert self.membership is not None
+            if (changes := self.membership.take_changes()) is not None:
+                apps, problems = changes
+                for name, problem in problems.items():
+                    if name not in hub.applications:
+                        log.error("application %s does not start: %s", name, problem)
+                self._apply_applications(store, publisher_log, hub, apps, problems)
             if time.monotonic() >= next_persist:
                 self._persist(publisher_log, hub)
                 next_persist = time.monotonic() + interval
@@ -318,11 +345,34 @@ class Publisher:
         Other changes need a restart.
         """
         pipeline = self.pipeline
+        assert self.membership is not None
+        if self.membership.registry.holds_applications():
+            log.warning(
+                "reload: the applications of %s are in %s: change them with `wormhole apps`",
+                pipeline.name,
+                self.membership.registry.describe(),
+            )
+            return
         try:
             fresh = load_pipeline(pipeline.file, registry=pipeline.registry)
         except ConfigError as exc:
             log.error("reload: %s; the running pipeline is unchanged", exc)
             return
+        self._apply_applications(store, publisher_log, hub, fresh.applications, {})
+
+    def _apply_applications(
+        self,
+        store: Any,
+        publisher_log: PublisherLog,
+        hub: Hub,
+        fresh: dict[str, Application],
+        invalid: dict[str, str],
+    ) -> None:
+        """Make the running applications ``fresh``: start new ones, stop removed ones.
+        ``invalid`` ones (bad registry data) keep running as they are if they run."""
+        pipeline = self.pipeline
+        for name in [n for n, e in hub.failed.items() if n in fresh and isinstance(e, ConfigError)]:
+            del hub.failed[name]  # its registry entry was fixed: it starts now
         running = set(hub.applications) | set(hub.failed)
         if self.transport_reads_log:
             log.warning(
@@ -330,8 +380,8 @@ class Publisher:
                 pipeline.transport.type,
             )
             return
-        assert self.transport is not None
-        wanted = {n for n, a in fresh.applications.items() if not a.external}
+        assert self.transport is not None and self.membership is not None
+        wanted = {n for n, a in fresh.items() if not a.external} | (set(invalid) & running)
         for name in sorted(set(hub.applications) - wanted):
             app = hub.applications[name]
             if self.caravans is not None:
@@ -342,7 +392,7 @@ class Publisher:
             pipeline.applications.pop(name, None)
             log.info("application %s removed (its datamarkers are kept)", name)
         for name in sorted(wanted - running):
-            config = fresh.applications[name]
+            config = fresh[name]
             new: list[Datamarker] = []
             try:
                 runtime = self._runtime(name, config, store.load(), publisher_log, new)
@@ -354,6 +404,7 @@ class Publisher:
             store.save(new)
             pipeline.applications[name] = config
             hub.add_application(runtime)
+            self.membership.watch_subscribers(name)
             self.transport.add_application(runtime)
             if self.caravans is not None:
                 self.caravans.add_application(runtime)
@@ -361,7 +412,7 @@ class Publisher:
         changed = [
             n
             for n in wanted & running
-            if n in pipeline.applications and fresh.applications[n] != pipeline.applications[n]
+            if n in pipeline.applications and n in fresh and fresh[n] != pipeline.applications[n]
         ]
         if changed:
             log.warning(
@@ -372,7 +423,11 @@ class Publisher:
     def _persist(self, publisher_log: PublisherLog, hub: Hub) -> None:
         assert self.retention is not None
         self.retention.persist(hub)
-        self.live.write(publisher_log, hub, list(self.caravans.caravans if self.caravans else []))
+        status = self.live.write(
+            publisher_log, hub, list(self.caravans.caravans if self.caravans else [])
+        )
+        if self.membership is not None:
+            self.membership.publish_status(status)
 
     def _summary(
         self, started: float, publisher_log: PublisherLog, hub: Hub, truncated: list[str]

@@ -30,7 +30,9 @@ class LiveStatus:
         self.path = state_dir / FILENAME
         self._rates: dict[int, tuple[Caravan, float, int]] = {}
 
-    def write(self, publisher_log: PublisherLog, hub: Hub, caravans: list[Caravan]) -> None:
+    def write(
+        self, publisher_log: PublisherLog, hub: Hub, caravans: list[Caravan]
+    ) -> dict[str, Any]:
         now = time.monotonic()
         listed = []
         rates: dict[int, tuple[Caravan, float, int]] = {}
@@ -59,6 +61,18 @@ class LiveStatus:
             "caravans": listed,
             "applications": sorted(hub.applications),
             "failed": {name: str(error) for name, error in hub.failed.items()},
+            "datastore": hub.datastore,
+            "flows": {
+                name: [
+                    {
+                        "shard": shard,
+                        "datamarker": flow.datamarker,
+                        "owner": getattr(owner, "instance", None) if owner else None,
+                    }
+                    for shard, (flow, owner) in enumerate(zip(app.flows, app.owner, strict=False))
+                ]
+                for name, app in hub.applications.items()
+            },
         }
         temporary = self.path.with_name(f".{FILENAME}.tmp")
         try:
@@ -66,6 +80,7 @@ class LiveStatus:
             os.replace(temporary, self.path)
         except OSError as exc:  # status only: never fatal
             log.debug("cannot write %s: %s", self.path, exc)
+        return status
 
 
 def read_live_status(state_dir: Path) -> dict[str, Any] | None:

@@ -1,0 +1,231 @@
+"""Registry: where the publishers, applications and subscribers of a dataset meet.
+
+The publisher's side of it (:class:`PublisherMembership`): claim this publisher's datastore,
+take the dataset's applications from the registry (seeded from the pipeline file by the
+dataset's first publisher), tell the hub which datastores are live and which subscribers
+each application has (so flows are spread over all of them), and share the live status.
+
+Losing the registry is not an outage: the last known datastores and subscribers stand, the
+publisher keeps serving its connected subscribers and keeps datamarkers locally; the
+registry component registers again when it is back.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+from urllib.parse import urlsplit
+
+from wormhole.core.errors import ConfigError, StateError
+from wormhole.core.pipeline import Application, Component, Pipeline, parse_application
+from wormhole.plugins.components import (
+    DatasetRegistry,
+    InvalidEntry,
+    PublisherEntry,
+    SubscriberEntry,
+)
+
+log = logging.getLogger("wormhole.registry")
+
+RawApplications = dict[str, dict[str, Any] | InvalidEntry]
+
+
+def open_registry(component: Component, dataset: str, stop: threading.Event) -> DatasetRegistry:
+    """Create and open the pipeline's registry component."""
+    registry: DatasetRegistry = component.create()
+    registry.open(dataset, stop)
+    if stop.is_set():
+        registry.close()
+        raise StateError(f"stopped while connecting to {registry.describe()}")
+    return registry
+
+
+def registry_component(url: str, plugins: Any = None) -> Component:
+    """A registry component from a URL: ``TYPE://HOSTS/ROOT``, e.g.
+    ``zookeeper://zk1:2181,zk2:2181/wormhole`` is ``{type: zookeeper, hosts:
+    "zk1:2181,zk2:2181", root: /wormhole}``."""
+    from wormhole.core.pipeline import _component
+
+    if plugins is None:
+        from wormhole.plugins.manager import default_registry
+
+        plugins = default_registry()
+    parts = urlsplit(url)
+    if not parts.scheme or not parts.netloc:
+        raise ConfigError(
+            f"registry {url!r}: expected TYPE://HOSTS/ROOT, e.g. "
+            f"zookeeper://zk1:2181,zk2:2181/wormhole"
+        )
+    raw: dict[str, Any] = {"type": parts.scheme, "hosts": parts.netloc}
+    if parts.path not in ("", "/"):
+        raw["root"] = parts.path
+    problems: list[str] = []
+    component = _component(plugins, "registry", raw, "registry", problems)
+    if component is None:
+        raise ConfigError(problems)
+    return component
+
+
+def application_path(registry: DatasetRegistry, name: str) -> str:
+    """Where an application lives in the registry, for messages."""
+    where: Callable[[str], str] | None = getattr(registry, "application_path", None)
+    return where(name) if where is not None else f"{registry.describe()}: application {name}"
+
+
+def registered_applications(
+    pipeline: Pipeline, registry: DatasetRegistry, raw: RawApplications
+) -> tuple[dict[str, Application], dict[str, str]]:
+    """The registry's applications, validated: (the valid ones, problems of the others)."""
+    apps: dict[str, Application] = {}
+    problems: dict[str, str] = {}
+    for name, value in sorted(raw.items()):
+        if isinstance(value, InvalidEntry):
+            problems[name] = f"{value.path}: {value.reason}"
+            continue
+        app, errors = parse_application(pipeline, name, value, application_path(registry, name))
+        if app is None:
+            problems[name] = "; ".join(errors)
+        else:
+            apps[name] = app
+    return apps, problems
+
+
+def advertised(address: str) -> str:
+    """A listen address as others reach it: the host name for a wildcard host."""
+    if not address:
+        return ""
+    host, _, port = address.rpartition(":")
+    if host in ("0.0.0.0", "[::]", "::", ""):
+        return f"{socket.gethostname()}:{port}"
+    return address
+
+
+class PublisherMembership:
+    """A publisher in its dataset's registry."""
+
+    def __init__(self, pipeline: Pipeline, stop: threading.Event) -> None:
+        assert pipeline.dataset_registry is not None
+        self.pipeline = pipeline
+        self.registry = open_registry(pipeline.dataset_registry, pipeline.name, stop)
+        self.entry = PublisherEntry(
+            datastore=pipeline.datastore,
+            shards=pipeline.shards,
+            transport=pipeline.transport.type,
+            host=socket.gethostname(),
+            pid=os.getpid(),
+            started_ms=int(time.time() * 1000),
+        )
+        self.lock = threading.Lock()
+        self.pending: RawApplications | None = None
+        """Applications as last seen in the registry, not yet applied."""
+        self.changed = threading.Event()
+        self.watched: set[str] = set()
+        self.hub: Any = None
+        self._last_status = 0.0
+
+    def claim(self) -> None:
+        """Claim this publisher's datastore (StateError if another publisher holds it)."""
+        try:
+            self.registry.register_publisher(self.entry)
+        except BaseException:
+            self.registry.close()
+            raise
+
+    # -------------------------------------------------------- applications
+    def applications(self) -> tuple[dict[str, Application], dict[str, str]] | None:
+        """The applications to run (valid ones, problems of the others), or None when the
+        registry does not hold applications (the file's are used)."""
+        registry = self.registry
+        if not registry.holds_applications():
+            return None
+        raw_file = self.pipeline.raw.get("applications") or {}
+        if registry.seed_applications(raw_file):
+            log.info(
+                "registered the applications of %s in %s: %s",
+                self.pipeline.file,
+                registry.describe(),
+                ", ".join(sorted(raw_file)),
+            )
+        raw = registry.applications()
+        apps, problems = registered_applications(self.pipeline, registry, raw)
+        missing = sorted(set(raw_file) - set(raw))
+        if missing:
+            log.warning(
+                "applications %s are in %s but not in %s: they do not run; add them with "
+                "`wormhole apps add %s NAME --from-file`",
+                ", ".join(missing),
+                self.pipeline.file,
+                registry.describe(),
+                self.pipeline.file,
+            )
+        return apps, problems
+
+    def _applications_changed(self, raw: RawApplications) -> None:
+        with self.lock:
+            self.pending = raw
+        self.changed.set()
+
+    def take_changes(self) -> tuple[dict[str, Application], dict[str, str]] | None:
+        """Applications changed in the registry since the last call (None if not)."""
+        if not self.changed.is_set():
+            return None
+        self.changed.clear()
+        with self.lock:
+            raw, self.pending = self.pending, None
+        if raw is None:
+            return None
+        return registered_applications(self.pipeline, self.registry, raw)
+
+    # ---------------------------------------------------------------- hub
+    def attach(self, hub: Any, address: str) -> None:
+        """Publish the transport's address; feed the hub datastores and subscribers."""
+        self.hub = hub
+        self.entry = PublisherEntry(**{**self.entry.__dict__, "address": advertised(address)})
+        self.registry.register_publisher(self.entry)
+        self.registry.watch_publishers(self._publishers_changed)
+        for name in list(hub.applications):
+            self.watch_subscribers(name)
+        if self.registry.holds_applications():
+            self.registry.watch_applications(self._applications_changed)
+
+    def watch_subscribers(self, application: str) -> None:
+        with self.lock:
+            if application in self.watched:
+                return
+            self.watched.add(application)
+
+        def changed(entries: list[SubscriberEntry]) -> None:
+            self.hub.set_registered(application, [e.instance for e in entries])
+
+        self.registry.watch_subscribers(application, changed)
+
+    def _publishers_changed(self, entries: list[PublisherEntry]) -> None:
+        datastores = {e.datastore: e.shards for e in entries}
+        self.hub.set_datastores(datastores)
+
+    def publish_status(self, status: dict[str, Any], interval: float = 1.0) -> None:
+        now = time.monotonic()
+        if now - self._last_status < interval:
+            return
+        self._last_status = now
+        try:
+            self.registry.publish_status(self.pipeline.datastore, status)
+        except Exception as exc:  # status only: never fatal
+            log.debug("cannot share the status in %s: %s", self.registry.describe(), exc)
+
+    def close(self) -> None:
+        self.registry.close()
+
+
+__all__ = [
+    "PublisherMembership",
+    "advertised",
+    "open_registry",
+    "registered_applications",
+    "registry_component",
+]
