@@ -20,11 +20,13 @@ from wormhole.plugins.filters import BatchFilter, compile_filter
 
 
 class Flow(NamedTuple):
-    """A flow's identity: one shard of one application. Subscriber libraries hand it to
-    ``on_updates`` handlers (``wormhole.Flow``)."""
+    """A flow's identity: one shard of one application (of one datastore, when the
+    dataset has several). Subscriber libraries hand it to ``on_updates`` handlers
+    (``wormhole.Flow``)."""
 
     application: str
     shard: int
+    datastore: str = ""
 
 
 @dataclass(slots=True)

@@ -5,6 +5,9 @@
     import wormhole
 
     sub = wormhole.Subscriber(app="search", publishers=["10.0.0.5:7070"], token="...")
+    # or every publisher of a dataset, found through its registry:
+    sub = wormhole.Subscriber(app="search", registry="zookeeper://zk1:2181/wormhole",
+                              dataset="shop")
 
     @sub.on_shard_notice
     def notice(assigned, revoked): ...
@@ -22,6 +25,13 @@ however slow the handlers are. A handler that raises gets the same batch again
 the connection drops, the subscriber reconnects (trying each publisher in turn)
 and resumes from its datamarkers; a refusal the publisher calls fatal (wrong
 token, unknown application, version mismatch) raises :class:`SubscriberRefused`.
+
+With a registry, the subscriber registers itself under its application, keeps one
+connection per live publisher of the dataset (publishers that appear or leave are
+picked up from the registry's watches), and is given its share of the dataset's flows,
+(datastore, shard) pairs: ``on_shard_notice`` then receives ``(datastore, shard)``
+tuples and ``on_updates`` a :class:`wormhole.Flow` with its ``datastore``. Handlers are
+called one at a time, whichever connection the batch came from.
 """
 
 from __future__ import annotations
@@ -41,7 +51,8 @@ from typing import Any
 from wormhole.connectors.tcp import protocol as p
 from wormhole.core.backoff import Backoff
 from wormhole.core.errors import WormholeError
-from wormhole.core.subscriber import Handlers
+from wormhole.core.flows import Flow
+from wormhole.core.subscriber import Handlers, run_handlers
 
 log = logging.getLogger("wormhole.subscriber")
 
@@ -58,9 +69,11 @@ class Subscriber(Handlers):
     def __init__(
         self,
         app: str,
-        publishers: list[str] | str | Callable[[], list[str]],
+        publishers: list[str] | str | Callable[[], list[str]] | None = None,
         token: str = "",
         *,
+        registry: str | Any = None,
+        dataset: str | None = None,
         instance: str | None = None,
         tls: ssl.SSLContext | None = None,
         server_name: str | None = None,
@@ -72,6 +85,18 @@ class Subscriber(Handlers):
         max_frame: int = 1 << 30,
     ) -> None:
         self.app = app
+        self.registry = registry
+        """A registry URL (``zookeeper://HOSTS/ROOT``) or component: every publisher of
+        ``dataset`` is found there, instead of ``publishers``."""
+        self.dataset = dataset
+        if registry is not None:
+            if not dataset:
+                raise ValueError("dataset: give the dataset (pipeline) name with a registry")
+            if publishers:
+                raise ValueError("give publishers or a registry, not both")
+            publishers = []
+        elif publishers is None:
+            raise ValueError("publishers: give at least one host:port (or a registry)")
         # A callable is asked again before every connection attempt (an address
         # that changes when the publisher restarts).
         self._publishers = publishers if callable(publishers) else None
@@ -82,7 +107,7 @@ class Subscriber(Handlers):
             if isinstance(publishers, str)
             else list(publishers)
         )
-        if not self.publishers:
+        if not self.publishers and registry is None:
             raise ValueError("publishers: give at least one host:port")
         for address in self.publishers:
             p.parse_address(address)
@@ -96,32 +121,180 @@ class Subscriber(Handlers):
         self.reconnect = reconnect
         self.max_backoff = max_backoff
         self.max_frame = max_frame
-        self.assigned: set[int] = set()
+        self.assigned: set[Any] = set()
+        """The flows this subscriber owns: shards (one publisher) or (datastore, shard)."""
         self.publisher: str | None = None
         self.processed = 0
         self.frame_appended_ns = 0
         """When the batch being handled reached the publisher log (CLOCK_MONOTONIC ns)."""
         self._init_handlers()
         self._stop = threading.Event()
-        self._beat_interval = self.heartbeat
-        self._silence = self.heartbeat_timeout
-        self._connected = False
-        self._sock: socket.socket | None = None
-        self._send_lock = threading.Lock()
+        self._handling = threading.Lock()
+        self._links: dict[str, _Link] = {}
+        self._failure: BaseException | None = None
+        self._wake = threading.Event()
 
     # --------------------------------------------------------------- run
     def stop(self) -> None:
         """Finish the batch in hand, acknowledge it, leave; ``run`` then returns."""
         self._stop.set()
+        self._wake.set()
 
     def run(self) -> None:
         """Serve until ``stop()``; reconnects on connection loss (with backoff)."""
-        backoff = Backoff(log, first=0.2, cap=self.max_backoff, stop=self._stop)
+        if self.registry is None:
+            _Link(self, None, self._addresses).run()
+            return
+        self._run_registered()
+
+    def _addresses(self) -> list[str]:
+        if self._publishers is not None:
+            self.publishers = self._publishers() or self.publishers
+        return self.publishers
+
+    # ---------------------------------------------------------- registry
+    def _run_registered(self) -> None:
+        from wormhole.core.registry import open_registry, registry_component
+        from wormhole.plugins.components import PublisherEntry, SubscriberEntry
+
+        component = (
+            registry_component(self.registry) if isinstance(self.registry, str) else self.registry
+        )
+        assert self.dataset is not None
+        registry = open_registry(component, self.dataset, self._stop)
+        entries: dict[str, PublisherEntry] = {}
+        lock = threading.Lock()
+
+        def changed(found: list[PublisherEntry]) -> None:
+            with lock:
+                entries.clear()
+                entries.update({e.datastore: e for e in found if e.address})
+            self._wake.set()
+
+        def addresses(datastore: str) -> Callable[[], list[str]]:
+            def current() -> list[str]:
+                with lock:
+                    entry = entries.get(datastore)
+                return [entry.address] if entry is not None else []
+
+            return current
+
+        threads: dict[str, threading.Thread] = {}
+        try:
+            registry.register_subscriber(
+                self.app,
+                SubscriberEntry(instance=self.instance, host=socket.gethostname(), pid=os.getpid()),
+            )
+            registry.watch_publishers(changed)
+            log.info(
+                "%s/%s: subscribing to dataset %s through %s",
+                self.app,
+                self.instance,
+                self.dataset,
+                registry.describe(),
+            )
+            while not self._stop.is_set() and self._failure is None:
+                self._wake.wait(1.0)
+                self._wake.clear()
+                with lock:
+                    known = set(entries)
+                for datastore in sorted(known - set(threads)):
+                    link = _Link(self, datastore, addresses(datastore))
+                    self._links[datastore] = link
+                    thread = threading.Thread(
+                        target=self._run_link,
+                        args=(link,),
+                        name=f"subscriber link {datastore}",
+                        daemon=True,
+                    )
+                    threads[datastore] = thread
+                    thread.start()
+                for datastore, thread in list(threads.items()):
+                    if not thread.is_alive():
+                        del threads[datastore]  # its publisher left; started again if it returns
+                        self._links.pop(datastore, None)
+        finally:
+            self._stop.set()
+            for thread in threads.values():
+                thread.join(self.heartbeat_timeout + 5.0)
+            with contextlib.suppress(Exception):
+                registry.unregister_subscriber(self.app, self.instance)
+            registry.close()
+        if self._failure is not None:
+            raise self._failure
+
+    def _run_link(self, link: _Link) -> None:
+        try:
+            link.run()
+        except BaseException as exc:  # a fatal refusal ends the subscriber
+            self._failure = exc
+            self._wake.set()
+
+    # --------------------------------------------------------- handlers
+    def _flows_changed(self, assigned: list[Any], revoked: list[Any]) -> None:
+        self.assigned.update(assigned)
+        self.assigned.difference_update(revoked)
+        for fn in self._notice_handlers:
+            fn(list(assigned), list(revoked))
+
+    def _handle_for(self, datastore: str | None, updates: list[Any]) -> None:
+        if datastore is None:
+            self._handle(updates)
+            return
+        run_handlers(
+            self.app,
+            updates,
+            self._batch_handlers,
+            self._updates_handlers,
+            lambda application, shard: Flow(application, shard, datastore),
+            self._stop,
+            self._stopped_while_retrying,
+            self.handler_max_backoff,
+        )
+
+    def _stopped_while_retrying(self, exc: Exception) -> BaseException:
+        return _Closed("stopped while retrying a batch")
+
+    def latency(self) -> float:
+        """Seconds since the batch being handled reached the publisher log.
+
+        Meaningful when subscriber and publisher share a machine (one monotonic clock).
+        """
+        return (time.monotonic_ns() - self.frame_appended_ns) / 1e9
+
+
+class _Link:
+    """One connection of a subscriber: to one publisher (trying each address in turn)."""
+
+    def __init__(
+        self, owner: Subscriber, datastore: str | None, addresses: Callable[[], list[str]]
+    ) -> None:
+        self.owner = owner
+        self.datastore = datastore
+        """The publisher's datastore, with a registry (flows are then (datastore, shard))."""
+        self.addresses = addresses
+        self.assigned: set[int] = set()
+        self._beat_interval = owner.heartbeat
+        self._silence = owner.heartbeat_timeout
+        self._connected = False
+        self._sock: socket.socket | None = None
+        self._send_lock = threading.Lock()
+
+    def _flow(self, shard: int) -> Any:
+        return shard if self.datastore is None else (self.datastore, shard)
+
+    def run(self) -> None:
+        owner = self.owner
+        stop = owner._stop
+        backoff = Backoff(log, first=0.2, cap=owner.max_backoff, stop=stop)
         attempt = 0
-        while not self._stop.is_set():
-            if self._publishers is not None:
-                self.publishers = self._publishers() or self.publishers
-            address = self.publishers[attempt % len(self.publishers)]
+        while not stop.is_set():
+            addresses = self.addresses()
+            if not addresses:
+                if self.datastore is not None:
+                    return  # the publisher left the registry
+                raise ValueError("publishers: give at least one host:port")
+            address = addresses[attempt % len(addresses)]
             attempt += 1
             self._connected = False
             try:
@@ -131,9 +304,9 @@ class Subscriber(Handlers):
                 raise
             except (OSError, p.PeerClosed, p.ProtocolError, _Closed) as exc:
                 self._lose_shards()
-                if self._stop.is_set():
+                if stop.is_set():
                     return
-                if not self.reconnect:
+                if not owner.reconnect:
                     raise
                 if self._connected:
                     backoff.reset()  # it worked until now: retry soon
@@ -144,50 +317,53 @@ class Subscriber(Handlers):
         if self.assigned:
             revoked = sorted(self.assigned)
             self.assigned.clear()
-            for fn in self._notice_handlers:
-                fn([], revoked)
+            with self.owner._handling:
+                self.owner._flows_changed([], [self._flow(s) for s in revoked])
 
     # ------------------------------------------------------------ session
     def _connect(self, address: str) -> socket.socket:
+        owner = self.owner
         host, port = p.parse_address(address)
-        raw = socket.create_connection((host, port), timeout=self.heartbeat_timeout)
+        raw = socket.create_connection((host, port), timeout=owner.heartbeat_timeout)
         raw.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         sock: socket.socket = raw
-        if self.tls is not None:
-            sock = self.tls.wrap_socket(raw, server_hostname=self.server_name or host)
+        if owner.tls is not None:
+            sock = owner.tls.wrap_socket(raw, server_hostname=owner.server_name or host)
         try:
             body = self._hello(sock, address)
         except BaseException:
             # Closed now, not whenever the exception (which a log handler may keep) is freed.
             p.close_socket(sock)
             raise
-        self.publisher = address
+        owner.publisher = address
         # Beat at least as often as the publisher asks, whatever this side was told,
         # and give it at least three of its own intervals before calling it silent.
-        self._beat_interval = min(self.heartbeat, body.heartbeat_ms / 1000.0)
-        self._silence = max(self.heartbeat_timeout, 3 * body.heartbeat_ms / 1000.0)
+        self._beat_interval = min(owner.heartbeat, body.heartbeat_ms / 1000.0)
+        self._silence = max(owner.heartbeat_timeout, 3 * body.heartbeat_ms / 1000.0)
         self._connected = True
         log.info(
-            "connected to publisher %s (%s) as %s/%s",
+            "connected to publisher %s (%s%s) as %s/%s",
             address,
             body.publisher,
-            self.app,
-            self.instance,
+            f", datastore {body.datastore}" if body.datastore else "",
+            owner.app,
+            owner.instance,
         )
         return sock
 
     def _hello(self, sock: socket.socket, address: str) -> p.Welcome:
         """Say hello; the publisher's welcome (a refusal raises)."""
+        owner = self.owner
         sock.sendall(p.preamble())
         sock.sendall(
             p.encode(
                 p.HELLO,
                 p.Hello(
                     version=p.VERSION,
-                    application=self.app,
-                    instance=self.instance,
-                    token=self.token,
-                    credits=self.credits,
+                    application=owner.app,
+                    instance=owner.instance,
+                    token=owner.token,
+                    credits=owner.credits,
                 ),
             )
         )
@@ -195,7 +371,7 @@ class Subscriber(Handlers):
         if kind == p.REFUSE:
             sock.close()
             if body.fatal:
-                raise SubscriberRefused(f"publisher {address} refused {self.app}: {body.reason}")
+                raise SubscriberRefused(f"publisher {address} refused {owner.app}: {body.reason}")
             raise _Closed(f"refused: {body.reason}")
         if kind != p.WELCOME:
             raise p.ProtocolError(f"expected welcome, got {p.NAMES.get(kind, kind)}")
@@ -210,6 +386,7 @@ class Subscriber(Handlers):
             sock.sendall(data)
 
     def _serve(self, address: str) -> None:
+        owner = self.owner
         sock = self._connect(address)
         self._sock = sock
         inbox: queue.Queue[tuple[int, Any]] = queue.Queue()
@@ -228,7 +405,7 @@ class Subscriber(Handlers):
         beater.start()
         try:
             while True:
-                if self._stop.is_set():
+                if owner._stop.is_set():
                     # The batch in hand was acknowledged; frames not yet handled are
                     # sent again to the flows' next owner.
                     self._leave("subscriber stopping")
@@ -275,7 +452,7 @@ class Subscriber(Handlers):
         sock.settimeout(self._silence)
         try:
             while not closed.is_set():
-                kind, body = p.read_frame(sock, self.max_frame)
+                kind, body = p.read_frame(sock, self.owner.max_frame)
                 if kind != p.HEARTBEAT:
                     inbox.put((kind, body))
         except TimeoutError:
@@ -299,30 +476,24 @@ class Subscriber(Handlers):
     def _notice(self, notice: p.Notice) -> None:
         self.assigned.update(notice.assigned)
         self.assigned.difference_update(notice.revoked)
-        for fn in self._notice_handlers:
-            fn(list(notice.assigned), list(notice.revoked))
+        with self.owner._handling:
+            self.owner._flows_changed(
+                [self._flow(s) for s in notice.assigned], [self._flow(s) for s in notice.revoked]
+            )
         # Frames are handled in order, so every batch sent before this notice is done.
         self._send(p.encode(p.NOTICE_ACK, p.NoticeAck(id=notice.id)))
 
     def _batch(self, frame: p.BatchFrame) -> None:
+        owner = self.owner
         assigned = self.assigned
         updates = frame.updates
         if updates and any(u.shard not in assigned for u in updates):
             # Only flows this subscriber owns: others are re-sent to their owner.
             updates = [u for u in updates if u.shard in assigned]
-        self.frame_appended_ns = frame.appended_ns
         if updates:
-            self._handle(updates)
-        self.processed += len(updates)
+            with owner._handling:
+                owner.frame_appended_ns = frame.appended_ns
+                owner._handle_for(self.datastore, updates)
+                owner.processed += len(updates)
         datamarkers = {s: pos for s, pos in frame.datamarkers.items() if s in assigned}
         self._send(p.encode(p.ACK, p.Ack(id=frame.id, datamarkers=datamarkers, credits=1)))
-
-    def _stopped_while_retrying(self, exc: Exception) -> BaseException:
-        return _Closed("stopped while retrying a batch")
-
-    def latency(self) -> float:
-        """Seconds since the batch being handled reached the publisher log.
-
-        Meaningful when subscriber and publisher share a machine (one monotonic clock).
-        """
-        return (time.monotonic_ns() - self.frame_appended_ns) / 1e9

@@ -66,6 +66,8 @@ class Welcome(msgspec.Struct, kw_only=True):
     shards: int
     # Out of range, a subscriber would beat in a busy loop (0) or wait forever for silence.
     heartbeat_ms: Annotated[int, msgspec.Meta(ge=1, le=MAX_HEARTBEAT_MS)]
+    datastore: str = ""
+    """The publisher's part of the dataset (the pipeline file's ``datastore``)."""
 
 
 class Refuse(msgspec.Struct, kw_only=True):

@@ -446,6 +446,7 @@ class TcpTransport:
                         pipeline=self.hub.pipeline.name,
                         shards=self.hub.shards,
                         heartbeat_ms=self.options.heartbeat_ms,
+                        datastore=self.hub.pipeline.datastore,
                     ),
                 )
             )
