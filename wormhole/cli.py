@@ -1,5 +1,5 @@
-"""The ``wormhole`` command: run, publish, subscribe, validate, plugins, status, forget, and
-the commands plugins add."""
+"""The ``wormhole`` command: run, publish, subscribe, validate, plugins, status, forget, apps,
+and the commands plugins add."""
 
 from __future__ import annotations
 
@@ -280,6 +280,80 @@ def _removed_applications(
     ]
 
 
+def _shared_registry(pipeline: Pipeline, what: str) -> Any:
+    """The pipeline's registry, opened, when it is shared across machines (else an error)."""
+    from wormhole.core.registry import open_registry
+
+    component = pipeline.dataset_registry
+    if component is None or not component.registered.spec.shared:
+        raise ConfigError(
+            f"{what}: the applications of {pipeline.name} are in {pipeline.file} (no shared "
+            f"registry configured): edit the file and send the publisher SIGHUP, or configure "
+            f"registry: {{type: zookeeper, hosts: ..., root: ...}}",
+            pipeline.file,
+        )
+    import threading
+
+    return open_registry(component, pipeline.name, threading.Event())
+
+
+def cmd_apps(args: argparse.Namespace) -> int:
+    import yaml
+
+    from wormhole.core.pipeline import parse_application
+    from wormhole.core.registry import application_path
+
+    pipeline = _load(args.pipeline)
+    registry = _shared_registry(pipeline, f"wormhole apps {args.action}")
+    try:
+        if args.action == "list":
+            raw = registry.applications()
+            if args.json:
+                print(json.dumps({n: getattr(v, "__dict__", v) for n, v in sorted(raw.items())}))
+                return EXIT_OK
+            print(f"applications of {pipeline.name} in {registry.describe()}:")
+            for name, value in sorted(raw.items()):
+                print(f"  {name}: {json.dumps(getattr(value, '__dict__', value))}")
+            return EXIT_OK
+        name = args.app
+        if args.action == "remove":
+            if not registry.remove_application(name):
+                raise WormholeError(f"no application {name!r} in {registry.describe()}")
+            print(f"removed application {name}; its datamarkers are kept by each publisher")
+            return EXIT_OK
+        raw_app: dict[str, Any] = {}
+        if args.from_file:
+            found = (pipeline.raw.get("applications") or {}).get(name)
+            if found is None:
+                raise ConfigError(f"--from-file: no applications.{name} in the file", pipeline.file)
+            raw_app.update(found)
+        for key in ("sink", "filter"):
+            text = getattr(args, key)
+            if text is not None:
+                value = yaml.safe_load(text)
+                if not isinstance(value, dict):
+                    raise ConfigError(f"--{key}: must be a YAML mapping, e.g. {{type: jsonl}}")
+                raw_app[key] = value
+        if args.start is not None:
+            raw_app["start"] = yaml.safe_load(args.start)
+        if args.subscribers is not None:
+            raw_app["subscribers"] = args.subscribers
+        if name in registry.applications() and not args.replace:
+            raise WormholeError(
+                f"application {name} is already registered ({application_path(registry, name)}); "
+                f"remove it first, or pass --replace (a running application's changes apply "
+                f"when its publishers restart)"
+            )
+        app, problems = parse_application(pipeline, name, raw_app, f"application {name}")
+        if app is None:
+            raise ConfigError(problems)
+        registry.put_application(name, raw_app)
+        print(f"registered application {name} for every publisher of {pipeline.name}")
+        return EXIT_OK
+    finally:
+        registry.close()
+
+
 def cmd_forget(args: argparse.Namespace) -> int:
     pipeline = _load(args.pipeline)
     name = args.app
@@ -386,6 +460,35 @@ def build_parser() -> argparse.ArgumentParser:
     forget.add_argument("pipeline", help="pipeline file (YAML)")
     forget.add_argument("app", help="an application no longer in the file")
     forget.set_defaults(func=cmd_forget)
+
+    apps = sub.add_parser(
+        "apps", help="list, add or remove the applications of a dataset in its registry"
+    )
+    apps_sub = apps.add_subparsers(dest="action", required=True, metavar="ACTION")
+    apps_list = apps_sub.add_parser("list", help="the registered applications")
+    apps_list.add_argument("pipeline", help="pipeline file (YAML) naming the registry")
+    apps_list.add_argument("--json", action="store_true")
+    apps_add = apps_sub.add_parser(
+        "add", help="register an application for every publisher of the dataset"
+    )
+    apps_add.add_argument("pipeline", help="pipeline file (YAML) naming the registry")
+    apps_add.add_argument("app", help="application name")
+    apps_add.add_argument("--start", help="earliest | latest | {position: SEQ} | {time: T}")
+    apps_add.add_argument("--sink", metavar="YAML", help="sink mapping, e.g. '{type: jsonl, ...}'")
+    apps_add.add_argument("--filter", metavar="YAML", help="filter mapping, as in the file")
+    apps_add.add_argument("--subscribers", type=int, help="subscriber instances")
+    apps_add.add_argument(
+        "--from-file", action="store_true", help="start from the file's applications.APP"
+    )
+    apps_add.add_argument(
+        "--replace", action="store_true", help="overwrite an application already registered"
+    )
+    apps_remove = apps_sub.add_parser(
+        "remove", help="remove an application: its subscribers finish what they hold and leave"
+    )
+    apps_remove.add_argument("pipeline", help="pipeline file (YAML) naming the registry")
+    apps_remove.add_argument("app", help="application name")
+    apps.set_defaults(func=cmd_apps)
 
     # Commands that plugins add (the search connector's `wormhole search`, say).
     from wormhole.plugins.manager import default_registry

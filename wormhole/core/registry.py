@@ -95,6 +95,41 @@ def registered_applications(
     return apps, problems
 
 
+def subscriber_application(pipeline: Pipeline, name: str, library: str) -> Application:
+    """The application ``wormhole subscribe --app NAME`` runs, from the registry when the
+    registry holds applications (else from the file); it must have a sink."""
+    from wormhole.core.pipeline import sink_application
+
+    component = pipeline.dataset_registry
+    if component is None or not component.registered.spec.shared:
+        return sink_application(pipeline, name, library)[0]
+    registry = open_registry(component, pipeline.name, threading.Event())
+    try:
+        if not registry.holds_applications():
+            return sink_application(pipeline, name, library)[0]
+        raw = registry.applications()
+        if name not in raw:
+            known = ", ".join(sorted(raw)) or "none"
+            raise ConfigError(
+                f"--app: no application {name!r} in {registry.describe()} for dataset "
+                f"{pipeline.name} (registered: {known}); add it with `wormhole apps add`",
+                pipeline.file,
+            )
+        apps, problems = registered_applications(pipeline, registry, {name: raw[name]})
+    finally:
+        registry.close()
+    if name in problems:
+        raise ConfigError(problems[name], pipeline.file)
+    app = apps[name]
+    if app.sink is None:
+        raise ConfigError(
+            f"{application_path(registry, name)}: no sink; this application's subscribers are "
+            f"programs using {library}",
+            pipeline.file,
+        )
+    return app
+
+
 def advertised(address: str) -> str:
     """A listen address as others reach it: the host name for a wildcard host."""
     if not address:
@@ -228,4 +263,5 @@ __all__ = [
     "open_registry",
     "registered_applications",
     "registry_component",
+    "subscriber_application",
 ]

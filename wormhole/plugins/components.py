@@ -91,7 +91,9 @@ class ComponentSpec:
     """Transport: it reads the publisher log and stores the applications' datamarkers itself,
     instead of taking frames from caravans (every application is then outside the hub)."""
     shared: bool = False
-    """Datamarker store: shared by publishers on several machines (multiple-copy delivery)."""
+    """Datamarker store: shared by publishers on several machines (multiple-copy delivery).
+    Registry: shared by processes on several machines, so ``wormhole subscribe`` finds the
+    dataset's publishers through it rather than from the pipeline file or state dir."""
     subscribe: Callable[[SubscribeRequest], None] | None = None
     """Transport: run one subscriber of an application with its sink until stopped
     (``wormhole subscribe``, and the processes ``wormhole run`` starts)."""

@@ -3,6 +3,8 @@ application's sink, connected to the publisher."""
 
 from __future__ import annotations
 
+import os
+import socket
 from typing import Any
 
 from wormhole.connectors.tcp.client import Subscriber
@@ -11,6 +13,7 @@ from wormhole.connectors.tcp.protocol import parse_address
 from wormhole.connectors.tcp.server import read_address
 from wormhole.core.errors import ConfigError
 from wormhole.core.pipeline import sink_application
+from wormhole.core.registry import subscriber_application
 from wormhole.plugins.components import SubscribeRequest
 
 
@@ -18,6 +21,10 @@ def subscribe(request: SubscribeRequest) -> None:
     pipeline = request.pipeline
     options = pipeline.transport.options
     assert isinstance(options, TcpOptions)
+    registry = pipeline.dataset_registry
+    if not request.publishers and registry is not None and registry.registered.spec.shared:
+        _subscribe_through_registry(request)
+        return
     app, sink_component = sink_application(pipeline, request.application, "wormhole.Subscriber")
     publishers: Any = request.publishers
     if not publishers:
@@ -54,3 +61,26 @@ def subscribe(request: SubscribeRequest) -> None:
         heartbeat_timeout_ms=options.heartbeat_timeout_ms,
     )
     subscriber.serve_sink(sink_component, pipeline, app, request.instance)
+
+
+def _subscribe_through_registry(request: SubscribeRequest) -> None:
+    """Every publisher of the dataset, found through the pipeline's registry."""
+    pipeline = request.pipeline
+    options = pipeline.transport.options
+    app = subscriber_application(pipeline, request.application, "wormhole.Subscriber")
+    assert app.sink is not None
+    tls = options.tls.client_context() if options.tls is not None else None
+    subscriber = Subscriber(
+        app.name,
+        registry=pipeline.dataset_registry,
+        dataset=pipeline.name,
+        token=options.token,
+        # Unique across machines and restarts: the registry orders subscribers by it.
+        instance=f"{socket.gethostname()}-{request.instance}-{os.getpid()}",
+        tls=tls,
+        server_name=options.tls.server_name if options.tls else None,
+        credits=options.credits,
+        heartbeat_ms=options.heartbeat_ms,
+        heartbeat_timeout_ms=options.heartbeat_timeout_ms,
+    )
+    subscriber.serve_sink(app.sink, pipeline, app, request.instance)
