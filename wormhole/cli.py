@@ -190,8 +190,102 @@ def _live_status(state_dir: Path) -> dict[str, Any] | None:
     return read_live_status(state_dir)
 
 
+def _deployment(pipeline: Pipeline) -> dict[str, Any] | None:
+    """The whole deployment as the shared registry sees it (None without one)."""
+    component = pipeline.dataset_registry
+    if component is None or not component.registered.spec.shared:
+        return None
+    registry = _shared_registry(pipeline, "wormhole status")
+    try:
+        publishers: list[Any] = []
+        registry.watch_publishers(lambda found: publishers.extend(found))
+        statuses = registry.statuses()
+        raw = registry.applications() if registry.holds_applications() else {}
+        names = sorted(set(raw) | set(pipeline.applications))
+        subscribers: dict[str, list[str]] = {}
+        for name in names:
+            found: list[Any] = []
+            registry.watch_subscribers(name, lambda entries, found=found: found.extend(entries))
+            subscribers[name] = [e.instance for e in found]
+        flows = []
+        for entry in publishers:
+            status = statuses.get(entry.datastore, {})
+            end = status.get("log", {}).get("end")
+            for app, app_flows in sorted(status.get("flows", {}).items()):
+                for flow in app_flows:
+                    marker = flow["datamarker"]
+                    flows.append(
+                        {
+                            "application": app,
+                            "datastore": entry.datastore,
+                            "shard": flow["shard"],
+                            "owner": flow["owner"],
+                            "datamarker": marker,
+                            "lag": None if end is None else max(0, end - marker),
+                        }
+                    )
+        return {
+            "registry": registry.describe(),
+            "publishers": [
+                {
+                    "datastore": e.datastore,
+                    "address": e.address,
+                    "host": e.host,
+                    "pid": e.pid,
+                    "alive": True,
+                    "status": e.datastore in statuses,
+                }
+                for e in publishers
+            ],
+            "applications": {
+                n: (v.__dict__ if hasattr(v, "__dict__") else v) for n, v in sorted(raw.items())
+            },
+            "subscribers": subscribers,
+            "flows": flows,
+        }
+    finally:
+        registry.close()
+
+
+def _print_deployment(deployment: dict[str, Any]) -> None:
+    print(f"deployment ({deployment['registry']}):")
+    for entry in deployment["publishers"]:
+        print(
+            f"  publisher {entry['datastore']:<16} {entry['address']:<22} "
+            f"{entry['host']}:{entry['pid']} alive"
+        )
+    if not deployment["publishers"]:
+        print("  no live publisher")
+    for name, instances in deployment["subscribers"].items():
+        owned: dict[str, int] = {}
+        for flow in deployment["flows"]:
+            if flow["application"] == name and flow["owner"]:
+                owned[flow["owner"]] = owned.get(flow["owner"], 0) + 1
+        listed = ", ".join(f"{i} ({owned.get(i, 0)} flows)" for i in instances) or "none"
+        print(f"  application {name}: subscribers {listed}")
+    if deployment["flows"]:
+        print(
+            f"  {'application':<16} {'datastore':<12} {'shard':>5} {'owner':<28} "
+            f"{'datamarker':>12} {'lag':>10}"
+        )
+    for flow in deployment["flows"]:
+        print(
+            f"  {flow['application']:<16} {flow['datastore']:<12} {flow['shard']:>5} "
+            f"{flow['owner'] or '-':<28} {flow['datamarker']:>12,} "
+            f"{'-' if flow['lag'] is None else format(flow['lag'], ','):>10}"
+        )
+
+
 def cmd_status(args: argparse.Namespace) -> int:
     pipeline = _load(args.pipeline)
+    deployment = _deployment(pipeline)
+    if deployment is not None and not pipeline.state_dir.is_dir():
+        # A machine without this publisher's state: the registry's view only.
+        if args.json:
+            print(json.dumps({"pipeline": pipeline.name, "deployment": deployment}))
+        else:
+            _print_deployment(deployment)
+        return EXIT_OK
     info = inspect_log(pipeline.state_dir / "log")
     markers = {}
     if pipeline.state_dir.is_dir():
@@ -229,6 +323,7 @@ def cmd_status(args: argparse.Namespace) -> int:
                     },
                     "flows": flows,
                     "removed_applications": removed,
+                    "deployment": deployment,
                 }
             )
         )
@@ -262,6 +357,8 @@ def cmd_status(args: argparse.Namespace) -> int:
             f"({entry['lag']:,} updates); it resumes there if added back. To release the log, "
             f"run: wormhole forget {pipeline.file} {entry['application']}"
         )
+    if deployment is not None:
+        _print_deployment(deployment)
     return EXIT_OK
 
 
