@@ -1,0 +1,280 @@
+"""A dataset in two datastores, found through a real ZooKeeper registry.
+
+Two file-log publishers (datastores ``db1`` and ``db2`` of dataset ``shop``) register in
+ZooKeeper; ``wormhole subscribe --app search`` processes find both through it and share
+the dataset's 2 x 16 flows. Every update of both datastores must reach the application in
+per-key order while a subscriber is killed, a publisher is killed and restarted, an
+application is added with ``wormhole apps add`` and ZooKeeper itself restarts.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import threading
+import time
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+import pytest
+from tcp_support import Process
+
+from wormhole.testing import run_cli, wait_until, write_pipeline
+
+SHARDS = 16
+HEARTBEAT = {"heartbeat_ms": 300, "heartbeat_timeout_ms": 1500}
+
+
+class Dataset:
+    """The pipeline files, sources and processes of one test's deployment."""
+
+    def __init__(self, tmp: Path, zk: Any, root: str) -> None:
+        self.tmp = tmp
+        self.zk = zk
+        self.root = root
+        self.publishers: dict[str, Process] = {}
+        self.subscribers: list[Process] = []
+        self.files: dict[str, Path] = {}
+
+    def pipeline(self, datastore: str) -> Path:
+        source = self.tmp / f"src-{datastore}"
+        source.mkdir(exist_ok=True)
+        path = write_pipeline(
+            self.tmp / f"shop-{datastore}.yml",
+            {
+                "pipeline": "shop",
+                "registry": {"type": "zookeeper", "hosts": self.zk.hosts, "root": self.root},
+                "datastore": datastore,
+                "state_dir": str(self.tmp / f"state-{datastore}"),
+                "dataset": {"shards": SHARDS},
+                "source": {"type": "filelog", "path": str(source)},
+                "transport": {"type": "tcp", "listen": "127.0.0.1:0", **HEARTBEAT},
+                "delivery": {"datamarker_interval_ms": 200},
+                "applications": {
+                    "search": {
+                        "sink": {"type": "jsonl", "path": str(self.tmp / "search.jsonl")},
+                        "subscribers": 3,
+                    }
+                },
+            },
+        )
+        self.files[datastore] = path
+        return path
+
+    def publish(self, datastore: str) -> Process:
+        path = self.files.get(datastore) or self.pipeline(datastore)
+        process = Process("publish", str(path), "-q", cwd=self.tmp)
+        self.publishers[datastore] = process
+        return process
+
+    def subscribe(self, instance: int, app: str = "search") -> Process:
+        path = next(iter(self.files.values()))
+        process = Process(
+            "subscribe", str(path), "--app", app, "--instance", str(instance), cwd=self.tmp
+        )
+        self.subscribers.append(process)
+        return process
+
+    def write(self, datastore: str, first_key: int, keys: int, n: int) -> None:
+        lines = "".join(
+            json.dumps({"table": "orders", "key": {"id": k}, "after": {"id": k, "n": n}}) + "\n"
+            for k in range(first_key, first_key + keys)
+        )
+        with open(self.tmp / f"src-{datastore}" / "orders.jsonl", "a") as f:
+            f.write(lines)
+
+    def status(self) -> dict[str, Any]:
+        result = run_cli("status", str(next(iter(self.files.values()))), "--json", cwd=self.tmp)
+        assert result.returncode == 0, result
+        deployment: dict[str, Any] = json.loads(result.stdout)["deployment"]
+        return deployment
+
+    def stop(self) -> None:
+        for process in [*self.subscribers, *self.publishers.values()]:
+            if process.proc.poll() is None:
+                process.proc.send_signal(signal.SIGTERM)
+        for process in [*self.subscribers, *self.publishers.values()]:
+            try:
+                process.wait(60)
+            except Exception:
+                process.proc.kill()
+                process.wait(10)
+
+
+@pytest.fixture
+def dataset(tmp_path: Path, zookeeper_server: Any, request: pytest.FixtureRequest) -> Any:
+    deployment = Dataset(tmp_path, zookeeper_server, f"/t-{request.node.name[:40]}")
+    yield deployment
+    deployment.stop()
+
+
+def owners_per_subscriber(deployment: dict[str, Any], app: str) -> dict[str, int]:
+    counts: dict[str, int] = defaultdict(int)
+    for flow in deployment["flows"]:
+        if flow["application"] == app and flow["owner"]:
+            counts[flow["owner"]] += 1
+    return dict(counts)
+
+
+def test_two_publishers_and_three_subscribers_share_the_flows_evenly(dataset: Dataset) -> None:
+    for datastore in ("db1", "db2"):
+        dataset.pipeline(datastore)
+        dataset.publish(datastore)
+    for i in range(3):
+        dataset.subscribe(i)
+    last: dict[str, Any] = {}
+
+    def balanced() -> bool:
+        deployment = last["d"] = dataset.status()
+        counts = owners_per_subscriber(deployment, "search")
+        return (
+            len(deployment["publishers"]) == 2
+            and len(counts) == 3
+            and sum(counts.values()) == 2 * SHARDS
+            and sorted(counts.values()) == [10, 11, 11]
+        )
+
+    wait_until(balanced, 60, "2 x 16 flows spread over 3 subscribers as 10, 11, 11")
+    deployment = last["d"]
+    assert sorted(p["datastore"] for p in deployment["publishers"]) == ["db1", "db2"]
+    assert all(p["address"].startswith("127.0.0.1:") for p in deployment["publishers"])
+    assert len(deployment["subscribers"]["search"]) == 3
+
+
+def test_a_second_publisher_of_the_same_datastore_refuses_naming_the_holder(
+    dataset: Dataset, tmp_path: Path
+) -> None:
+    path = dataset.pipeline("db1")
+    first = dataset.publish("db1")
+    wait_until(lambda: len(dataset.status()["publishers"]) == 1, 60, "db1 to register")
+    twin = dict(json.loads(json.dumps(__import__("yaml").safe_load(path.read_text()))))
+    twin["state_dir"] = str(tmp_path / "state-twin")
+    twin_path = write_pipeline(tmp_path / "twin.yml", twin)
+    result = run_cli("publish", str(twin_path), "-q", cwd=tmp_path, timeout=90)
+    assert result.returncode != 0, result
+    assert "db1" in result.stderr and str(first.pid) in result.stderr, result.stderr
+    assert first.proc.poll() is None, "the first publisher must keep running"
+
+
+def per_key_check(path: Path, keys: range, rounds: int) -> tuple[int, int]:
+    """Each key's values of n, in file order, are runs of consecutive rounds: a run starts
+    at most one past the highest delivered (no gap) and an earlier start is a replay.
+    Every key reaches its last round. Returns (lines, duplicates)."""
+    seen: dict[int, list[int]] = defaultdict(list)
+    with open(path) as f:
+        lines = 0
+        for line in f:
+            envelope = json.loads(line)
+            seen[envelope["key"]["id"]].append(envelope["after"]["n"])
+            lines += 1
+    duplicates = 0
+    for key in keys:
+        values = seen.get(key, [])
+        high, previous = -1, -1
+        for n in values:
+            assert n <= high + 1, f"key {key}: {n} after {previous} (highest {high}): a gap"
+            if n != previous + 1:
+                assert n <= high, f"key {key}: {n} after {previous}: out of order"
+            if n <= high:
+                duplicates += 1
+            high = max(high, n)
+            previous = n
+        assert high == rounds - 1, f"key {key}: last round {high}, expected {rounds - 1}"
+    return lines, duplicates
+
+
+def test_every_update_of_both_datastores_arrives_in_key_order_through_faults(
+    dataset: Dataset, tmp_path: Path
+) -> None:
+    keys, rounds = 200, 60
+    ranges = {"db1": range(0, keys), "db2": range(keys, 2 * keys)}
+    for datastore in ranges:
+        dataset.pipeline(datastore)
+        dataset.publish(datastore)
+    for i in range(3):
+        dataset.subscribe(i)
+    wait_until(
+        lambda: sum(owners_per_subscriber(dataset.status(), "search").values()) == 2 * SHARDS,
+        60,
+        "every flow to have an owner",
+    )
+    written = {"rounds": 0}
+    stop = threading.Event()
+
+    def writer() -> None:
+        for n in range(rounds):
+            for datastore, r in ranges.items():
+                dataset.write(datastore, r.start, keys, n)
+            written["rounds"] = n + 1
+            if stop.wait(0.1):
+                return
+
+    thread = threading.Thread(target=writer, daemon=True)
+    thread.start()
+
+    def at_round(n: int) -> None:
+        wait_until(lambda: written["rounds"] >= n, 60, f"round {n} to be written")
+
+    # (a) a subscriber killed with -9, and a new one in its place
+    at_round(8)
+    dataset.subscribers[0].proc.send_signal(signal.SIGKILL)
+    dataset.subscribers[0].wait(10)
+    dataset.subscribe(3)
+    # (b) a publisher killed with -9, and restarted
+    at_round(20)
+    dataset.publishers["db2"].proc.send_signal(signal.SIGKILL)
+    dataset.publishers["db2"].wait(10)
+    dataset.publish("db2")
+    # (c) an application added mid-stream starts from its start
+    at_round(30)
+    audit = tmp_path / "audit.jsonl"
+    added = run_cli(
+        "apps",
+        "add",
+        str(dataset.files["db1"]),
+        "audit",
+        "--sink",
+        json.dumps({"type": "jsonl", "path": str(audit)}),
+        "--start",
+        "earliest",
+        cwd=tmp_path,
+    )
+    assert added.returncode == 0, added
+    dataset.subscribe(0, app="audit")
+    # (d) ZooKeeper restarted mid-stream
+    at_round(42)
+    dataset.zk.stop()
+    dataset.zk.start()
+    thread.join(120)
+    assert written["rounds"] == rounds
+    total = 2 * keys * rounds
+
+    def complete(path: Path) -> bool:
+        if not path.exists():
+            return False
+        finals: set[int] = set()
+        with open(path) as f:
+            for line in f:
+                envelope = json.loads(line)
+                if envelope["after"]["n"] == rounds - 1:
+                    finals.add(envelope["key"]["id"])
+        return len(finals) == 2 * keys
+
+    wait_until(lambda: complete(tmp_path / "search.jsonl"), 120, "search to get everything")
+    wait_until(lambda: complete(audit), 120, "audit to get everything")
+    dataset.stop()
+    for name in ("search.jsonl", "audit.jsonl"):
+        lines, duplicates = per_key_check(tmp_path / name, range(2 * keys), rounds)
+        assert lines - duplicates == total, (name, lines, duplicates, total)
+    # Every publisher and subscriber left its registration behind it.
+    client = dataset.zk.client()
+    try:
+        base = f"{dataset.root}/datasets/shop"
+        assert client.get_children(f"{base}/publishers") == []
+        assert client.get_children(f"{base}/applications/search/subscribers") == []
+    finally:
+        client.stop()
+    _ = os
+    _ = time
