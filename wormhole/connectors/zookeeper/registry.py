@@ -233,14 +233,15 @@ class ZooKeeperRegistry:
             raise ConfigError(f"registry.hosts {hosts!r}: {exc}") from None
         self._client = client
         client.add_listener(self._on_state)
-        live = client.start_async()
+        client.start_async()
         started = time.monotonic()
         deadline = started + self.options.connect_timeout_s
         next_warning = started + 1.0
-        while not live.wait(0.1):
+        while not self._connected.wait(0.1):
             now = time.monotonic()
             if stop.is_set() or now >= deadline:
                 self._client = None
+                client.remove_listener(self._on_state)
                 client.stop()
                 client.close()
                 why = (
@@ -502,8 +503,8 @@ class ZooKeeperRegistry:
         if self._closed:
             return
         if state == "CONNECTED":
-            self._connected.set()
             with self._cond:
+                self._connected.set()
                 self._reconnected = True
                 self._cond.notify_all()
         elif state == "SUSPENDED":
