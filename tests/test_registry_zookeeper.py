@@ -115,6 +115,14 @@ def test_options_are_validated_and_describe_names_the_ensemble() -> None:
     assert registry.describe() == "zookeeper 10.0.0.1:2181,10.0.0.2:2181/wormhole"
     spec = default_registry().get("registry", "zookeeper").spec
     assert spec.options is ZooKeeperOptions
+    assert spec.shared
+    from wormhole.core.registry import registry_component
+
+    component = registry_component("zookeeper://zk1:2181,zk2:2181/wr")
+    made = component.create()
+    assert made.describe() == "zookeeper zk1:2181,zk2:2181/wr"
+    made.dataset = "shop"
+    assert made.application_path("search").endswith("node /wr/datasets/shop/applications/search")
 
 
 def test_open_gives_up_naming_the_hosts_when_nothing_listens() -> None:

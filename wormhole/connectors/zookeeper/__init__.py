@@ -27,5 +27,6 @@ def wormhole_registries() -> list[ComponentSpec]:
             options=ZooKeeperOptions,
             description="Publishers, applications and subscribers of a dataset in ZooKeeper "
             "(several publishers; applications added and removed at run time). Needs kazoo.",
+            shared=True,
         )
     ]

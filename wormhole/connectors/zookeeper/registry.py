@@ -208,6 +208,10 @@ class ZooKeeperRegistry:
     def _app_path(self, app: str) -> str:
         return f"{self._base}/applications/{app}"
 
+    def application_path(self, name: str) -> str:
+        """Where an application lives, for messages: ``zookeeper HOSTS node PATH``."""
+        return f"zookeeper {self.options.hosts} node {self._app_path(name)}"
+
     # ------------------------------------------------------------- lifecycle
     def describe(self) -> str:
         return f"zookeeper {self.options.hosts}{self.root}"
@@ -742,14 +746,7 @@ class ZooKeeperRegistry:
                 + ", ".join(type(r).__name__ for r in failures)
             )
 
-        seeded = self._retrying("store the pipeline file's applications", seed)
-        if seeded:
-            log.info(
-                "stored the pipeline file's applications (%s) in %s",
-                ", ".join(sorted(raw)) or "none",
-                self.describe(),
-            )
-        return seeded
+        return self._retrying("store the pipeline file's applications", seed)
 
     def _encode_app(self, name: str, raw: Any) -> bytes:
         _check_name("application", name)
