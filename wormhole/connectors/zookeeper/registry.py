@@ -266,13 +266,17 @@ class ZooKeeperRegistry:
                 next_warning = now + min(5.0, 2 * (now - started))
         with self._cond:
             self._reconnected = False  # the first connection: nothing to register again
-        self._retrying(
-            "create the registry's nodes",
-            lambda: [
-                self._do("ensure_path", f"{self._base}/{part}")
-                for part in ("publishers", "status", "applications")
-            ],
-        )
+        try:
+            self._retrying(
+                "create the registry's nodes",
+                lambda: [
+                    self._do("ensure_path", f"{self._base}/{part}")
+                    for part in ("publishers", "status", "applications")
+                ],
+            )
+        except BaseException:
+            self.close()
+            raise
         self._thread = threading.Thread(
             target=self._run, name=f"wormhole-zookeeper-{dataset}", daemon=True
         )
@@ -293,7 +297,8 @@ class ZooKeeperRegistry:
                 *self._statuses.values(),
                 *self._subscribers.values(),
             ]
-            paths = [o.path for o in owned if o.session is not None] + self._orphans
+            sid = self._session_id()
+            paths = [o.path for o in owned if o.session == sid] + self._orphans
             self._publishers.clear()
             self._statuses.clear()
             self._subscribers.clear()
@@ -301,7 +306,7 @@ class ZooKeeperRegistry:
             if self._connected.is_set():
                 for path in paths:
                     try:
-                        self._do("delete", path, timeout=2.0)
+                        self._delete_own(path, sid, timeout=2.0)
                     except Exception as exc:  # goes with the session anyway
                         log.debug("could not delete %s: %r", path, exc)
         if self._thread is not None:
@@ -370,6 +375,18 @@ class ZooKeeperRegistry:
                 self._connected.wait(min(remaining, 1.0))
                 if self._connected.is_set():
                     time.sleep(min(0.1, max(remaining, 0)))
+
+    def _delete_own(self, path: str, sid: int | None, timeout: float | None = None) -> None:
+        """Delete ``path`` if session ``sid`` (this process's) holds it: a node of an
+        earlier session may meanwhile be another process's."""
+        from kazoo.exceptions import BadVersionError, NoNodeError
+
+        try:
+            stat = self._do("exists", path, timeout=timeout)
+            if stat is not None and sid is not None and stat.ephemeralOwner == sid:
+                self._do("delete", path, version=stat.version, timeout=timeout)
+        except (NoNodeError, BadVersionError):
+            pass
 
     def _session_id(self) -> int | None:
         client = self._client
@@ -471,17 +488,11 @@ class ZooKeeperRegistry:
     def _reregister(self) -> None:
         """Create again the nodes of ours that are missing (a new session) or stale."""
         sid = self._session_id()
-        errors = self._errors()
         with self._writes:
             if self._closed:
                 return
             for path in list(self._orphans):
-                try:
-                    self._do("delete", path)
-                except errors:
-                    raise
-                except Exception as exc:
-                    log.debug("could not delete %s: %r", path, exc)
+                self._delete_own(path, sid)
                 self._orphans.remove(path)
             for kind, table in (("publisher", self._publishers), ("status", self._statuses)):
                 for datastore, owned in table.items():
@@ -869,19 +880,18 @@ class ZooKeeperRegistry:
             self._subscribers[key] = owned
 
     def unregister_subscriber(self, application: str, instance: str) -> None:
-        from kazoo.exceptions import NoNodeError
-
         with self._writes:
             owned = self._subscribers.pop((application, instance), None)
             if owned is None or owned.session is None:
                 return
+            sid = self._session_id()
+            if owned.session != sid:
+                return  # went with its session
             try:
-                self._do("delete", owned.path)
-            except NoNodeError:
-                pass
+                self._delete_own(owned.path, sid)
             except self._errors():
-                if owned.session == self._session_id():
-                    self._orphans.append(owned.path)
+                self._orphans.append(owned.path)
+                self._resync_later()
 
     def _read_subscribers(
         self, application: str, watcher: Callable[[Any], None] | None
