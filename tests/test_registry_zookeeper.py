@@ -404,6 +404,8 @@ def test_a_registration_held_by_another_after_expiry_is_logged_not_raised(
             assert time.monotonic() < deadline, "no error logged"
             time.sleep(0.05)
     assert _owner(raw, path) == raw.client_id[0]
+    registry.close()  # leaves the other publisher's node alone
+    assert _owner(raw, path) == raw.client_id[0]
 
 
 def test_a_paused_server_past_the_session_timeout(
