@@ -1,1 +1,32 @@
-"""The ``zookeeper`` registry (placeholder until the connector lands)."""
+"""The built-in ``zookeeper`` registry: publishers, applications and subscribers of a
+dataset in ZooKeeper (:mod:`wormhole.connectors.zookeeper.registry`; needs kazoo, the
+``zookeeper`` extra)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from wormhole.connectors.zookeeper.registry import ZooKeeperOptions
+from wormhole.plugins.components import ComponentSpec
+from wormhole.plugins.hookspecs import hookimpl
+
+
+def _create(options: ZooKeeperOptions) -> Any:
+    from wormhole.connectors.zookeeper.registry import ZooKeeperRegistry
+
+    return ZooKeeperRegistry(options)
+
+
+@hookimpl
+def wormhole_registries() -> list[ComponentSpec]:
+    return [
+        ComponentSpec(
+            kind="registry",
+            name="zookeeper",
+            factory=_create,
+            options=ZooKeeperOptions,
+            description="Publishers, applications and subscribers of a dataset in ZooKeeper "
+            "(several publishers; applications added and removed at run time). Needs kazoo.",
+            shared=True,
+        )
+    ]

@@ -1,0 +1,471 @@
+"""The ``zookeeper`` registry against a real ZooKeeper: publishers claim datastores,
+applications are seeded once and changed at run time, subscribers register in order, and
+everything a process registered comes back after its session expires or the server
+restarts."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import queue
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from typing import Any, Generic, TypeVar
+
+import pytest
+
+pytest.importorskip("kazoo")
+
+from pydantic import ValidationError
+
+from wormhole.connectors.zookeeper.registry import (
+    ZooKeeperOptions,
+    ZooKeeperRegistry,
+)
+from wormhole.core.errors import ConfigError, StateError
+from wormhole.plugins.components import (
+    InvalidEntry,
+    PublisherEntry,
+    SubscriberEntry,
+)
+from wormhole.plugins.manager import default_registry
+from wormhole.testing import free_port, wait_until
+
+T = TypeVar("T")
+WAIT = 20.0
+
+
+class Recorder(Generic[T]):
+    """A watcher function that queues every value it is called with."""
+
+    def __init__(self) -> None:
+        self.values: queue.Queue[T] = queue.Queue()
+        self.calls = 0
+
+    def __call__(self, value: T) -> None:
+        self.calls += 1
+        self.values.put(value)
+
+    def next(self, timeout: float = WAIT) -> T:
+        return self.values.get(timeout=timeout)
+
+    def until(self, condition: Callable[[T], bool], timeout: float = WAIT) -> T:
+        """The first value (from now on, in call order) for which ``condition`` holds."""
+        deadline = time.monotonic() + timeout
+        seen: list[T] = []
+        while True:
+            try:
+                value = self.values.get(timeout=max(0.0, deadline - time.monotonic()))
+            except queue.Empty:
+                raise AssertionError(f"no value matched within {timeout}s; saw {seen}") from None
+            if condition(value):
+                return value
+            seen.append(value)
+
+
+@pytest.fixture
+def root() -> str:
+    return f"/t/{uuid.uuid4().hex[:12]}"
+
+
+@pytest.fixture
+def registries(zookeeper_server: Any, root: str) -> Iterator[Callable[..., ZooKeeperRegistry]]:
+    """``make(**options)``: an open registry of dataset ``shop`` under the test's root."""
+    made: list[ZooKeeperRegistry] = []
+
+    def make(dataset: str = "shop", **options: Any) -> ZooKeeperRegistry:
+        opts = ZooKeeperOptions(hosts=zookeeper_server.hosts, root=root, **options)
+        registry = default_registry().create("registry", "zookeeper", opts)
+        assert isinstance(registry, ZooKeeperRegistry)
+        registry.open(dataset, threading.Event())
+        made.append(registry)
+        return registry
+
+    yield make
+    for registry in made:
+        registry.close()
+
+
+@pytest.fixture
+def raw(zookeeper_server: Any) -> Iterator[Any]:
+    """A plain kazoo client of the server."""
+    client = zookeeper_server.client()
+    yield client
+    client.stop()
+    client.close()
+
+
+def entry(datastore: str = "db1", **fields: Any) -> PublisherEntry:
+    values: dict[str, Any] = {"shards": 8, "transport": "tcp", "host": "alpha", "pid": 41}
+    return PublisherEntry(datastore, **{**values, **fields})
+
+
+# --------------------------------------------------------------------- options
+def test_options_are_validated_and_describe_names_the_ensemble() -> None:
+    with pytest.raises(ValidationError, match="must be an absolute znode path"):
+        ZooKeeperOptions(hosts="zk1:2181", root="wormhole")
+    with pytest.raises(ValidationError, match="greater than or equal to 2000"):
+        ZooKeeperOptions(hosts="zk1:2181", session_timeout_ms=500)
+    with pytest.raises(ValidationError):
+        ZooKeeperOptions(hosts="zk1:2181", zookeeper="x")  # type: ignore[call-arg]
+    registry = ZooKeeperRegistry(ZooKeeperOptions(hosts="10.0.0.1:2181,10.0.0.2:2181"))
+    assert registry.describe() == "zookeeper 10.0.0.1:2181,10.0.0.2:2181/wormhole"
+    spec = default_registry().get("registry", "zookeeper").spec
+    assert spec.options is ZooKeeperOptions
+    assert spec.shared
+    from wormhole.core.registry import registry_component
+
+    component = registry_component("zookeeper://zk1:2181,zk2:2181/wr")
+    made = component.create()
+    assert made.describe() == "zookeeper zk1:2181,zk2:2181/wr"
+    made.dataset = "shop"
+    assert made.application_path("search").endswith("node /wr/datasets/shop/applications/search")
+
+
+def test_open_gives_up_naming_the_hosts_when_nothing_listens() -> None:
+    hosts = f"127.0.0.1:{free_port()}"
+    registry = ZooKeeperRegistry(ZooKeeperOptions(hosts=hosts, connect_timeout_s=2))
+    started = time.monotonic()
+    with pytest.raises(StateError) as raised:
+        registry.open("shop", threading.Event())
+    assert time.monotonic() - started < 10
+    assert f"is ZooKeeper running at {hosts}? check registry.hosts" in str(raised.value)
+    registry.close()
+
+
+def test_open_stops_waiting_when_asked() -> None:
+    registry = ZooKeeperRegistry(
+        ZooKeeperOptions(hosts=f"127.0.0.1:{free_port()}", connect_timeout_s=60)
+    )
+    stop = threading.Event()
+    threading.Timer(0.5, stop.set).start()
+    started = time.monotonic()
+    with pytest.raises(StateError, match="stopped while connecting"):
+        registry.open("shop", stop)
+    assert time.monotonic() - started < 10
+
+
+# ------------------------------------------------------------------ publishers
+def test_a_publisher_is_watched_claimed_once_and_gone_when_closed(
+    registries: Callable[..., ZooKeeperRegistry], root: str
+) -> None:
+    first = registries()
+    watcher = registries()
+    seen: Recorder[list[PublisherEntry]] = Recorder()
+    watcher.watch_publishers(seen)
+    assert seen.next() == []
+
+    first.register_publisher(entry())
+    assert seen.until(lambda v: v != []) == [entry()]
+    # The address arrives once the transport listens: a data change fires too.
+    first.register_publisher(entry(address="127.0.0.1:7070"))
+    assert seen.until(lambda v: v != [entry()]) == [entry(address="127.0.0.1:7070")]
+
+    second = registries()
+    with pytest.raises(StateError) as raised:
+        second.register_publisher(entry(host="beta", pid=7))
+    message = str(raised.value)
+    assert "datastore db1 of dataset shop is already published by alpha:41" in message
+    assert "(address 127.0.0.1:7070)" in message
+    assert f"node {root}/datasets/shop/publishers/db1" in message
+    assert "give this one another datastore" in message
+
+    second.register_publisher(entry("db2", host="beta", pid=7))
+    assert [e.datastore for e in seen.until(lambda v: len(v) == 2)] == ["db1", "db2"]
+
+    first.close()
+    first.close()  # idempotent
+    assert seen.until(lambda v: len(v) == 1) == [entry("db2", host="beta", pid=7)]
+    # Now the datastore is free.
+    second.register_publisher(entry(host="beta", pid=7))
+    assert len(seen.until(lambda v: len(v) == 2)) == 2
+
+
+def test_invalid_publisher_nodes_are_skipped_with_a_warning(
+    registries: Callable[..., ZooKeeperRegistry],
+    raw: Any,
+    root: str,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    registry = registries()
+    path = f"{root}/datasets/shop/publishers/broken"
+    raw.create(path, b"{not json", ephemeral=True)
+    seen: Recorder[list[PublisherEntry]] = Recorder()
+    with caplog.at_level(logging.WARNING, logger="wormhole.zookeeper"):
+        registry.watch_publishers(seen)
+        assert seen.next() == []
+        registry.register_publisher(entry())
+        assert seen.until(lambda v: v != []) == [entry()]
+    assert any(path in r.getMessage() for r in caplog.records)
+
+
+def test_status_is_shared_and_read(registries: Callable[..., ZooKeeperRegistry]) -> None:
+    first = registries()
+    reader = registries()
+    first.publish_status("db1", {"flows": 3, "owners": {"app": ["s0"]}})
+    first.publish_status("db1", {"flows": 4})
+    assert reader.statuses() == {"db1": {"flows": 4}}
+    first.close()
+    assert reader.statuses() == {}
+
+
+# ---------------------------------------------------------------- applications
+def test_the_file_seeds_the_applications_once_even_when_publishers_race(
+    registries: Callable[..., ZooKeeperRegistry],
+) -> None:
+    apps = {"search": {"sink": {"type": "jsonl"}}, "audit": {"filter": "true", "shards": 4}}
+    racers = [registries() for _ in range(4)]
+    barrier = threading.Barrier(len(racers))
+    results: list[bool] = []
+
+    def seed(registry: ZooKeeperRegistry) -> None:
+        barrier.wait()
+        results.append(registry.seed_applications(apps))
+
+    threads = [threading.Thread(target=seed, args=(r,)) for r in racers]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(WAIT)
+    assert sorted(results) == [False, False, False, True]
+    assert racers[0].holds_applications()
+    assert racers[0].applications() == apps
+    # Removing them all does not make the next publisher seed again.
+    assert racers[1].remove_application("search")
+    assert racers[1].remove_application("audit")
+    assert not racers[2].seed_applications(apps)
+    assert racers[2].applications() == {}
+
+
+def test_an_unreadable_application_names_its_node(
+    registries: Callable[..., ZooKeeperRegistry], raw: Any, root: str
+) -> None:
+    registry = registries()
+    registry.put_application("good", {"sink": {"type": "jsonl"}})
+    raw.create(f"{root}/datasets/shop/applications/bad", b"{oops")
+    raw.create(f"{root}/datasets/shop/applications/list", b"[1, 2]")
+    apps = registry.applications()
+    assert apps["good"] == {"sink": {"type": "jsonl"}}
+    bad, listed = apps["bad"], apps["list"]
+    assert isinstance(bad, InvalidEntry) and isinstance(listed, InvalidEntry)
+    assert bad.path == f"{root}/datasets/shop/applications/bad"
+    assert "not JSON" in bad.reason
+    assert listed.path.endswith("/applications/list") and "not a JSON object" in listed.reason
+
+
+def test_put_and_remove_application_fire_the_watch(
+    registries: Callable[..., ZooKeeperRegistry],
+) -> None:
+    admin = registries()
+    publisher = registries()
+    seen: Recorder[dict[str, Any]] = Recorder()
+    publisher.watch_applications(seen)
+    assert seen.next() == {}
+    admin.put_application("search", {"sink": {"type": "jsonl"}})
+    assert seen.until(lambda v: v != {}) == {"search": {"sink": {"type": "jsonl"}}}
+    admin.put_application("search", {"sink": {"type": "jsonl"}, "shards": 2})
+    assert seen.until(lambda v: v["search"].get("shards") == 2)
+    admin.register_subscriber("search", SubscriberEntry("s0"))
+    admin.put_application("audit", {})
+    assert set(seen.until(lambda v: len(v) == 2)) == {"search", "audit"}
+    assert admin.remove_application("search")  # its subscribers with it
+    assert seen.until(lambda v: len(v) == 1) == {"audit": {}}
+    assert not admin.remove_application("search")
+    with pytest.raises(ConfigError, match="cannot be a znode name"):
+        admin.put_application("a/b", {})
+
+
+# ------------------------------------------------------------------ subscribers
+def test_subscribers_are_listed_in_registration_order(
+    registries: Callable[..., ZooKeeperRegistry],
+) -> None:
+    one = registries()
+    two = registries()
+    watcher = registries()
+    with pytest.raises(ConfigError, match=r"unknown application 'search' of dataset shop"):
+        one.register_subscriber("search", SubscriberEntry("s0"))
+    one.put_application("search", {"sink": {"type": "jsonl"}})
+
+    seen: Recorder[list[SubscriberEntry]] = Recorder()
+    watcher.watch_subscribers("search", seen)
+    assert seen.next() == []
+    two.register_subscriber("search", SubscriberEntry("s1", host="beta", pid=2))
+    one.register_subscriber("search", SubscriberEntry("s0", host="alpha", pid=1))
+    two.register_subscriber("search", SubscriberEntry("s2", host="beta", pid=3))
+    listed = seen.until(lambda v: len(v) == 3)
+    assert [s.instance for s in listed] == ["s1", "s0", "s2"]
+    assert [s.order for s in listed] == sorted(s.order for s in listed)
+    assert (listed[1].host, listed[1].pid) == ("alpha", 1)
+
+    two.unregister_subscriber("search", "s1")
+    assert [s.instance for s in seen.until(lambda v: len(v) == 2)] == ["s0", "s2"]
+
+    # The application goes: no subscribers; it comes back: the watch still works.
+    watcher.remove_application("search")
+    assert seen.until(lambda v: v == []) == []
+    watcher.put_application("search", {})
+    one.register_subscriber("search", SubscriberEntry("s9"))
+    assert [s.instance for s in seen.until(lambda v: len(v) == 1)] == ["s9"]
+
+
+# ----------------------------------------------------------- losing ZooKeeper
+def _owner(raw: Any, path: str) -> int | None:
+    stat = raw.exists(path)
+    return None if stat is None else int(stat.ephemeralOwner)
+
+
+def _subscriber_nodes(raw: Any, root: str) -> list[str]:
+    parent = f"{root}/datasets/shop/applications/search/subscribers"
+    return list(raw.get_children(parent)) if raw.exists(parent) else []
+
+
+def _registered(registry: ZooKeeperRegistry) -> Recorder[list[PublisherEntry]]:
+    registry.put_application("search", {})
+    registry.register_publisher(entry(address="127.0.0.1:7070"))
+    registry.publish_status("db1", {"flows": 1})
+    registry.register_subscriber("search", SubscriberEntry("s0", host="alpha", pid=41))
+    seen: Recorder[list[PublisherEntry]] = Recorder()
+    registry.watch_publishers(seen)
+    assert seen.next() == [entry(address="127.0.0.1:7070")]
+    return seen
+
+
+def _wait_registered_again(raw: Any, root: str, registry: ZooKeeperRegistry, old: int) -> None:
+    base = f"{root}/datasets/shop"
+    deadline = time.monotonic() + WAIT
+    while True:
+        sid = registry._session_id()
+        owners = {
+            _owner(raw, f"{base}/publishers/db1"),
+            _owner(raw, f"{base}/status/db1"),
+            *(
+                _owner(raw, f"{base}/applications/search/subscribers/{n}")
+                for n in _subscriber_nodes(raw, root)
+            ),
+        }
+        if sid != old and owners == {sid} and len(_subscriber_nodes(raw, root)) == 1:
+            return
+        assert time.monotonic() < deadline, f"not registered again: {owners}, session {sid}"
+        time.sleep(0.05)
+
+
+def test_an_expired_session_registers_everything_again(
+    registries: Callable[..., ZooKeeperRegistry], zookeeper_server: Any, raw: Any, root: str
+) -> None:
+    registry = registries()
+    seen = _registered(registry)
+    session = registry._client.client_id
+    # Closing another client of the same session expires it for its owner.
+    from kazoo.client import KazooClient
+
+    thief = KazooClient(hosts=zookeeper_server.hosts, client_id=session)
+    thief.start(timeout=WAIT)
+    thief.stop()
+    thief.close()
+
+    _wait_registered_again(raw, root, registry, session[0])
+    assert json.loads(raw.get(f"{root}/datasets/shop/publishers/db1")[0]) == dataclasses.asdict(
+        entry(address="127.0.0.1:7070")
+    )
+    # The watch fires again with the publisher once the registry is back.
+    assert seen.until(lambda v: v != []) == [entry(address="127.0.0.1:7070")]
+    assert registry.statuses() == {"db1": {"flows": 1}}
+
+
+def test_a_registration_held_by_another_after_expiry_is_logged_not_raised(
+    registries: Callable[..., ZooKeeperRegistry],
+    zookeeper_server: Any,
+    raw: Any,
+    root: str,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    registry = registries()
+    registry.register_publisher(entry())
+    path = f"{root}/datasets/shop/publishers/db1"
+    session = registry._client.client_id
+    from kazoo.client import KazooClient
+
+    thief = KazooClient(hosts=zookeeper_server.hosts, client_id=session)
+    thief.start(timeout=WAIT)
+    with caplog.at_level(logging.ERROR, logger="wormhole.zookeeper"):
+        thief.stop()  # the session ends; another publisher takes the datastore at once
+        thief.close()
+        for _ in range(200):
+            try:
+                raw.create(path, json.dumps({"host": "gamma", "pid": 9}).encode(), ephemeral=True)
+                break
+            except Exception:
+                time.sleep(0.02)
+        deadline = time.monotonic() + WAIT
+        while not any("gamma:9" in r.getMessage() for r in caplog.records):
+            assert time.monotonic() < deadline, "no error logged"
+            time.sleep(0.05)
+    assert _owner(raw, path) == raw.client_id[0]
+    registry.close()  # leaves the other publisher's node alone
+    assert _owner(raw, path) == raw.client_id[0]
+
+
+def test_a_paused_server_past_the_session_timeout(
+    registries: Callable[..., ZooKeeperRegistry], zookeeper_server: Any, root: str
+) -> None:
+    registry = registries(session_timeout_ms=4000)
+    seen = _registered(registry)
+    calls = seen.calls
+    zookeeper_server.pause()
+    try:
+        time.sleep(6)  # the outage itself: longer than the session timeout
+    finally:
+        zookeeper_server.resume()
+    client = zookeeper_server.client()
+    try:
+        base = f"{root}/datasets/shop"
+        deadline = time.monotonic() + WAIT
+        while not (
+            _owner(client, f"{base}/publishers/db1") == registry._session_id()
+            and _owner(client, f"{base}/status/db1") == registry._session_id()
+            and len(_subscriber_nodes(client, root)) == 1
+        ):
+            assert time.monotonic() < deadline, "not registered again after the pause"
+            time.sleep(0.05)
+    finally:
+        client.stop()
+        client.close()
+    assert seen.until(lambda v: v != []) == [entry(address="127.0.0.1:7070")]
+    assert seen.calls > calls
+
+
+def test_a_restarted_server_keeps_or_regains_the_registrations(
+    registries: Callable[..., ZooKeeperRegistry], zookeeper_server: Any, root: str
+) -> None:
+    registry = registries()
+    seen = _registered(registry)
+    zookeeper_server.stop()
+    try:
+        wait_until(lambda: not registry._connected.is_set(), WAIT, "the registry to notice")
+        # Meanwhile registrations are remembered, not refused.
+        registry.register_publisher(entry("db2"))
+        registry.publish_status("db2", {"flows": 2})
+        registry.register_subscriber("search", SubscriberEntry("s1"))
+    finally:
+        zookeeper_server.start()
+    client = zookeeper_server.client()
+    try:
+        base = f"{root}/datasets/shop"
+        deadline = time.monotonic() + WAIT
+        while not (
+            _owner(client, f"{base}/publishers/db1") == registry._session_id()
+            and _owner(client, f"{base}/publishers/db2") == registry._session_id()
+            and len(_subscriber_nodes(client, root)) == 2
+        ):
+            assert time.monotonic() < deadline, "not registered after the restart"
+            time.sleep(0.05)
+        assert client.exists(f"{base}/status/db1") is not None
+    finally:
+        client.stop()
+        client.close()
+    assert registry.applications() == {"search": {}}
+    assert registry.statuses() == {"db1": {"flows": 1}, "db2": {"flows": 2}}
+    assert [e.datastore for e in seen.until(lambda v: len(v) == 2)] == ["db1", "db2"]

@@ -1,0 +1,939 @@
+"""The ``zookeeper`` registry: the publishers, applications and subscribers of a dataset,
+kept in ZooKeeper (through kazoo).
+
+Znode layout::
+
+    <root>/datasets/<dataset>/publishers/<datastore>                 ephemeral, JSON PublisherEntry fields
+    <root>/datasets/<dataset>/status/<datastore>                     ephemeral, JSON status dict (publish_status)
+    <root>/datasets/<dataset>/applications/<app>                     persistent, JSON mapping of the app (same keys as a pipeline file's applications.<app>)
+    <root>/datasets/<dataset>/applications/<app>/subscribers/<instance>-<seq>   ephemeral sequential, JSON {instance, host, pid}
+
+plus ``<root>/datasets/<dataset>/seeded``, a persistent marker created with the first
+applications (:meth:`ZooKeeperRegistry.seed_applications`): a dataset is seeded from a
+pipeline file once only, even when its applications were all removed since.
+
+Ephemeral nodes go with the ZooKeeper session that created them. The registry remembers
+every one it created; when the session expires and the client reconnects with a new
+session, a thread of the registry's (never kazoo's state listener, which must not block)
+creates them again. Watches are plain ZooKeeper watches that hand the work to the same
+thread: it reads the current value, arms the watches again, and calls the watcher's
+function when the value changed (and once after every reconnect, changed or not).
+"""  # noqa: E501
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import json
+import logging
+import threading
+import time
+from collections.abc import Callable
+from typing import Any, Generic, TypeVar
+
+from pydantic import Field, field_validator
+
+from wormhole.core.errors import ConfigError, StateError
+from wormhole.plugins.components import (
+    InvalidEntry,
+    Options,
+    PublisherEntry,
+    SubscriberEntry,
+)
+
+log = logging.getLogger("wormhole.zookeeper")
+
+T = TypeVar("T")
+Applications = dict[str, dict[str, Any] | InvalidEntry]
+
+_UNSET: Any = object()
+
+
+class ZooKeeperOptions(Options):
+    """Where the registry's ZooKeeper ensemble is, and how long to wait for it."""
+
+    hosts: str = Field(min_length=1, description="The ensemble: ``zk1:2181,zk2:2181``.")
+    root: str = Field("/wormhole", description="The znode under which Wormhole keeps its data.")
+    session_timeout_ms: int = Field(
+        10_000,
+        ge=2_000,
+        description="ZooKeeper session timeout: how long after losing its connection a "
+        "process's publishers and subscribers are dropped.",
+    )
+    connect_timeout_s: float = Field(
+        15,
+        gt=0,
+        description="How long opening the registry (and an operation while ZooKeeper is "
+        "unreachable) keeps retrying before giving up.",
+    )
+
+    @field_validator("root")
+    @classmethod
+    def _root_is_a_path(cls, value: str) -> str:
+        if not value.startswith("/"):
+            raise ValueError(f"must be an absolute znode path starting with '/' (not {value!r})")
+        parts = value.strip("/").split("/") if value.strip("/") else []
+        if any(part in ("", ".", "..") for part in parts):
+            raise ValueError(f"{value!r} is not a valid znode path")
+        return value
+
+
+def _check_name(what: str, name: str) -> None:
+    if not name or "/" in name or name in (".", "..") or any(ord(c) < 32 for c in name):
+        raise ConfigError(f"{what} {name!r} cannot be a znode name (no '/', not empty)")
+
+
+def _encode(value: Any) -> bytes:
+    return json.dumps(value, separators=(",", ":"), sort_keys=True).encode()
+
+
+def _decode_object(data: bytes | None) -> dict[str, Any]:
+    """The JSON object in ``data``; ValueError saying what is wrong otherwise."""
+    try:
+        value = json.loads(data or b"")
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise ValueError(f"not JSON ({exc})") from None
+    if not isinstance(value, dict):
+        raise ValueError(f"not a JSON object (a {type(value).__name__})")
+    return value
+
+
+def _field_values(cls: Any, raw: dict[str, Any], **fixed: Any) -> dict[str, Any]:
+    """The fields of dataclass ``cls`` found in ``raw`` (unknown keys ignored), type-checked
+    against the fields' defaults; ValueError naming a field of the wrong type."""
+    values: dict[str, Any] = {}
+    for f in dataclasses.fields(cls):
+        if f.name in fixed:
+            values[f.name] = fixed[f.name]
+            continue
+        if f.name not in raw:
+            continue
+        value = raw[f.name]
+        default = f.default
+        expected: type = type(default) if default is not dataclasses.MISSING else str
+        if expected is int:
+            ok = isinstance(value, int) and not isinstance(value, bool)
+        else:
+            ok = isinstance(value, expected)
+        if not ok:
+            raise ValueError(f"{f.name} is {value!r}, not a {expected.__name__}")
+        values[f.name] = value
+    return values
+
+
+@dataclasses.dataclass
+class _Owned:
+    """An ephemeral node this process registered (or means to)."""
+
+    path: str
+    """The node's path; for a sequential node, the prefix until it is created."""
+    data: bytes
+    sequential: bool = False
+    session: int | None = None
+    """The session that created the node (None: not created yet, or gone with a session)."""
+    synced: bool = False
+    """Whether the node holds ``data``."""
+
+
+class _Watch(Generic[T]):
+    """One watcher's function, the read behind it, and the last value it was given."""
+
+    def __init__(
+        self,
+        registry: ZooKeeperRegistry,
+        what: str,
+        read: Callable[[Callable[[Any], None]], T],
+        fn: Callable[[T], None],
+    ) -> None:
+        self.registry = registry
+        self.what = what
+        self.read = read
+        self.fn = fn
+        self.lock = threading.Lock()
+        self.last: Any = _UNSET
+
+    def trigger(self, event: Any = None) -> None:
+        """A ZooKeeper watch fired (a kazoo thread): refresh from the registry's thread."""
+        self.registry._schedule(self)
+
+    def refresh(self, force: bool = False) -> None:
+        with self.lock:
+            value = self.read(self.trigger)
+            if not force and value == self.last:
+                return
+            self.last = value
+            try:
+                self.fn(copy.deepcopy(value))
+            except Exception:
+                log.exception("a watcher of %s failed", self.what)
+
+
+class ZooKeeperRegistry:
+    """A :class:`wormhole.plugins.components.DatasetRegistry` in ZooKeeper."""
+
+    def __init__(self, options: ZooKeeperOptions) -> None:
+        self.options = options
+        self.root = options.root.rstrip("/")
+        self.dataset = ""
+        self._client: Any = None
+        self._connected = threading.Event()
+        self._closed = False
+        # The ephemeral nodes of this process: by datastore, by datastore, by (app, instance).
+        self._publishers: dict[str, _Owned] = {}
+        self._statuses: dict[str, _Owned] = {}
+        self._subscribers: dict[tuple[str, str], _Owned] = {}
+        self._orphans: list[str] = []
+        """Nodes of ours that could not be deleted when unregistered (ZooKeeper was away)."""
+        self._writes = threading.RLock()
+        """Held while creating or updating this process's nodes (callers and the thread)."""
+        self._watches: list[_Watch[Any]] = []
+        self._cond = threading.Condition()
+        self._pending: dict[int, _Watch[Any]] = {}
+        self._reconnected = False
+        self._resync = False
+        self._thread: threading.Thread | None = None
+        self._warned: set[tuple[str, int]] = set()
+
+    # ------------------------------------------------------------------ paths
+    @property
+    def _base(self) -> str:
+        return f"{self.root}/datasets/{self.dataset}"
+
+    def _publisher_path(self, datastore: str) -> str:
+        return f"{self._base}/publishers/{datastore}"
+
+    def _status_path(self, datastore: str) -> str:
+        return f"{self._base}/status/{datastore}"
+
+    def _app_path(self, app: str) -> str:
+        return f"{self._base}/applications/{app}"
+
+    def application_path(self, name: str) -> str:
+        """Where an application lives, for messages: ``zookeeper HOSTS node PATH``."""
+        return f"zookeeper {self.options.hosts} node {self._app_path(name)}"
+
+    # ------------------------------------------------------------- lifecycle
+    def describe(self) -> str:
+        return f"zookeeper {self.options.hosts}{self.root}"
+
+    def _unreachable(self) -> str:
+        hosts = self.options.hosts
+        return f"is ZooKeeper running at {hosts}? check registry.hosts"
+
+    def open(self, dataset: str, stop: threading.Event) -> None:
+        from kazoo.client import KazooClient
+        from kazoo.retry import KazooRetry
+
+        _check_name("dataset", dataset)
+        self.dataset = dataset
+        hosts = self.options.hosts
+        try:
+            client = KazooClient(
+                hosts=hosts,
+                timeout=self.options.session_timeout_ms / 1000,
+                connection_retry=KazooRetry(max_tries=-1, delay=0.1, max_delay=2.0),
+            )
+        except (ValueError, TypeError) as exc:
+            raise ConfigError(f"registry.hosts {hosts!r}: {exc}") from None
+        self._client = client
+        client.add_listener(self._on_state)
+        client.start_async()
+        started = time.monotonic()
+        deadline = started + self.options.connect_timeout_s
+        next_warning = started + 1.0
+        while not self._connected.wait(0.1):
+            now = time.monotonic()
+            if stop.is_set() or now >= deadline:
+                self._client = None
+                client.remove_listener(self._on_state)
+                client.stop()
+                client.close()
+                why = (
+                    "stopped while connecting"
+                    if stop.is_set()
+                    else f"no answer within {self.options.connect_timeout_s:g}s"
+                )
+                raise StateError(
+                    f"cannot connect to the registry, ZooKeeper at {hosts} ({why}): "
+                    f"{self._unreachable()}"
+                )
+            if now >= next_warning:
+                log.warning(
+                    "cannot reach ZooKeeper at %s yet; retrying (%.0fs left)",
+                    hosts,
+                    deadline - now,
+                )
+                next_warning = now + min(5.0, 2 * (now - started))
+        with self._cond:
+            self._reconnected = False  # the first connection: nothing to register again
+        try:
+            self._retrying(
+                "create the registry's nodes",
+                lambda: [
+                    self._do("ensure_path", f"{self._base}/{part}")
+                    for part in ("publishers", "status", "applications")
+                ],
+            )
+        except BaseException:
+            self.close()
+            raise
+        self._thread = threading.Thread(
+            target=self._run, name=f"wormhole-zookeeper-{dataset}", daemon=True
+        )
+        self._thread.start()
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        with self._cond:
+            self._cond.notify_all()
+        client = self._client
+        if client is None:
+            return
+        with self._writes:
+            owned = [
+                *self._publishers.values(),
+                *self._statuses.values(),
+                *self._subscribers.values(),
+            ]
+            sid = self._session_id()
+            paths = [o.path for o in owned if o.session == sid] + self._orphans
+            self._publishers.clear()
+            self._statuses.clear()
+            self._subscribers.clear()
+            self._orphans = []
+            if self._connected.is_set():
+                for path in paths:
+                    try:
+                        self._delete_own(path, sid, timeout=2.0)
+                    except Exception as exc:  # goes with the session anyway
+                        log.debug("could not delete %s: %r", path, exc)
+        if self._thread is not None:
+            self._thread.join(timeout=self.options.session_timeout_ms / 1000 + 1)
+        client.remove_listener(self._on_state)
+        try:
+            client.stop()
+        finally:
+            client.close()
+            self._client = None
+
+    # ----------------------------------------------------------- operations
+    def _errors(self) -> tuple[type[BaseException], ...]:
+        """The errors that mean ZooKeeper cannot be reached (retry once connected)."""
+        from kazoo.exceptions import (
+            ConnectionClosedError,
+            ConnectionLoss,
+            OperationTimeoutError,
+            SessionExpiredError,
+        )
+
+        return (
+            ConnectionLoss,
+            ConnectionClosedError,
+            OperationTimeoutError,
+            SessionExpiredError,
+            self._client.handler.timeout_exception,
+        )
+
+    def _do(self, method: str, *args: Any, timeout: float | None = None, **kwargs: Any) -> Any:
+        """``client.<method>(...)``, waiting at most ``timeout`` for the answer (a request
+        queued while disconnected may otherwise never be answered)."""
+        client = self._client
+        if client is None:
+            from kazoo.exceptions import ConnectionClosedError
+
+            raise ConnectionClosedError("the registry is closed")
+        result = getattr(client, f"{method}_async")(*args, **kwargs)
+        wait = timeout if timeout is not None else self.options.session_timeout_ms / 1000
+        return result.get(timeout=wait)
+
+    def _retrying(self, what: str, op: Callable[[], T]) -> T:
+        """``op()``, again while ZooKeeper cannot be reached, up to ``connect_timeout_s``;
+        then StateError."""
+        deadline = time.monotonic() + self.options.connect_timeout_s
+        errors = self._errors()
+        while True:
+            if self._closed:
+                raise StateError(f"cannot {what}: the registry ({self.describe()}) is closed")
+            try:
+                return op()
+            except errors as exc:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    raise StateError(
+                        f"cannot {what} in the registry: ZooKeeper at {self.options.hosts} "
+                        f"did not answer for {self.options.connect_timeout_s:g}s "
+                        f"({type(exc).__name__}): {self._unreachable()}"
+                    ) from None
+                log.warning(
+                    "cannot %s: ZooKeeper at %s unreachable (%s); retrying",
+                    what,
+                    self.options.hosts,
+                    type(exc).__name__,
+                )
+                self._connected.wait(min(remaining, 1.0))
+                if self._connected.is_set():
+                    time.sleep(min(0.1, max(remaining, 0)))
+
+    def _delete_own(self, path: str, sid: int | None, timeout: float | None = None) -> None:
+        """Delete ``path`` if session ``sid`` (this process's) holds it: a node of an
+        earlier session may meanwhile be another process's."""
+        from kazoo.exceptions import BadVersionError, NoNodeError
+
+        try:
+            stat = self._do("exists", path, timeout=timeout)
+            if stat is not None and sid is not None and stat.ephemeralOwner == sid:
+                self._do("delete", path, version=stat.version, timeout=timeout)
+        except (NoNodeError, BadVersionError):
+            pass
+
+    def _session_id(self) -> int | None:
+        client = self._client
+        if client is None or not client.client_id:
+            return None
+        sid: int = client.client_id[0]
+        return sid
+
+    # ------------------------------------------------------------ our nodes
+    def _holder(self, path: str, data: bytes | None) -> str:
+        try:
+            raw = _decode_object(data)
+        except ValueError:
+            return f"another process (node {path})"
+        host = raw.get("host") or "?"
+        pid = raw.get("pid") or "?"
+        address = raw.get("address") or "none"
+        return f"{host}:{pid} (address {address})"
+
+    def _claim(self, owned: _Owned, sid: int | None) -> None:
+        """Create ``owned``'s ephemeral node, or update it if this session holds it.
+        StateError if another session holds it."""
+        from kazoo.exceptions import NodeExistsError, NoNodeError
+
+        for _ in range(5):
+            try:
+                self._do("create", owned.path, owned.data, ephemeral=True, makepath=True)
+            except NodeExistsError:
+                try:
+                    data, stat = self._do("get", owned.path)
+                except NoNodeError:
+                    continue  # gone meanwhile: create it again
+                if sid is None or stat.ephemeralOwner != sid:
+                    raise StateError(self._held_message(owned.path, data)) from None
+                try:
+                    self._do("set", owned.path, owned.data, version=stat.version)
+                except NoNodeError:
+                    continue
+            owned.session = sid
+            owned.synced = True
+            return
+        raise StateError(f"node {owned.path} keeps appearing and disappearing; try again")
+
+    def _held_message(self, path: str, data: bytes | None) -> str:
+        kind = path.rsplit("/", 2)[-2]
+        datastore = path.rsplit("/", 1)[-1]
+        what = "published" if kind == "publishers" else "reporting status"
+        return (
+            f"datastore {datastore} of dataset {self.dataset} is already {what} by "
+            f"{self._holder(path, data)} — node {path}; stop that publisher or give this "
+            f"one another datastore"
+        )
+
+    def _create_subscriber(self, app: str, owned: _Owned, sid: int | None) -> None:
+        """Create (or find again) the ephemeral sequential node of a subscriber."""
+        from kazoo.exceptions import NodeExistsError, NoNodeError
+
+        app_path = self._app_path(app)
+        parent = f"{app_path}/subscribers"
+        instance = json.loads(owned.data)["instance"]
+        # A create whose answer was lost may have made the node: adopt it.
+        try:
+            children = self._do("get_children", parent)
+        except NoNodeError:
+            children = []
+        for child in children:
+            if child.rsplit("-", 1)[0] == instance:
+                stat = self._do("exists", f"{parent}/{child}")
+                if stat is not None and sid is not None and stat.ephemeralOwner == sid:
+                    owned.path = f"{parent}/{child}"
+                    owned.session = sid
+                    owned.synced = True
+                    return
+        for _ in range(5):
+            try:
+                self._do("create", parent, b"")
+            except NodeExistsError:
+                pass
+            except NoNodeError:
+                raise ConfigError(self._unknown_app(app)) from None
+            try:
+                path = self._do(
+                    "create", f"{parent}/{instance}-", owned.data, ephemeral=True, sequence=True
+                )
+            except NoNodeError:
+                continue  # the application went meanwhile, or its subscribers node
+            owned.path = path
+            owned.session = sid
+            owned.synced = True
+            return
+        raise ConfigError(self._unknown_app(app))
+
+    def _unknown_app(self, app: str) -> str:
+        return (
+            f"unknown application {app!r} of dataset {self.dataset} in {self.describe()}: "
+            f"add it with `wormhole apps add`"
+        )
+
+    def _reregister(self) -> None:
+        """Create again the nodes of ours that are missing (a new session) or stale."""
+        sid = self._session_id()
+        with self._writes:
+            if self._closed:
+                return
+            for path in list(self._orphans):
+                self._delete_own(path, sid)
+                self._orphans.remove(path)
+            for kind, table in (("publisher", self._publishers), ("status", self._statuses)):
+                for datastore, owned in table.items():
+                    if owned.session == sid and owned.synced:
+                        continue
+                    try:
+                        self._claim(owned, sid)
+                        log.info("registered %s %s again as %s", kind, datastore, owned.path)
+                    except StateError as exc:
+                        log.error("could not register %s again: %s", kind, exc)
+            for (app, instance), owned in self._subscribers.items():
+                if owned.session == sid:
+                    continue
+                try:
+                    self._create_subscriber(app, owned, sid)
+                    log.info("registered subscriber %s of %s again", instance, app)
+                except ConfigError as exc:
+                    log.error("could not register subscriber %s again: %s", instance, exc)
+
+    # ------------------------------------------------------- state + thread
+    def _on_state(self, state: str) -> None:
+        """kazoo's connection listener: must not block."""
+        if self._closed:
+            return
+        if state == "CONNECTED":
+            with self._cond:
+                self._connected.set()
+                self._reconnected = True
+                self._cond.notify_all()
+        elif state == "SUSPENDED":
+            self._connected.clear()
+            log.warning(
+                "lost the connection to ZooKeeper at %s; reconnecting (registrations hold "
+                "for the session timeout, %dms)",
+                self.options.hosts,
+                self.options.session_timeout_ms,
+            )
+        else:  # LOST
+            self._connected.clear()
+            log.warning(
+                "the ZooKeeper session with %s expired: this process's registrations are "
+                "gone until it reconnects and registers them again",
+                self.options.hosts,
+            )
+
+    def _schedule(self, watch: _Watch[Any]) -> None:
+        with self._cond:
+            self._pending[id(watch)] = watch
+            self._cond.notify_all()
+
+    def _resync_later(self) -> None:
+        """A registration could not be written now: the thread tries again."""
+        with self._cond:
+            self._resync = True
+            self._cond.notify_all()
+
+    def _run(self) -> None:
+        errors = self._errors()
+        backlog: list[_Watch[Any]] = []  # failed while connected: again after a pause
+        pause = False
+        while True:
+            with self._cond:
+                if pause:
+                    self._cond.wait(timeout=1.0)
+                    pause = False
+                while not (self._closed or self._reconnected or self._resync or self._pending):
+                    if not self._cond.wait(timeout=1.0 if backlog else None):
+                        break
+                if self._closed:
+                    return
+                if not self._connected.is_set():
+                    # Everything is registered and read again on CONNECTED.
+                    self._reconnected = self._resync = False
+                    self._pending.clear()
+                    backlog = []
+                    continue
+                reconnected = self._reconnected
+                resync = self._resync or reconnected
+                self._reconnected = self._resync = False
+                if reconnected:
+                    watches = list(self._watches)
+                else:
+                    watches = list(self._pending.values())
+                    watches += [w for w in backlog if w not in watches]
+                self._pending.clear()
+                backlog = []
+            if resync:
+                try:
+                    self._reregister()
+                except errors as exc:
+                    log.debug("registering again interrupted: %r", exc)
+                    self._resync = pause = True
+                except Exception:
+                    log.exception("registering again in %s failed", self.describe())
+                    self._resync = pause = True
+            for watch in watches:
+                if self._closed:
+                    return
+                try:
+                    watch.refresh(force=reconnected)
+                except errors as exc:
+                    log.debug("watch of %s interrupted: %r", watch.what, exc)
+                    backlog.append(watch)
+                except Exception:
+                    log.exception("watch of %s failed", watch.what)
+                    backlog.append(watch)
+
+    def _watch(
+        self, what: str, read: Callable[[Callable[[Any], None]], T], fn: Callable[[T], None]
+    ) -> None:
+        watch = _Watch(self, what, read, fn)
+        with self._cond:
+            self._watches.append(watch)
+        try:
+            if not self._connected.is_set():
+                raise self._errors()[0]()
+            watch.refresh()
+        except self._errors() as exc:
+            log.warning(
+                "cannot read %s from ZooKeeper at %s now (%s); the watch starts once it "
+                "is reachable",
+                what,
+                self.options.hosts,
+                type(exc).__name__,
+            )
+            self._schedule(watch)
+
+    def _warn_invalid(self, path: str, version: int, reason: str) -> None:
+        if (path, version) not in self._warned:
+            self._warned.add((path, version))
+            log.warning("registry node %s skipped: %s", path, reason)
+
+    # ------------------------------------------------------------ publishers
+    def register_publisher(self, entry: PublisherEntry) -> None:
+        _check_name("datastore", entry.datastore)
+        path = self._publisher_path(entry.datastore)
+        data = _encode(dataclasses.asdict(entry))
+        with self._writes:
+            owned = self._publishers.get(entry.datastore)
+            if owned is None:
+                owned = _Owned(path, data)
+                self._publishers[entry.datastore] = owned
+                new = True
+            else:
+                owned.data, owned.synced, new = data, False, False
+            try:
+                if not self._connected.is_set():
+                    raise self._errors()[0]("not connected")
+                self._claim(owned, self._session_id())
+            except StateError:
+                if new:
+                    del self._publishers[entry.datastore]
+                raise
+            except self._errors() as exc:
+                log.warning(
+                    "cannot register publisher %s in ZooKeeper at %s now (%s); it is "
+                    "registered once the registry is back",
+                    entry.datastore,
+                    self.options.hosts,
+                    type(exc).__name__,
+                )
+                self._resync_later()
+
+    def _read_publishers(self, watcher: Callable[[Any], None] | None) -> list[PublisherEntry]:
+        from kazoo.exceptions import NoNodeError
+
+        parent = f"{self._base}/publishers"
+        try:
+            children = self._do("get_children", parent, watch=watcher)
+        except NoNodeError:
+            self._do("exists", parent, watch=watcher)
+            return []
+        entries: list[PublisherEntry] = []
+        for child in sorted(children):
+            path = f"{parent}/{child}"
+            try:
+                data, stat = self._do("get", path, watch=watcher)
+            except NoNodeError:
+                continue
+            try:
+                raw = _decode_object(data)
+                entries.append(
+                    PublisherEntry(**_field_values(PublisherEntry, raw, datastore=child))
+                )
+            except (ValueError, TypeError) as exc:
+                self._warn_invalid(path, stat.mzxid, str(exc))
+        return entries
+
+    def watch_publishers(self, fn: Callable[[list[PublisherEntry]], None]) -> None:
+        self._watch(f"the publishers of {self.dataset}", self._read_publishers, fn)
+
+    def publish_status(self, datastore: str, status: dict[str, Any]) -> None:
+        _check_name("datastore", datastore)
+        data = _encode(status)
+        with self._writes:
+            owned = self._statuses.get(datastore)
+            if owned is None:
+                owned = self._statuses[datastore] = _Owned(self._status_path(datastore), data)
+            else:
+                owned.data, owned.synced = data, False
+            if not self._connected.is_set():
+                return  # written once connected again
+            try:
+                self._claim(owned, self._session_id())
+            except StateError as exc:
+                del self._statuses[datastore]
+                log.error("status not shared: %s", exc)
+            except self._errors() as exc:
+                log.debug("status of %s not shared now: %r", datastore, exc)
+                self._resync_later()
+
+    def statuses(self) -> dict[str, dict[str, Any]]:
+        from kazoo.exceptions import NoNodeError
+
+        parent = f"{self._base}/status"
+
+        def read() -> dict[str, dict[str, Any]]:
+            out: dict[str, dict[str, Any]] = {}
+            try:
+                children = self._do("get_children", parent)
+            except NoNodeError:
+                return out
+            for child in sorted(children):
+                try:
+                    data, stat = self._do("get", f"{parent}/{child}")
+                except NoNodeError:
+                    continue
+                try:
+                    out[child] = _decode_object(data)
+                except ValueError as exc:
+                    self._warn_invalid(f"{parent}/{child}", stat.mzxid, str(exc))
+            return out
+
+        return self._retrying("read the publishers' status", read)
+
+    # ---------------------------------------------------------- applications
+    def holds_applications(self) -> bool:
+        return True
+
+    def seed_applications(self, raw: dict[str, Any]) -> bool:
+        from kazoo.exceptions import NodeExistsError
+
+        encoded = {name: self._encode_app(name, app) for name, app in raw.items()}
+        parent = f"{self._base}/applications"
+        marker = f"{self._base}/seeded"
+
+        def seed() -> bool:
+            if self._do("get_children", parent) or self._do("exists", marker) is not None:
+                return False
+            transaction = self._client.transaction()
+            transaction.create(marker, b"")
+            for name, data in encoded.items():
+                transaction.create(f"{parent}/{name}", data)
+            results = transaction.commit_async().get(timeout=self.options.session_timeout_ms / 1000)
+            failures = [r for r in results if isinstance(r, Exception)]
+            if not failures:
+                return True
+            if any(isinstance(r, NodeExistsError) for r in failures):
+                return False  # another publisher seeded (or an application was added) first
+            raise StateError(
+                f"cannot store the applications in {self.describe()}: "
+                + ", ".join(type(r).__name__ for r in failures)
+            )
+
+        return self._retrying("store the pipeline file's applications", seed)
+
+    def _encode_app(self, name: str, raw: Any) -> bytes:
+        _check_name("application", name)
+        if not isinstance(raw, dict):
+            raise ConfigError(f"application {name!r} must be a mapping, not {raw!r}")
+        try:
+            return _encode(raw)
+        except (TypeError, ValueError) as exc:
+            raise ConfigError(f"application {name!r} cannot be stored as JSON: {exc}") from None
+
+    def _read_applications(self, watcher: Callable[[Any], None] | None) -> Applications:
+        from kazoo.exceptions import NoNodeError
+
+        parent = f"{self._base}/applications"
+        try:
+            children = self._do("get_children", parent, watch=watcher)
+        except NoNodeError:
+            if watcher is not None:
+                self._do("exists", parent, watch=watcher)
+            return {}
+        out: Applications = {}
+        for child in sorted(children):
+            path = f"{parent}/{child}"
+            try:
+                data, _stat = self._do("get", path, watch=watcher)
+            except NoNodeError:
+                continue
+            try:
+                out[child] = _decode_object(data)
+            except ValueError as exc:
+                out[child] = InvalidEntry(path, str(exc))
+        return out
+
+    def applications(self) -> Applications:
+        return self._retrying("read the applications", lambda: self._read_applications(None))
+
+    def watch_applications(self, fn: Callable[[Applications], None]) -> None:
+        self._watch(f"the applications of {self.dataset}", self._read_applications, fn)
+
+    def put_application(self, name: str, raw: dict[str, Any]) -> None:
+        from kazoo.exceptions import NodeExistsError, NoNodeError
+
+        data = self._encode_app(name, raw)
+        path = self._app_path(name)
+
+        def put() -> None:
+            while True:
+                try:
+                    self._do("create", path, data, makepath=True)
+                    return
+                except NodeExistsError:
+                    pass
+                try:
+                    self._do("set", path, data)
+                    return
+                except NoNodeError:
+                    continue  # removed meanwhile
+
+        self._retrying(f"store application {name}", put)
+
+    def remove_application(self, name: str) -> bool:
+        _check_name("application", name)
+        with self._writes:
+            for key in [k for k in self._subscribers if k[0] == name]:
+                del self._subscribers[key]
+        return self._retrying(
+            f"remove application {name}", lambda: self._delete_tree(self._app_path(name))
+        )
+
+    def _delete_tree(self, path: str) -> bool:
+        """Delete ``path`` and everything under it; False if it did not exist."""
+        from kazoo.exceptions import NoNodeError, NotEmptyError
+
+        for _ in range(10):
+            try:
+                children = self._do("get_children", path)
+            except NoNodeError:
+                return False
+            for child in children:
+                self._delete_tree(f"{path}/{child}")
+            try:
+                self._do("delete", path)
+                return True
+            except NoNodeError:
+                return False
+            except NotEmptyError:
+                continue  # a subscriber registered meanwhile
+        raise StateError(f"cannot delete {path}: nodes keep appearing under it; try again")
+
+    # ----------------------------------------------------------- subscribers
+    def register_subscriber(self, application: str, entry: SubscriberEntry) -> None:
+        _check_name("application", application)
+        _check_name("subscriber instance", entry.instance)
+        data = _encode({"instance": entry.instance, "host": entry.host, "pid": entry.pid})
+        parent = f"{self._app_path(application)}/subscribers"
+        key = (application, entry.instance)
+        with self._writes:
+            sid = self._session_id()
+            owned = self._subscribers.get(key)
+            if owned is not None and owned.session is not None and owned.session == sid:
+                return  # registered already, in this session
+            if owned is None:
+                owned = _Owned(f"{parent}/{entry.instance}-", data, sequential=True)
+            try:
+                if not self._connected.is_set():
+                    raise self._errors()[0]("not connected")
+                if self._do("exists", self._app_path(application)) is None:
+                    raise ConfigError(self._unknown_app(application))
+                self._create_subscriber(application, owned, sid)
+            except self._errors() as exc:
+                log.warning(
+                    "cannot register subscriber %s of %s in ZooKeeper at %s now (%s); it is "
+                    "registered once the registry is back",
+                    entry.instance,
+                    application,
+                    self.options.hosts,
+                    type(exc).__name__,
+                )
+                self._resync_later()
+            self._subscribers[key] = owned
+
+    def unregister_subscriber(self, application: str, instance: str) -> None:
+        with self._writes:
+            owned = self._subscribers.pop((application, instance), None)
+            if owned is None or owned.session is None:
+                return
+            sid = self._session_id()
+            if owned.session != sid:
+                return  # went with its session
+            try:
+                self._delete_own(owned.path, sid)
+            except self._errors():
+                self._orphans.append(owned.path)
+                self._resync_later()
+
+    def _read_subscribers(
+        self, application: str, watcher: Callable[[Any], None] | None
+    ) -> list[SubscriberEntry]:
+        from kazoo.exceptions import NoNodeError
+
+        app_path = self._app_path(application)
+        parent = f"{app_path}/subscribers"
+        if self._do("exists", app_path, watch=watcher) is None:
+            return []
+        if self._do("exists", parent, watch=watcher) is None:
+            return []
+        try:
+            children = self._do("get_children", parent, watch=watcher)
+        except NoNodeError:
+            return []
+        entries: list[SubscriberEntry] = []
+        for child in children:
+            path = f"{parent}/{child}"
+            name, _, seq = child.rpartition("-")
+            try:
+                order = int(seq)
+                data, stat = self._do("get", path)
+            except ValueError:
+                self._warn_invalid(path, 0, "not a sequential node <instance>-<seq>")
+                continue
+            except NoNodeError:
+                continue
+            try:
+                raw = _decode_object(data)
+                raw.setdefault("instance", name)
+                entries.append(SubscriberEntry(**_field_values(SubscriberEntry, raw, order=order)))
+            except (ValueError, TypeError) as exc:
+                self._warn_invalid(path, stat.mzxid, str(exc))
+        entries.sort(key=lambda e: e.order)
+        return entries
+
+    def watch_subscribers(
+        self, application: str, fn: Callable[[list[SubscriberEntry]], None]
+    ) -> None:
+        self._watch(
+            f"the subscribers of {application}",
+            lambda watcher: self._read_subscribers(application, watcher),
+            fn,
+        )
