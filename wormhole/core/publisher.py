@@ -156,7 +156,7 @@ class Publisher:
         """Claim this publisher's datastore in the registry; take the applications from it
         when it holds them."""
         membership = self.membership = PublisherMembership(self.pipeline, self.stop_requested)
-        membership.claim()
+        membership.claim(self.stop_requested)
         cleanup.callback(membership.close)
         found = membership.applications()
         if found is None:

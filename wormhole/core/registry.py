@@ -25,6 +25,7 @@ from wormhole.core.errors import ConfigError, StateError
 from wormhole.core.pipeline import Application, Component, Pipeline, parse_application
 from wormhole.plugins.components import (
     DatasetRegistry,
+    DatastoreHeld,
     InvalidEntry,
     PublisherEntry,
     SubscriberEntry,
@@ -107,14 +108,7 @@ def subscriber_application(pipeline: Pipeline, name: str, library: str) -> Appli
     try:
         if not registry.holds_applications():
             return sink_application(pipeline, name, library)[0]
-        raw = registry.applications()
-        if name not in raw:
-            known = ", ".join(sorted(raw)) or "none"
-            raise ConfigError(
-                f"--app: no application {name!r} in {registry.describe()} for dataset "
-                f"{pipeline.name} (registered: {known}); add it with `wormhole apps add`",
-                pipeline.file,
-            )
+        raw = _wait_for_application(pipeline, registry, name)
         apps, problems = registered_applications(pipeline, registry, {name: raw[name]})
     finally:
         registry.close()
@@ -128,6 +122,57 @@ def subscriber_application(pipeline: Pipeline, name: str, library: str) -> Appli
             pipeline.file,
         )
     return app
+
+
+def _alive(pid: int) -> bool:
+    if pid <= 0:
+        return True  # unknown: assume it is
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _wait_for_application(
+    pipeline: Pipeline, registry: DatasetRegistry, name: str
+) -> RawApplications:
+    """The registered applications once ``name`` is among them: a subscriber may start
+    before its dataset's first publisher has registered the applications."""
+    from wormhole.core.subscriber import stop_signalled
+
+    seen: dict[str, RawApplications] = {}
+    arrived = threading.Event()
+
+    def changed(raw: RawApplications) -> None:
+        seen["raw"] = raw
+        if name in raw:
+            arrived.set()
+
+    registry.watch_applications(changed)
+    started = time.monotonic()
+    warn_at = started + 10.0
+    while not arrived.wait(0.5):
+        if stop_signalled.is_set():
+            raise StateError(f"stopped while waiting for application {name} to be registered")
+        if time.monotonic() < warn_at:
+            continue
+        warn_at += 30.0
+        known = ", ".join(sorted(seen.get("raw", {}))) or "none"
+        log.warning(
+            "application %s is not registered in %s for dataset %s (registered: %s) after "
+            "%.0fs; waiting for it (a publisher of %s registers its file's applications, or "
+            "add it with `wormhole apps add`)",
+            name,
+            registry.describe(),
+            pipeline.name,
+            known,
+            time.monotonic() - started,
+            pipeline.name,
+        )
+    return seen["raw"]
 
 
 def advertised(address: str) -> str:
@@ -163,13 +208,48 @@ class PublisherMembership:
         self.hub: Any = None
         self._last_status = 0.0
 
-    def claim(self) -> None:
-        """Claim this publisher's datastore (StateError if another publisher holds it)."""
+    def claim(self, stop: threading.Event) -> None:
+        """Claim this publisher's datastore (StateError if another publisher holds it).
+
+        A registration left by a publisher of this host whose process is gone (killed with
+        -9, say) is removed at once; one from another host may be a dead publisher whose
+        registration has not expired yet: it is waited for, up to its expiry."""
         try:
-            self.registry.register_publisher(self.entry)
+            self._claim(stop)
         except BaseException:
             self.registry.close()
             raise
+
+    def _claim(self, stop: threading.Event) -> None:
+        deadline: float | None = None
+        while True:
+            try:
+                self.registry.register_publisher(self.entry)
+                return
+            except DatastoreHeld as exc:
+                holder = exc.holder
+                if holder is not None and holder.host == self.entry.host:
+                    if not _alive(holder.pid):
+                        log.warning(
+                            "datastore %s: replacing the registration of publisher pid %d of "
+                            "this host, which is gone (%s)",
+                            self.entry.datastore,
+                            holder.pid,
+                            exc.path,
+                        )
+                        self.registry.release_publisher(self.entry.datastore, holder)
+                        continue
+                    raise  # alive, here: a second publisher of the datastore
+                if deadline is None:
+                    deadline = time.monotonic() + exc.expiry_s + 2.0
+                    log.warning(
+                        "%s; waiting up to %.0fs in case that publisher is dead and its "
+                        "registration has not expired yet",
+                        exc,
+                        exc.expiry_s + 2.0,
+                    )
+                if time.monotonic() >= deadline or stop.wait(0.5):
+                    raise
 
     # -------------------------------------------------------- applications
     def applications(self) -> tuple[dict[str, Application], dict[str, str]] | None:

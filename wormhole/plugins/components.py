@@ -19,6 +19,7 @@ from typing import Any, Literal, Protocol, runtime_checkable
 
 from pydantic import BaseModel, ConfigDict, ValidationInfo, field_validator
 
+from wormhole.core.errors import StateError
 from wormhole.core.update import Update
 
 Kind = Literal[
@@ -461,6 +462,20 @@ class InvalidEntry:
     reason: str
 
 
+class DatastoreHeld(StateError):
+    """Another publisher's registration holds the datastore (``register_publisher``)."""
+
+    def __init__(
+        self, message: str, holder: PublisherEntry | None, path: str, expiry_s: float
+    ) -> None:
+        super().__init__(message)
+        self.holder = holder
+        """The registration found (None if unreadable)."""
+        self.path = path
+        self.expiry_s = expiry_s
+        """How long a dead holder's registration can outlive it (a session timeout)."""
+
+
 class DatasetRegistry(Protocol):
     """Where the publishers, applications and subscribers of a dataset find each other.
 
@@ -488,7 +503,12 @@ class DatasetRegistry(Protocol):
     # publishers
     def register_publisher(self, entry: PublisherEntry) -> None:
         """Claim ``entry.datastore`` for this process, or update the entry it already
-        holds. Raises ``StateError`` naming the holder if another live publisher holds it."""
+        holds. Raises :class:`DatastoreHeld` naming the holder if another registration
+        holds it."""
+
+    def release_publisher(self, datastore: str, holder: PublisherEntry) -> bool:
+        """Remove ``holder``'s registration of ``datastore`` (if it is still that one):
+        for a holder known to be dead. True if it was removed."""
 
     def watch_publishers(self, fn: Callable[[list[PublisherEntry]], None]) -> None:
         """``fn(entries)`` with the live publishers of the dataset, by datastore."""

@@ -42,6 +42,9 @@ class FileRegistry:
         for fn in self._publisher_watches:
             fn([entry])
 
+    def release_publisher(self, datastore: str, holder: PublisherEntry) -> bool:
+        return False
+
     def watch_publishers(self, fn: Callable[[list[PublisherEntry]], None]) -> None:
         self._publisher_watches.append(fn)
         fn([self.entry] if self.entry is not None else [])

@@ -35,6 +35,7 @@ from pydantic import Field, field_validator
 
 from wormhole.core.errors import ConfigError, StateError
 from wormhole.plugins.components import (
+    DatastoreHeld,
     InvalidEntry,
     Options,
     PublisherEntry,
@@ -420,7 +421,12 @@ class ZooKeeperRegistry:
                 except NoNodeError:
                     continue  # gone meanwhile: create it again
                 if sid is None or stat.ephemeralOwner != sid:
-                    raise StateError(self._held_message(owned.path, data)) from None
+                    raise DatastoreHeld(
+                        self._held_message(owned.path, data),
+                        self._entry_of(data),
+                        owned.path,
+                        self.options.session_timeout_ms / 1000.0,
+                    ) from None
                 try:
                     self._do("set", owned.path, owned.data, version=stat.version)
                 except NoNodeError:
@@ -429,6 +435,35 @@ class ZooKeeperRegistry:
             owned.synced = True
             return
         raise StateError(f"node {owned.path} keeps appearing and disappearing; try again")
+
+    def _entry_of(self, data: bytes | None) -> PublisherEntry | None:
+        try:
+            raw = _decode_object(data)
+            return PublisherEntry(**_field_values(PublisherEntry, raw))
+        except (ValueError, TypeError):
+            return None
+
+    def release_publisher(self, datastore: str, holder: PublisherEntry) -> bool:
+        from kazoo.exceptions import BadVersionError, NoNodeError
+
+        _check_name("datastore", datastore)
+        released = False
+        for path in (self._publisher_path(datastore), self._status_path(datastore)):
+            try:
+                data, stat = self._do("get", path)
+            except NoNodeError:
+                continue
+            found = self._entry_of(data) if path.endswith(f"publishers/{datastore}") else None
+            if found is not None and (found.host, found.pid) != (holder.host, holder.pid):
+                return False  # someone else's now
+            if stat.ephemeralOwner == self._session_id():
+                continue
+            try:
+                self._do("delete", path, version=stat.version)
+                released = True
+            except (NoNodeError, BadVersionError):
+                pass
+        return released
 
     def _held_message(self, path: str, data: bytes | None) -> str:
         kind = path.rsplit("/", 2)[-2]
