@@ -12,14 +12,16 @@ from __future__ import annotations
 import json
 import signal
 import threading
+import time
 from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 from tcp_support import Process
 
-from wormhole.testing import run_cli, wait_until, write_pipeline
+from wormhole.testing import read_envelopes, run_cli, wait_until, write_pipeline
 
 SHARDS = 16
 HEARTBEAT = {"heartbeat_ms": 300, "heartbeat_timeout_ms": 1500}
@@ -147,7 +149,7 @@ def test_a_second_publisher_of_the_same_datastore_refuses_naming_the_holder(
     path = dataset.pipeline("db1")
     first = dataset.publish("db1")
     wait_until(lambda: len(dataset.status()["publishers"]) == 1, 60, "db1 to register")
-    twin = dict(json.loads(json.dumps(__import__("yaml").safe_load(path.read_text()))))
+    twin = yaml.safe_load(path.read_text())
     twin["state_dir"] = str(tmp_path / "state-twin")
     twin_path = write_pipeline(tmp_path / "twin.yml", twin)
     result = run_cli("publish", str(twin_path), "-q", cwd=tmp_path, timeout=90)
@@ -283,3 +285,99 @@ def test_every_update_of_both_datastores_arrives_in_key_order_through_faults(
         assert all(f"-{killed}-" in node for node in left), left
     finally:
         client.stop()
+
+
+def test_invalid_application_data_stops_only_that_application_and_a_fix_starts_it(
+    dataset: Dataset, tmp_path: Path
+) -> None:
+    path = dataset.pipeline("db1")
+    base = f"{dataset.root}/datasets/shop/applications"
+    client = dataset.zk.client()
+    try:
+        # The dataset's applications are registered already: one good, one broken.
+        good = {"sink": {"type": "jsonl", "path": str(tmp_path / "good.jsonl")}}
+        client.create(f"{base}/good", json.dumps(good).encode(), makepath=True)
+        client.create(f"{base}/broken", b'{"start": "yesterday"}', makepath=True)
+        client.create(f"{dataset.root}/datasets/shop/seeded", b"")
+    finally:
+        client.stop()
+    publisher = dataset.publish("db1")
+    dataset.write("db1", 0, 10, 0)
+    dataset.subscribe(0, app="good")
+    good_out = tmp_path / "good.jsonl"
+    wait_until(
+        lambda: good_out.exists() and len(read_envelopes(good_out)) == 10,
+        60,
+        "the good application to get its updates",
+    )
+    wait_until(lambda: "broken" in publisher.stderr, 30, "the publisher to report broken")
+    line = next(ln for ln in publisher.stderr_lines if "broken" in ln)
+    assert f"{base}/broken" in line and "start" in line, line
+    # Fixed in the registry: it starts, from its start.
+    fixed = run_cli(
+        "apps",
+        "add",
+        str(path),
+        "broken",
+        "--replace",
+        "--sink",
+        json.dumps({"type": "jsonl", "path": str(tmp_path / "fixed.jsonl")}),
+        cwd=tmp_path,
+    )
+    assert fixed.returncode == 0, fixed
+    dataset.subscribe(0, app="broken")
+    wait_until(
+        lambda: (
+            (tmp_path / "fixed.jsonl").exists()
+            and len((tmp_path / "fixed.jsonl").read_text().splitlines()) == 10
+        ),
+        60,
+        "the fixed application to start and get everything",
+    )
+    listed = run_cli("apps", "list", str(path), "--json", cwd=tmp_path)
+    assert listed.returncode == 0, listed
+    assert set(json.loads(listed.stdout)) == {"good", "broken"}
+    # Removing an application stops it at the publisher; its subscriber is sent away.
+    removed = run_cli("apps", "remove", str(path), "good", cwd=tmp_path)
+    assert removed.returncode == 0, removed
+    wait_until(
+        lambda: "application good removed" in publisher.stderr, 30, "the publisher to drop good"
+    )
+
+
+def test_a_publisher_keeps_serving_while_zookeeper_is_away_past_its_session(
+    dataset: Dataset, tmp_path: Path
+) -> None:
+    path = dataset.pipeline("db1")
+    raw = yaml.safe_load(path.read_text())
+    raw["registry"]["session_timeout_ms"] = 3000
+    write_pipeline(path, raw)
+    dataset.publish("db1")
+    dataset.subscribe(0)
+    output = tmp_path / "search.jsonl"
+    dataset.write("db1", 0, 50, 0)
+    wait_until(lambda: output.exists() and len(output.read_text().splitlines()) == 50, 60, "50")
+    dataset.zk.pause()
+    try:
+        # Past the session timeout: both sessions expire on the server's side.
+        dataset.write("db1", 0, 50, 1)
+        wait_until(
+            lambda: len(output.read_text().splitlines()) == 100,
+            60,
+            "updates written while ZooKeeper is away to be delivered",
+        )
+        # The fault itself: ZooKeeper stays away past the session timeout.
+        time.sleep(5)
+    finally:
+        dataset.zk.resume()
+    # Both register again once it is back; delivery goes on.
+    wait_until(
+        lambda: (
+            len(dataset.status()["publishers"]) == 1
+            and len(dataset.status()["subscribers"]["search"]) == 1
+        ),
+        60,
+        "the publisher and the subscriber to register again",
+    )
+    dataset.write("db1", 0, 50, 2)
+    wait_until(lambda: len(output.read_text().splitlines()) == 150, 60, "150")
