@@ -21,6 +21,7 @@ import pytest
 import yaml
 from tcp_support import Process
 
+from wormhole.core.assignment import spread
 from wormhole.testing import read_envelopes, run_cli, wait_until, write_pipeline
 
 SHARDS = 16
@@ -381,3 +382,65 @@ def test_a_publisher_keeps_serving_while_zookeeper_is_away_past_its_session(
     )
     dataset.write("db1", 0, 50, 2)
     wait_until(lambda: len(output.read_text().splitlines()) == 150, 60, "150")
+
+
+def test_spread_deals_the_dataset_flows_evenly_and_in_order() -> None:
+    datastores = {"db1": 16, "db2": 16}
+    registered = ["s-a", "s-b", "s-c"]
+    sessions = ["s-c", "s-a", "s-b"]  # joining order does not matter once registered
+    owned: dict[str, int] = defaultdict(int)
+    for datastore in datastores:
+        for owner in spread(datastore, 16, datastores, registered, sessions, str):
+            assert owner is not None
+            owned[owner] += 1
+    assert sorted(owned.values()) == [10, 11, 11]
+    # flow i of the dataset goes to subscriber i % 3, in registration order
+    assert spread("db2", 16, datastores, registered, sessions, str)[:3] == ["s-b", "s-c", "s-a"]
+    # a registered subscriber not connected here gets nothing from this publisher
+    assert set(spread("db1", 16, datastores, registered, ["s-a"], str)) == {"s-a"}
+    # sessions the registry does not list follow the listed ones, in joining order
+    assert spread("db1", 4, {"db1": 4}, ["s-b"], ["x", "s-b", "y"], str) == ["s-b", "x", "y", "s-b"]
+    # no registry data and one datastore: the plain split over the sessions
+    assert spread("db1", 4, {"db1": 4}, [], ["x", "y"], str) == ["x", "y", "x", "y"]
+    assert spread("db1", 2, {"db1": 2}, ["s-a"], [], str) == [None, None]
+
+
+def test_the_library_names_flows_by_datastore_and_shard(dataset: Dataset, tmp_path: Path) -> None:
+    from wormhole import Subscriber
+
+    for datastore in ("db1", "db2"):
+        dataset.pipeline(datastore)
+        dataset.publish(datastore)
+    sub = Subscriber(
+        app="search",
+        registry=f"zookeeper://{dataset.zk.hosts}{dataset.root}",
+        dataset="shop",
+        heartbeat_ms=300,
+        heartbeat_timeout_ms=1500,
+    )
+    notices: list[tuple[list[Any], list[Any]]] = []
+    got: dict[tuple[str, int], list[int]] = defaultdict(list)
+    sub.on_shard_notice(lambda assigned, revoked: notices.append((assigned, revoked)))
+
+    @sub.on_updates
+    def handle(flow: Any, updates: list[Any]) -> None:
+        assert flow.application == "search"
+        for u in updates:
+            assert u.shard == flow.shard
+            got[(flow.datastore, flow.shard)].append(u.after_row()["id"])
+
+    thread = threading.Thread(target=sub.run, daemon=True)
+    thread.start()
+    try:
+        wait_until(lambda: len(sub.assigned) == 2 * SHARDS, 60, "every flow of both publishers")
+        assert sub.assigned == {(d, s) for d in ("db1", "db2") for s in range(SHARDS)}
+        dataset.write("db1", 0, 20, 0)
+        dataset.write("db2", 100, 20, 0)
+        wait_until(lambda: sum(len(v) for v in got.values()) == 40, 60, "40 updates")
+        assert {k for (d, _), ids in got.items() if d == "db1" for k in ids} == set(range(20))
+        assert {k for (d, _), ids in got.items() if d == "db2" for k in ids} == set(range(100, 120))
+        assert all(isinstance(f, tuple) for assigned, _ in notices for f in assigned)
+    finally:
+        sub.stop()
+        thread.join(30)
+    assert not thread.is_alive()

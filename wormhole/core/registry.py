@@ -108,7 +108,11 @@ def subscriber_application(pipeline: Pipeline, name: str, library: str) -> Appli
     try:
         if not registry.holds_applications():
             return sink_application(pipeline, name, library)[0]
-        raw = _wait_for_application(pipeline, registry, name)
+        from wormhole.core.subscriber import stop_signalled
+
+        raw = wait_for_application(registry, pipeline.name, name, stop_signalled.is_set)
+        if raw is None:
+            raise StateError(f"stopped while waiting for application {name} to be registered")
         apps, problems = registered_applications(pipeline, registry, {name: raw[name]})
     finally:
         registry.close()
@@ -136,13 +140,12 @@ def _alive(pid: int) -> bool:
     return True
 
 
-def _wait_for_application(
-    pipeline: Pipeline, registry: DatasetRegistry, name: str
-) -> RawApplications:
-    """The registered applications once ``name`` is among them: a subscriber may start
-    before its dataset's first publisher has registered the applications."""
-    from wormhole.core.subscriber import stop_signalled
-
+def wait_for_application(
+    registry: DatasetRegistry, dataset: str, name: str, stopped: Callable[[], bool]
+) -> RawApplications | None:
+    """The registered applications once ``name`` is among them (None if ``stopped()``
+    first): a subscriber may start before its dataset's first publisher has registered
+    the applications."""
     seen: dict[str, RawApplications] = {}
     arrived = threading.Event()
 
@@ -155,8 +158,8 @@ def _wait_for_application(
     started = time.monotonic()
     warn_at = started + 10.0
     while not arrived.wait(0.5):
-        if stop_signalled.is_set():
-            raise StateError(f"stopped while waiting for application {name} to be registered")
+        if stopped():
+            return None
         if time.monotonic() < warn_at:
             continue
         warn_at += 30.0
@@ -167,10 +170,10 @@ def _wait_for_application(
             "add it with `wormhole apps add`)",
             name,
             registry.describe(),
-            pipeline.name,
+            dataset,
             known,
             time.monotonic() - started,
-            pipeline.name,
+            dataset,
         )
     return seen["raw"]
 
@@ -344,4 +347,5 @@ __all__ = [
     "registered_applications",
     "registry_component",
     "subscriber_application",
+    "wait_for_application",
 ]

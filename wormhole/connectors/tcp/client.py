@@ -154,7 +154,11 @@ class Subscriber(Handlers):
 
     # ---------------------------------------------------------- registry
     def _run_registered(self) -> None:
-        from wormhole.core.registry import open_registry, registry_component
+        from wormhole.core.registry import (
+            open_registry,
+            registry_component,
+            wait_for_application,
+        )
         from wormhole.plugins.components import PublisherEntry, SubscriberEntry
 
         component = (
@@ -181,6 +185,10 @@ class Subscriber(Handlers):
 
         threads: dict[str, threading.Thread] = {}
         try:
+            if registry.holds_applications():
+                found = wait_for_application(registry, self.dataset, self.app, self._stop.is_set)
+                if found is None:
+                    return
             registry.register_subscriber(
                 self.app,
                 SubscriberEntry(instance=self.instance, host=socket.gethostname(), pid=os.getpid()),
