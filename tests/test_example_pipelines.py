@@ -195,3 +195,57 @@ def test_orders_filtered_example_runs(tmp_path: Path) -> None:
     fraud = read_envelopes(tmp_path / "out" / "fraud.jsonl")
     assert [e["key"]["id"] for e in fraud] == [i for i in range(100) if i % 2 and i * 3 > 100]
     assert set(fraud[0]["after"]) == {"id", "amount", "customer"}
+
+
+def test_registry_example_runs_two_publishers_and_shares_their_flows(
+    tmp_path: Path, zookeeper_server: Any
+) -> None:
+    import signal
+
+    from tcp_support import Process
+
+    from wormhole.testing import wait_until
+
+    pipeline = str(REPO / "pipelines" / "registry-two-datastores.yml")
+    common = {
+        "ZK": zookeeper_server.hosts,
+        "ZK_ROOT": "/example",
+        "SHOP_STATE": str(tmp_path / "state"),
+        "SHOP_OUT": str(tmp_path / "out"),
+    }
+    processes = []
+    try:
+        for datastore in ("db1", "db2"):
+            data = tmp_path / datastore
+            data.mkdir()
+            (data / "orders.jsonl").write_text(
+                "".join(
+                    json.dumps({"key": {"id": f"{datastore}-{i}"}, "after": {"n": i}}) + "\n"
+                    for i in range(50)
+                )
+            )
+            env = {**common, "DATASTORE": datastore, "SHOP_DATA": str(data)}
+            processes.append(Process("publish", pipeline, "-q", cwd=tmp_path, env=env))
+        for instance in ("0", "1"):
+            processes.append(
+                Process(
+                    "subscribe",
+                    pipeline,
+                    "--app",
+                    "search",
+                    "--instance",
+                    instance,
+                    cwd=tmp_path,
+                    env=common,
+                )
+            )
+        out = tmp_path / "out" / "search.jsonl"
+        wait_until(lambda: out.exists() and len(read_envelopes(out)) == 100, 60, "100 updates")
+        keys = {e["key"]["id"] for e in read_envelopes(out)}
+        assert keys == {f"{d}-{i}" for d in ("db1", "db2") for i in range(50)}
+    finally:
+        for process in processes:
+            if process.proc.poll() is None:
+                process.proc.send_signal(signal.SIGTERM)
+        codes = [process.wait(60) for process in processes]
+    assert codes == [0, 0, 0, 0], [p.stderr[-2000:] for p in processes]

@@ -444,3 +444,19 @@ def test_the_library_names_flows_by_datastore_and_shard(dataset: Dataset, tmp_pa
         sub.stop()
         thread.join(30)
     assert not thread.is_alive()
+
+
+def test_an_unreachable_registry_fails_the_publisher_naming_the_hosts(
+    dataset: Dataset, tmp_path: Path
+) -> None:
+    from wormhole.testing import free_port
+
+    path = dataset.pipeline("db1")
+    raw = yaml.safe_load(path.read_text())
+    hosts = f"127.0.0.1:{free_port()}"  # nothing listens there
+    raw["registry"] = {"type": "zookeeper", "hosts": hosts, "connect_timeout_s": 2}
+    write_pipeline(path, raw)
+    result = run_cli("publish", str(path), "-q", cwd=tmp_path, timeout=60)
+    assert result.returncode != 0, result
+    assert hosts in result.stderr and "registry.hosts" in result.stderr, result.stderr
+    assert "Traceback" not in result.stderr, result.stderr
