@@ -198,14 +198,17 @@ def _deployment(pipeline: Pipeline) -> dict[str, Any] | None:
     registry = _shared_registry(pipeline, "wormhole status")
     try:
         publishers: list[Any] = []
-        registry.watch_publishers(lambda found: publishers.extend(found))
+        # Watches fire at once with the current value (and again on changes): keep the last.
+        registry.watch_publishers(lambda found: publishers.__setitem__(slice(None), found))
         statuses = registry.statuses()
         raw = registry.applications() if registry.holds_applications() else {}
         names = sorted(set(raw) | set(pipeline.applications))
         subscribers: dict[str, list[str]] = {}
         for name in names:
             found: list[Any] = []
-            registry.watch_subscribers(name, lambda entries, found=found: found.extend(entries))
+            registry.watch_subscribers(
+                name, lambda entries, found=found: found.__setitem__(slice(None), entries)
+            )
             subscribers[name] = [e.instance for e in found]
         flows = []
         for entry in publishers:
