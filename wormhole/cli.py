@@ -19,7 +19,9 @@ from wormhole.core.publisher import Publisher, RunSummary, tune_gc
 from wormhole.core.publisher_log import inspect_log
 from wormhole.core.status import read_live_status
 from wormhole.core.subscriber import catch_stop_signals
-from wormhole.plugins.components import KINDS, SubscribeRequest
+from wormhole.plugins.components import KINDS, InvalidEntry, SubscribeRequest
+
+PLURALS = {"registry": "registries"}
 
 EXIT_OK = 0
 EXIT_USAGE = 2
@@ -175,7 +177,7 @@ def cmd_plugins(args: argparse.Namespace) -> int:
         )
         return EXIT_OK
     for kind in KINDS:
-        print(f"{kind.replace('_', ' ')}s:")
+        print(f"{PLURALS.get(kind, kind.replace('_', ' ') + 's')}:")
         entries = sorted(registry.components[kind].items())
         if not entries:
             print("  (none)")
@@ -241,7 +243,8 @@ def _deployment(pipeline: Pipeline) -> dict[str, Any] | None:
                 for e in publishers
             ],
             "applications": {
-                n: (v.__dict__ if hasattr(v, "__dict__") else v) for n, v in sorted(raw.items())
+                n: {"invalid": v.__dict__} if isinstance(v, InvalidEntry) else v
+                for n, v in sorted(raw.items())
             },
             "subscribers": subscribers,
             "flows": flows,
@@ -300,14 +303,19 @@ def cmd_status(args: argparse.Namespace) -> int:
         finally:
             store.close()
     flows = []
-    for name in pipeline.applications:
+    for name in sorted(pipeline.applications):
         for shard in range(pipeline.shards):
             marker = markers.get((name, shard))
             position = marker.position if marker else None
             lag = None if position is None else max(0, info.next_seq - position)
             flows.append({"application": name, "shard": shard, "datamarker": position, "lag": lag})
     live = _live_status(pipeline.state_dir)
-    removed = _removed_applications(pipeline, markers, info.next_seq)
+    names, registry = (
+        (set(deployment["applications"]), deployment["registry"])
+        if deployment is not None and deployment["applications"]
+        else (set(pipeline.applications), None)
+    )
+    removed = _removed_applications(names, markers, info.next_seq)
     if args.json:
         print(
             json.dumps(
@@ -355,7 +363,8 @@ def cmd_status(args: argparse.Namespace) -> int:
         print(f"  {flow['application']:<16} {flow['shard']:>5} {marker_text:>12} {lag_text:>10}")
     for entry in removed:
         print(
-            f"  warning: application {entry['application']} is not in {pipeline.file}, but its "
+            f"  warning: application {entry['application']} is not in "
+            f"{registry or pipeline.file}, but its "
             f"datamarkers keep the publisher log from position {entry['datamarker']:,} "
             f"({entry['lag']:,} updates); it resumes there if added back. To release the log, "
             f"run: wormhole forget {pipeline.file} {entry['application']}"
@@ -366,13 +375,13 @@ def cmd_status(args: argparse.Namespace) -> int:
 
 
 def _removed_applications(
-    pipeline: Pipeline, markers: dict[tuple[str, int], Any], end: int
+    names: set[str], markers: dict[tuple[str, int], Any], end: int
 ) -> list[dict[str, Any]]:
-    """Applications with stored datamarkers that the pipeline file no longer names: they
-    hold the publisher log back until added again or forgotten."""
+    """Applications with stored datamarkers that the dataset no longer has: they hold the
+    publisher log back until added again or forgotten."""
     lowest: dict[str, int] = {}
     for (name, _), marker in markers.items():
-        if name not in pipeline.applications:
+        if name not in names:
             lowest[name] = min(lowest.get(name, marker.position), marker.position)
     return [
         {"application": name, "datamarker": position, "lag": max(0, end - position)}
@@ -386,11 +395,10 @@ def _shared_registry(pipeline: Pipeline, what: str) -> Any:
 
     component = pipeline.dataset_registry
     if component is None or not component.registered.spec.shared:
-        raise ConfigError(
+        raise WormholeError(
             f"{what}: the applications of {pipeline.name} are in {pipeline.file} (no shared "
             f"registry configured): edit the file and send the publisher SIGHUP, or configure "
-            f"registry: {{type: zookeeper, hosts: ..., root: ...}}",
-            pipeline.file,
+            f"registry: {{type: zookeeper, hosts: ..., root: ...}}"
         )
     import threading
 
@@ -408,12 +416,17 @@ def cmd_apps(args: argparse.Namespace) -> int:
     try:
         if args.action == "list":
             raw = registry.applications()
+            shown = {
+                # An unreadable entry is told apart from an application's mapping.
+                n: {"invalid": v.__dict__} if isinstance(v, InvalidEntry) else v
+                for n, v in sorted(raw.items())
+            }
             if args.json:
-                print(json.dumps({n: getattr(v, "__dict__", v) for n, v in sorted(raw.items())}))
+                print(json.dumps(shown))
                 return EXIT_OK
             print(f"applications of {pipeline.name} in {registry.describe()}:")
-            for name, value in sorted(raw.items()):
-                print(f"  {name}: {json.dumps(getattr(value, '__dict__', value))}")
+            for name, value in shown.items():
+                print(f"  {name}: {json.dumps(value)}")
             return EXIT_OK
         name = args.app
         if args.action == "remove":
@@ -454,10 +467,31 @@ def cmd_apps(args: argparse.Namespace) -> int:
         registry.close()
 
 
+def _application_names(pipeline: Pipeline) -> tuple[set[str], str | None]:
+    """The dataset's applications, and the registry holding them (None: the file)."""
+    component = pipeline.dataset_registry
+    if component is None or not component.registered.spec.shared:
+        return set(pipeline.applications), None
+    registry = _shared_registry(pipeline, "registry")
+    try:
+        if not registry.holds_applications():
+            return set(pipeline.applications), None
+        return set(registry.applications()), str(registry.describe())
+    finally:
+        registry.close()
+
+
 def cmd_forget(args: argparse.Namespace) -> int:
     pipeline = _load(args.pipeline)
     name = args.app
-    if name in pipeline.applications:
+    names, registry = _application_names(pipeline)
+    if name in names and registry is not None:
+        raise WormholeError(
+            f"application {name} is still registered in {registry}: forgetting it would only "
+            f"make it start again from its start point. Remove it first: wormhole apps remove "
+            f"{pipeline.file} {name}"
+        )
+    if name in names:
         raise WormholeError(
             f"applications.{name} is still in {pipeline.file}: forgetting it would only make it "
             f"start again from its start point. Remove it from the file first (and send a "
@@ -465,9 +499,14 @@ def cmd_forget(args: argparse.Namespace) -> int:
         )
     live = _live_status(pipeline.state_dir)
     if live is not None and name in live.get("applications", []):
+        how = (
+            "wait for it to apply the registry's change"
+            if registry is not None
+            else f"send it SIGHUP to apply {pipeline.file}"
+        )
         raise WormholeError(
             f"application {name} is still served by the running publisher (pid {live['pid']}): "
-            f"send it SIGHUP to apply {pipeline.file}, then forget {name}"
+            f"{how}, then forget {name}"
         )
     store = pipeline.datamarker_store.create()
     store.open(pipeline.name, pipeline.state_dir)

@@ -196,7 +196,9 @@ class Publisher:
         transport.start(hub)
         cleanup.callback(self._abort_transport)
         assert self.membership is not None
-        self.membership.attach(hub, getattr(transport, "address", ""))
+        self.membership.attach(
+            hub, getattr(transport, "address", ""), getattr(transport, "protocol_version", 0)
+        )
         pipeline.registry.pm.hook.wormhole_pipeline_started(pipeline=pipeline)
         caravans = self.caravans = CaravanManager(
             hub,
@@ -416,7 +418,7 @@ class Publisher:
         ]
         if changed:
             log.warning(
-                "reload: applications %s changed; restart to apply (they run unchanged)",
+                "applications %s changed; restart the publisher to apply (they run unchanged)",
                 ", ".join(sorted(changed)),
             )
 

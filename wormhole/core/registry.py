@@ -129,6 +129,8 @@ def subscriber_application(pipeline: Pipeline, name: str, library: str) -> Appli
 
 
 def _alive(pid: int) -> bool:
+    """Whether process ``pid`` of this host runs (a zombie, killed but not yet reaped by
+    its parent, does not)."""
     if pid <= 0:
         return True  # unknown: assume it is
     try:
@@ -137,7 +139,13 @@ def _alive(pid: int) -> bool:
         return False
     except PermissionError:
         return True
-    return True
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            # pid (comm) state ...: comm may hold spaces and parentheses
+            state = f.read().rpartition(b")")[2].split()[0]
+    except (OSError, IndexError):
+        return True
+    return state not in (b"Z", b"X")
 
 
 def wait_for_application(
@@ -208,6 +216,8 @@ class PublisherMembership:
         """Applications as last seen in the registry, not yet applied."""
         self.changed = threading.Event()
         self.watched: set[str] = set()
+        self.reported: dict[str, str] = {}
+        """Problems of registry applications already reported, by application."""
         self.hub: Any = None
         self._last_status = 0.0
 
@@ -271,6 +281,7 @@ class PublisherMembership:
             )
         raw = registry.applications()
         apps, problems = registered_applications(self.pipeline, registry, raw)
+        self.reported = dict(problems)
         missing = sorted(set(raw_file) - set(raw))
         if missing:
             log.warning(
@@ -297,13 +308,19 @@ class PublisherMembership:
             raw, self.pending = self.pending, None
         if raw is None:
             return None
-        return registered_applications(self.pipeline, self.registry, raw)
+        apps, problems = registered_applications(self.pipeline, self.registry, raw)
+        # Each problem is reported once, not again on every change of another application.
+        fresh = {n: p for n, p in problems.items() if self.reported.get(n) != p}
+        self.reported = dict(problems)
+        return apps, fresh
 
     # ---------------------------------------------------------------- hub
-    def attach(self, hub: Any, address: str) -> None:
+    def attach(self, hub: Any, address: str, protocol: int = 0) -> None:
         """Publish the transport's address; feed the hub datastores and subscribers."""
         self.hub = hub
-        self.entry = PublisherEntry(**{**self.entry.__dict__, "address": advertised(address)})
+        self.entry = PublisherEntry(
+            **{**self.entry.__dict__, "address": advertised(address), "protocol": protocol}
+        )
         self.registry.register_publisher(self.entry)
         self.registry.watch_publishers(self._publishers_changed)
         for name in list(hub.applications):

@@ -254,7 +254,7 @@ class Datamarker:
 
 @runtime_checkable
 class DatamarkerStore(Protocol):
-    """Durable storage of datamarkers (SQLite in the state dir, or ZooKeeper)."""
+    """Durable storage of datamarkers (the built-in one: SQLite in the state dir)."""
 
     def open(self, pipeline: str, state_dir: Path) -> None: ...
 
@@ -407,6 +407,10 @@ class Transport(Protocol):
     ``start`` receives the publisher (:class:`PublisherView`); a transport attaches
     subscriber sessions to it (``attach``), whose ``deliver`` the caravans call with
     frames, and reports acknowledgements with ``acknowledge``.
+
+    Optional attributes, read after ``start``: ``address`` (``host:port`` where subscribers
+    connect, registered in the dataset's registry) and ``protocol_version`` (the subscriber
+    protocol it speaks, registered with it).
     """
 
     def start(self, hub: PublisherView) -> None:

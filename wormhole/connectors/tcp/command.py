@@ -12,7 +12,6 @@ from wormhole.connectors.tcp.options import TcpOptions
 from wormhole.connectors.tcp.protocol import parse_address
 from wormhole.connectors.tcp.server import read_address
 from wormhole.core.errors import ConfigError
-from wormhole.core.pipeline import sink_application
 from wormhole.core.registry import subscriber_application
 from wormhole.plugins.components import SubscribeRequest
 
@@ -25,7 +24,10 @@ def subscribe(request: SubscribeRequest) -> None:
     if not request.publishers and registry is not None and registry.registered.spec.shared:
         _subscribe_through_registry(request)
         return
-    app, sink_component = sink_application(pipeline, request.application, "wormhole.Subscriber")
+    # The registry's application when the registry holds them (else the file's).
+    app = subscriber_application(pipeline, request.application, "wormhole.Subscriber")
+    assert app.sink is not None
+    sink_component = app.sink
     publishers: Any = request.publishers
     if not publishers:
         host, port = parse_address(options.listen)
@@ -75,7 +77,8 @@ def _subscribe_through_registry(request: SubscribeRequest) -> None:
         registry=pipeline.dataset_registry,
         dataset=pipeline.name,
         token=options.token,
-        # Unique across machines and restarts: the registry orders subscribers by it.
+        # Unique across machines and restarts: publishers match sessions to registrations
+        # by it (the registry orders subscribers by when they registered).
         instance=f"{socket.gethostname()}-{request.instance}-{os.getpid()}",
         tls=tls,
         server_name=options.tls.server_name if options.tls else None,

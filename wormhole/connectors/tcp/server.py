@@ -332,6 +332,9 @@ class TcpSession:
 class TcpTransport:
     """Listens for subscribers; `wormhole run` also starts the applications' subscribers."""
 
+    protocol_version = p.VERSION
+    """The subscriber protocol it speaks (registered with the publisher's address)."""
+
     def __init__(self, options: TcpOptions) -> None:
         self.options = options
         self.hub: PublisherView = None  # type: ignore[assignment]
