@@ -386,7 +386,7 @@ def interrupted(signum: int, frame: Any) -> None:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--updates", type=int, default=1_200_000, help="N, per fan-in run")
+    parser.add_argument("--updates", type=int, default=2_000_000, help="N, per fan-in run")
     parser.add_argument("--publishers", type=int, default=4, help="datastores of the fan-in")
     parser.add_argument("--rounds", type=int, default=2, help="fan-in rounds (1, 4 each)")
     parser.add_argument(
