@@ -42,6 +42,7 @@ bench: $(STAMP)
 	$(BIN)/python bench/search_sink.py
 	$(BIN)/python bench/kafka_transport.py
 	$(BIN)/python bench/caravans.py
+	$(BIN)/python bench/registry.py
 
 clean:
 	rm -rf .wormhole out data/quickstart
