@@ -445,6 +445,13 @@ class PublisherEntry:
     host: str = ""
     pid: int = 0
     started_ms: int = 0
+    copy: str = ""
+    """Which copy of the datastore it reads (multiple-copy delivery; "" for the only one)."""
+
+    @property
+    def node(self) -> str:
+        """Its name among the dataset's publishers: ``datastore`` or ``datastore@copy``."""
+        return f"{self.datastore}@{self.copy}" if self.copy else self.datastore
 
 
 @dataclass(frozen=True)
@@ -456,6 +463,28 @@ class SubscriberEntry:
     """Registration order: the assignment spreads flows over subscribers in this order."""
     host: str = ""
     pid: int = 0
+
+
+@dataclass(frozen=True)
+class ServingClaim:
+    """Which copy serves an application's flows of one datastore (multiple-copy delivery)."""
+
+    copy: str
+    epoch: int
+    """Grows with every claim of (application, datastore): a fencing token."""
+    host: str = ""
+    pid: int = 0
+
+
+@dataclass(frozen=True)
+class SharedDatamarker:
+    """A flow's datamarker as every copy of its datastore understands it: every update of
+    the flow at or before ``version`` (the mapper's version of the update at ``logical``)
+    was handled. Written by the serving copy under its claim's ``epoch``."""
+
+    logical: str
+    version: tuple[int, ...]
+    epoch: int = 0
 
 
 @dataclass(frozen=True)
@@ -547,6 +576,39 @@ class DatasetRegistry(Protocol):
     def register_subscriber(self, application: str, entry: SubscriberEntry) -> None: ...
 
     def unregister_subscriber(self, application: str, instance: str) -> None: ...
+
+    # multiple-copy delivery (a registry that does not support it raises ConfigError)
+    def claim_serving(self, application: str, datastore: str, copy: str) -> int | None:
+        """Become the copy serving ``application``'s flows of ``datastore``: the claim's
+        epoch (greater than every earlier claim's), or None if another copy holds it. The
+        claim lasts until released, or until this process's registration lapses (session
+        loss): it is never taken again behind the caller's back."""
+
+    def release_serving(self, application: str, datastore: str, epoch: int) -> None:
+        """Give up the claim made with ``epoch`` (nothing if it is not held any more)."""
+
+    def watch_serving(
+        self, application: str, datastore: str, fn: Callable[[ServingClaim | None], None]
+    ) -> None:
+        """``fn(claim)`` with the current claim (None: no copy serves)."""
+
+    def load_datamarkers(self, application: str, datastore: str) -> dict[int, SharedDatamarker]:
+        """The shared datamarkers of ``application``'s flows of ``datastore``, by shard."""
+
+    def save_datamarkers(
+        self,
+        application: str,
+        datastore: str,
+        epoch: int,
+        datamarkers: dict[int, SharedDatamarker],
+    ) -> bool:
+        """Store them (merged over the stored ones, by shard) if and only if this process
+        still holds the claim made with ``epoch``, atomically with that check. False if it
+        does not (fenced): nothing is written."""
+
+    def watch_connection(self, fn: Callable[[bool], None]) -> None:
+        """``fn(False)`` as soon as the registry connection is interrupted (claims may be
+        lost meanwhile), ``fn(True)`` when it is back."""
 
     def watch_subscribers(
         self, application: str, fn: Callable[[list[SubscriberEntry]], None]

@@ -17,6 +17,8 @@ from wormhole.plugins.components import (
     InvalidEntry,
     NoOptions,
     PublisherEntry,
+    ServingClaim,
+    SharedDatamarker,
     SubscriberEntry,
 )
 from wormhole.plugins.hookspecs import hookimpl
@@ -89,6 +91,39 @@ class FileRegistry:
         self, application: str, fn: Callable[[list[SubscriberEntry]], None]
     ) -> None:
         fn([])
+
+    def _multiple_copy(self) -> ConfigError:
+        return ConfigError(
+            "delivery.mode: multiple-copy needs a shared registry, where the copies of a "
+            "datastore find each other and keep their datamarkers: set registry: "
+            "{type: zookeeper, hosts: ..., root: ...}"
+        )
+
+    def claim_serving(self, application: str, datastore: str, copy: str) -> int | None:
+        raise self._multiple_copy()
+
+    def release_serving(self, application: str, datastore: str, epoch: int) -> None:
+        raise self._multiple_copy()
+
+    def watch_serving(
+        self, application: str, datastore: str, fn: Callable[[ServingClaim | None], None]
+    ) -> None:
+        raise self._multiple_copy()
+
+    def load_datamarkers(self, application: str, datastore: str) -> dict[int, SharedDatamarker]:
+        raise self._multiple_copy()
+
+    def save_datamarkers(
+        self,
+        application: str,
+        datastore: str,
+        epoch: int,
+        datamarkers: dict[int, SharedDatamarker],
+    ) -> bool:
+        raise self._multiple_copy()
+
+    def watch_connection(self, fn: Callable[[bool], None]) -> None:
+        pass  # always connected
 
 
 @hookimpl
