@@ -105,9 +105,13 @@ def test_malformed_yaml_names_line_and_column() -> None:
     assert problem.startswith("malformed YAML: line 3, column 1")
 
 
-def test_multiple_copy_needs_a_shared_store() -> None:
-    (problem,) = problems(MINIMAL + "delivery: {mode: multiple-copy}\n")
-    assert problem.startswith("delivery.mode: multiple-copy keeps datamarkers")
+def test_multiple_copy_needs_a_shared_registry_and_a_copy() -> None:
+    shared, copy = problems(MINIMAL + "delivery: {mode: multiple-copy}\n")
+    assert shared.startswith("delivery.mode: multiple-copy keeps datamarkers")
+    assert "registry: {type: zookeeper" in shared
+    assert copy.startswith("copy: required with delivery.mode: multiple-copy")
+    (alone,) = problems(MINIMAL + "copy: primary\n")
+    assert alone.startswith("copy: names a copy of the datastore")
 
 
 def test_filter_plugins_are_validated_by_their_own_options() -> None:

@@ -130,7 +130,7 @@ class Caravan:
         self.waiting = True
         try:
             with hub.lock:
-                while not app.sessions:
+                while not app.ready():
                     if self.stop.is_set() or hub.applications.get(app.name) is not app:
                         return "stop"
                     if len(self.applications) > 1:
@@ -191,7 +191,7 @@ class Caravan:
         left this caravan), False when stopping."""
         hub = self.hub
         with hub.lock:
-            sessions = list(app.sessions)
+            sessions = list(app.sessions) if app.active else []
             owner = list(app.owner)
             delivered = [f.delivered for f in app.flows]
         if not sessions:
@@ -489,7 +489,7 @@ class CaravanManager:
 
     def _has_sessions(self, app: ApplicationRuntime) -> bool:
         with self.hub.lock:
-            return bool(app.sessions)
+            return app.ready()
 
     def _place(self, apps: list[ApplicationRuntime], avoid: Caravan | None = None) -> None:
         if len(self.caravans) < self.max_caravans:

@@ -39,6 +39,15 @@ class ApplicationRuntime:
     """Bumped when flows move back to their datamarkers: the caravan re-reads from there."""
     delivered_updates: int = 0
     acknowledged_updates: int = 0
+    active: bool = True
+    """Whether this publisher serves the application's flows: a standby copy of a datastore
+    (multiple-copy delivery) has them without serving them."""
+    epoch: int = 0
+    """The serving claim's fencing epoch (multiple-copy delivery; 0 otherwise)."""
+
+    def ready(self) -> bool:
+        """Served here and with a subscriber connected: caravans read for it."""
+        return self.active and bool(self.sessions)
 
     @property
     def name(self) -> str:
@@ -81,6 +90,42 @@ class Hub:
         """Each application's subscribers as the registry lists them, in registration order."""
         for app in applications.values():
             app.owner = [None] * self.shards
+
+    # ------------------------------------------------------ multiple copies
+    def activate(self, application: str, epoch: int, datamarkers: dict[int, int]) -> None:
+        """Serve ``application`` from ``datamarkers`` (shard -> seq of this publisher log)
+        under the claim ``epoch``: its flows go to its subscribers."""
+        with self.lock:
+            app = self.applications[application]
+            for shard, position in datamarkers.items():
+                flow = app.flows[shard]
+                flow.datamarker = flow.delivered = position
+            app.epoch = epoch
+            app.active = True
+            app.rewind += 1
+            self._assign(app)
+            self.changed.notify_all()
+
+    def deactivate(self, application: str) -> None:
+        """Stop serving ``application`` (its claim is gone or being given up): its flows are
+        revoked from its subscribers and nothing more is delivered."""
+        with self.lock:
+            app = self.applications.get(application)
+            if app is None or not app.active:
+                return
+            app.active = False
+            self._assign(app)
+            self.changed.notify_all()
+
+    def settled(self, application: str) -> bool:
+        """Whether no subscriber holds any of ``application``'s flows any more."""
+        with self.lock:
+            app = self.applications.get(application)
+            return app is None or (not app.revoking and all(owner is None for owner in app.owner))
+
+    def epoch(self, application: str) -> int:
+        app = self.applications.get(application)
+        return app.epoch if app is not None else 0
 
     # ---------------------------------------------------------- membership
     def set_datastores(self, datastores: dict[str, int]) -> None:
@@ -183,7 +228,7 @@ class Hub:
             self.shards,
             self.datastores,
             self.registered.get(app.name, ()),
-            sessions,
+            sessions if app.active else [],
             _instance,
         )
         for shard, wanted in enumerate(wanted_owners):

@@ -82,6 +82,12 @@ class DeliveryConfig(Options):
         description="an application that keeps its caravan waiting this long is moved to a "
         "caravan of its own (the others never wait for it)",
     )
+    catch_up_ms: int = Field(
+        30_000,
+        ge=0,
+        description="multiple-copy: how long a copy taking over an application waits for its "
+        "datastore to reach the shared datamarkers before it refuses (never skipping)",
+    )
 
 
 class FilterConfig(Options):
@@ -134,6 +140,16 @@ class ApplicationConfig(Options):
         "subscribers are programs using the subscriber library (tcp transport)",
     )
     subscribers: int = Field(1, ge=1, le=1024, description="subscriber instances")
+    copies: list[str] | None = Field(
+        None,
+        description="multiple-copy: the copies to serve this application from, most "
+        "preferred first (default: the live copies in registration order)",
+    )
+    failback: Literal["auto", "manual"] = Field(
+        "auto",
+        description="multiple-copy: when a more preferred copy returns, move the "
+        "application back to it (auto) or leave it until `wormhole apps move` (manual)",
+    )
     external: bool = Field(
         False,
         description="the application reads the publisher log itself (Spark's wormhole stream "
@@ -216,6 +232,12 @@ class PipelineModel(Options):
         pattern=NAME_PATTERN,
         description="this publisher's part of the dataset (default: the pipeline name)",
     )
+    copy_: str | None = Field(
+        None,
+        alias="copy",
+        pattern=NAME_PATTERN,
+        description="multiple-copy: which copy of the datastore this publisher reads",
+    )
     applications: dict[str, ApplicationConfig] = Field(min_length=1)
 
     @field_validator("applications")
@@ -253,6 +275,8 @@ class Application:
     external: bool = False
     where: str | dict[str, str] | None = None
     columns: list[str] | dict[str, list[str]] | None = None
+    copies: list[str] | None = None
+    failback: str = "auto"
 
 
 @dataclass(frozen=True)
@@ -282,6 +306,9 @@ class Pipeline:
     """The ``registry`` component (where publishers, applications and subscribers meet)."""
     datastore: str = ""
     """This publisher's part of the dataset (the ``datastore`` key; default: the name)."""
+    copy: str = ""
+    """Which copy of the datastore this publisher reads (multiple-copy delivery)."""
+    catch_up_s: float = 30.0
     caravans: CaravanConfig = field(default_factory=CaravanConfig)
     raw: dict[str, Any] = field(default_factory=dict)
 
@@ -490,8 +517,8 @@ def parse_pipeline(
     )
     registry_c = _component_or_default(registry, "registry", data, "registry", "", problems)
     apps = _applications(registry, data, model, transport_c, problems)
-    if model is not None and model.delivery.mode == "multiple-copy" and store_c is not None:
-        _check_shared_store(registry, store_c, problems)
+    if model is not None:
+        _check_copies(model, registry_c, problems)
     if problems or model is None:
         raise ConfigError(problems, source)
     assert source_c is not None and transport_c is not None and store_c is not None
@@ -516,6 +543,8 @@ def parse_pipeline(
         registry=registry,
         dataset_registry=registry_c,
         datastore=model.datastore or model.pipeline,
+        copy=model.copy_ or "",
+        catch_up_s=model.delivery.catch_up_ms / 1000.0,
         raw=data,
     )
 
@@ -571,6 +600,8 @@ def _applications(
                 sink=sink_c,
                 subscribers=app.subscribers,
                 external=app.external,
+                copies=app.copies,
+                failback=app.failback,
             )
     return apps
 
@@ -603,19 +634,27 @@ def parse_application(
     return apps.get(name), []
 
 
-def _check_shared_store(registry: Registry, store: Component, problems: list[str]) -> None:
-    if store.registered.spec.shared:
+def _check_copies(model: PipelineModel, registry: Component | None, problems: list[str]) -> None:
+    """Multiple-copy delivery needs a shared registry (the copies of a datastore find each
+    other, claim applications and keep their shared datamarkers there) and a ``copy``."""
+    if model.delivery.mode != "multiple-copy":
+        if model.copy_ is not None:
+            problems.append(
+                "copy: names a copy of the datastore, for delivery.mode: multiple-copy; set "
+                "that mode too, or remove copy"
+            )
         return
-    shared = [
-        n
-        for n in registry.names("datamarker_store")
-        if registry.components["datamarker_store"][n].spec.shared
-    ]
-    problems.append(
-        "delivery.mode: multiple-copy keeps datamarkers as logical positions in a shared "
-        f"store; set delivery.store to one (known stores: "
-        f"{', '.join(shared) or 'none installed'})"
-    )
+    if registry is not None and not registry.registered.spec.shared:
+        problems.append(
+            "delivery.mode: multiple-copy keeps datamarkers as logical positions in a shared "
+            "registry, where the copies of a datastore claim applications: set registry: "
+            "{type: zookeeper, hosts: ..., root: ...}"
+        )
+    if model.copy_ is None:
+        problems.append(
+            "copy: required with delivery.mode: multiple-copy (which copy of the datastore "
+            "this publisher reads, e.g. primary)"
+        )
 
 
 def _component_or_default(

@@ -377,6 +377,11 @@ class PublisherView(Protocol):
     def fail(self, error: BaseException) -> None:
         """An error that retrying cannot fix: the pipeline stops."""
 
+    def epoch(self, application: str) -> int:
+        """The fencing epoch under which this publisher serves ``application`` (multiple-copy
+        delivery; 0 otherwise). A transport tells subscribers with each assignment, so that
+        they drop what an older epoch's publisher still sends."""
+
     # For a transport that reads the publisher log itself (spec ``reads_log``).
     def log_range(self) -> tuple[int, int]:
         """The retained publisher log: (first seq, seq after the last update)."""

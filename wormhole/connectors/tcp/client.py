@@ -131,6 +131,8 @@ class Subscriber(Handlers):
         self._stop = threading.Event()
         self._handling = threading.Lock()
         self._links: dict[str, _Link] = {}
+        self._flow_epochs: dict[Any, int] = {}
+        """The newest epoch each flow was assigned under (multiple-copy delivery)."""
         self._failure: BaseException | None = None
         self._wake = threading.Event()
 
@@ -172,13 +174,14 @@ class Subscriber(Handlers):
         def changed(found: list[PublisherEntry]) -> None:
             with lock:
                 entries.clear()
-                entries.update({e.datastore: e for e in found if e.address})
+                # Copies of one datastore (multiple-copy delivery) are separate publishers.
+                entries.update({e.node: e for e in found if e.address})
             self._wake.set()
 
-        def addresses(datastore: str) -> Callable[[], list[str]]:
+        def addresses(node: str) -> Callable[[], list[str]]:
             def current() -> list[str]:
                 with lock:
-                    entry = entries.get(datastore)
+                    entry = entries.get(node)
                 return [entry.address] if entry is not None else []
 
             return current
@@ -205,22 +208,22 @@ class Subscriber(Handlers):
                 self._wake.wait(1.0)
                 self._wake.clear()
                 with lock:
-                    known = set(entries)
-                for datastore in sorted(known - set(threads)):
-                    link = _Link(self, datastore, addresses(datastore))
-                    self._links[datastore] = link
+                    known = {node: e.datastore for node, e in entries.items()}
+                for node in sorted(set(known) - set(threads)):
+                    link = _Link(self, known[node], addresses(node))
+                    self._links[node] = link
                     thread = threading.Thread(
                         target=self._run_link,
                         args=(link,),
-                        name=f"subscriber link {datastore}",
+                        name=f"subscriber link {node}",
                         daemon=True,
                     )
-                    threads[datastore] = thread
+                    threads[node] = thread
                     thread.start()
-                for datastore, thread in list(threads.items()):
+                for node, thread in list(threads.items()):
                     if not thread.is_alive():
-                        del threads[datastore]  # its publisher left; started again if it returns
-                        self._links.pop(datastore, None)
+                        del threads[node]  # its publisher left; started again if it returns
+                        self._links.pop(node, None)
         finally:
             self._stop.set()
             for thread in threads.values():
@@ -240,10 +243,19 @@ class Subscriber(Handlers):
 
     # --------------------------------------------------------- handlers
     def _flows_changed(self, assigned: list[Any], revoked: list[Any]) -> None:
-        self.assigned.update(assigned)
-        self.assigned.difference_update(revoked)
-        for fn in self._notice_handlers:
-            fn(list(assigned), list(revoked))
+        # Caller holds _handling. A flow can be held by two links for a moment (copies of
+        # a datastore handing it over): it is reported assigned once, revoked once no link
+        # holds it.
+        held = set().union(*(link.flows() for link in self._links.values()))
+        if not self._links:
+            held = set(self.assigned) | set(assigned)
+            held.difference_update(revoked)
+        new = [f for f in assigned if f not in self.assigned]
+        gone = [f for f in revoked if f not in held]
+        self.assigned = held
+        if new or gone:
+            for fn in self._notice_handlers:
+                fn(new, gone)
 
     def _handle_for(self, datastore: str | None, updates: list[Any]) -> None:
         if datastore is None:
@@ -282,6 +294,8 @@ class _Link:
         """The publisher's datastore, with a registry (flows are then (datastore, shard))."""
         self.addresses = addresses
         self.assigned: set[int] = set()
+        self.epochs: dict[int, int] = {}
+        """The epoch each of its shards was assigned under."""
         self._beat_interval = owner.heartbeat
         self._silence = owner.heartbeat_timeout
         self._connected = False
@@ -290,6 +304,9 @@ class _Link:
 
     def _flow(self, shard: int) -> Any:
         return shard if self.datastore is None else (self.datastore, shard)
+
+    def flows(self) -> set[Any]:
+        return {self._flow(s) for s in self.assigned}
 
     def run(self) -> None:
         owner = self.owner
@@ -323,9 +340,9 @@ class _Link:
 
     def _lose_shards(self) -> None:
         if self.assigned:
-            revoked = sorted(self.assigned)
-            self.assigned.clear()
             with self.owner._handling:
+                revoked = sorted(self.assigned)
+                self.assigned.clear()
                 self.owner._flows_changed([], [self._flow(s) for s in revoked])
 
     # ------------------------------------------------------------ session
@@ -482,10 +499,16 @@ class _Link:
 
     # -------------------------------------------------------- processing
     def _notice(self, notice: p.Notice) -> None:
-        self.assigned.update(notice.assigned)
-        self.assigned.difference_update(notice.revoked)
-        with self.owner._handling:
-            self.owner._flows_changed(
+        owner = self.owner
+        with owner._handling:
+            self.assigned.update(notice.assigned)
+            self.assigned.difference_update(notice.revoked)
+            for shard in notice.assigned:
+                self.epochs[shard] = notice.epoch
+                flow = self._flow(shard)
+                if notice.epoch > owner._flow_epochs.get(flow, 0):
+                    owner._flow_epochs[flow] = notice.epoch
+            owner._flows_changed(
                 [self._flow(s) for s in notice.assigned], [self._flow(s) for s in notice.revoked]
             )
         # Frames are handled in order, so every batch sent before this notice is done.
@@ -493,13 +516,18 @@ class _Link:
 
     def _batch(self, frame: p.BatchFrame) -> None:
         owner = self.owner
-        assigned = self.assigned
-        updates = frame.updates
-        if updates and any(u.shard not in assigned for u in updates):
-            # Only flows this subscriber owns: others are re-sent to their owner.
-            updates = [u for u in updates if u.shard in assigned]
-        if updates:
-            with owner._handling:
+        with owner._handling:
+            assigned = self.assigned
+            if self.epochs and owner._flow_epochs:
+                # A flow another copy now serves under a newer epoch: this copy's frames
+                # of it are dropped (fenced), so they cannot interleave with the new ones.
+                epochs, newest = self.epochs, owner._flow_epochs
+                assigned = {s for s in assigned if epochs.get(s, 0) >= newest.get(self._flow(s), 0)}
+            updates = frame.updates
+            if updates and any(u.shard not in assigned for u in updates):
+                # Only flows this subscriber owns: others are re-sent to their owner.
+                updates = [u for u in updates if u.shard in assigned]
+            if updates:
                 owner.frame_appended_ns = frame.appended_ns
                 owner._handle_for(self.datastore, updates)
                 owner.processed += len(updates)

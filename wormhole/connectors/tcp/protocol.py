@@ -80,6 +80,8 @@ class Notice(msgspec.Struct, kw_only=True):
     assigned: list[int]
     revoked: list[int]
     datamarkers: dict[int, int] = {}
+    epoch: int = 0
+    """The fencing epoch the publisher serves the application under (multiple-copy)."""
 
 
 class NoticeAck(msgspec.Struct, kw_only=True):

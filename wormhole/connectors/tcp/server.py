@@ -103,7 +103,11 @@ class TcpSession:
             self.outbox.append(
                 _Notice(
                     p.Notice(
-                        id=notice_id, assigned=assigned, revoked=revoked, datamarkers=datamarkers
+                        id=notice_id,
+                        assigned=assigned,
+                        revoked=revoked,
+                        datamarkers=datamarkers,
+                        epoch=self.hub.epoch(self.application),
                     )
                 )
             )
