@@ -214,19 +214,25 @@ def _deployment(pipeline: Pipeline) -> dict[str, Any] | None:
             subscribers[name] = [e.instance for e in found]
         flows = []
         for entry in publishers:
-            status = statuses.get(entry.datastore, {})
+            status = statuses.get(entry.node, {})
             end = status.get("log", {}).get("end")
+            copies = status.get("copies")
             for app, app_flows in sorted(status.get("flows", {}).items()):
+                if copies is not None and app not in copies.get("serving", {}):
+                    continue  # a standby copy: the serving copy's flows are listed
+                shared = (copies or {}).get("shared_datamarkers", {}).get(app, {})
                 for flow in app_flows:
                     marker = flow["datamarker"]
                     flows.append(
                         {
                             "application": app,
                             "datastore": entry.datastore,
+                            "copy": entry.copy,
                             "shard": flow["shard"],
                             "owner": flow["owner"],
                             "datamarker": marker,
                             "lag": None if end is None else max(0, end - marker),
+                            "logical": (shared.get(str(flow["shard"])) or [None])[0],
                         }
                     )
         return {
@@ -234,11 +240,15 @@ def _deployment(pipeline: Pipeline) -> dict[str, Any] | None:
             "publishers": [
                 {
                     "datastore": e.datastore,
+                    "copy": e.copy,
+                    "serving": sorted(
+                        statuses.get(e.node, {}).get("copies", {}).get("serving", {})
+                    ),
                     "address": e.address,
                     "host": e.host,
                     "pid": e.pid,
                     "alive": True,
-                    "status": e.datastore in statuses,
+                    "status": e.node in statuses,
                 }
                 for e in publishers
             ],
@@ -256,9 +266,11 @@ def _deployment(pipeline: Pipeline) -> dict[str, Any] | None:
 def _print_deployment(deployment: dict[str, Any]) -> None:
     print(f"deployment ({deployment['registry']}):")
     for entry in deployment["publishers"]:
+        node = f"{entry['datastore']}@{entry['copy']}" if entry["copy"] else entry["datastore"]
+        serving = f"  serving {', '.join(entry['serving'])}" if entry["serving"] else ""
         print(
-            f"  publisher {entry['datastore']:<16} {entry['address']:<22} "
-            f"{entry['host']}:{entry['pid']} alive"
+            f"  publisher {node:<16} {entry['address']:<22} "
+            f"{entry['host']}:{entry['pid']} alive{serving}"
         )
     if not deployment["publishers"]:
         print("  no live publisher")

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from wormhole.core.caravan import CaravanManager
+from wormhole.core.copies import CopyCoordinator
 from wormhole.core.errors import ConfigError, StateError, WormholeError
 from wormhole.core.flows import application_filter, start_flows
 from wormhole.core.hub import ApplicationRuntime, Hub
@@ -83,6 +84,8 @@ class Publisher:
         self.start_failures: dict[str, Exception] = {}
         self.caravans: CaravanManager | None = None
         self.membership: PublisherMembership | None = None
+        self.copies: CopyCoordinator | None = None
+        """Multiple-copy delivery: this publisher as one copy of its datastore."""
 
     def request_reload(self) -> None:
         """Re-read the pipeline file (SIGHUP): add and remove applications."""
@@ -199,6 +202,9 @@ class Publisher:
         self.membership.attach(
             hub, getattr(transport, "address", ""), getattr(transport, "protocol_version", 0)
         )
+        if pipeline.mode == "multiple-copy":
+            self.copies = CopyCoordinator(pipeline, self.membership.registry, hub, publisher_log)
+            self.copies.start()
         pipeline.registry.pm.hook.wormhole_pipeline_started(pipeline=pipeline)
         caravans = self.caravans = CaravanManager(
             hub,
@@ -232,6 +238,9 @@ class Publisher:
         transport, self.transport = self.transport, None
         transport.stop()
         self._persist(publisher_log, hub)
+        if self.copies is not None:
+            # Share the final datamarkers and let another copy take the applications now.
+            self.copies.finish()
         if self.failure is None and self.tailer.failure is not None:
             self.failure = self.tailer.failure
         if self.failure is None and hub.failure is not None:
@@ -307,12 +316,19 @@ class Publisher:
             # Read by an outside reader that stores its own datamarkers: no flows here,
             # but the log is kept for it (see Retention).
             return None
-        return ApplicationRuntime(config=config, flows=flows, filter=application_filter(config))
+        return ApplicationRuntime(
+            config=config,
+            flows=flows,
+            filter=application_filter(config),
+            # A copy serves an application only once it holds its claim (CopyCoordinator).
+            active=self.pipeline.mode != "multiple-copy",
+        )
 
     # ------------------------------------------------------------ supervise
     def _supervise(self, store: Any, publisher_log: PublisherLog, hub: Hub) -> None:
         interval = self.pipeline.datamarker_interval
         next_persist = time.monotonic() + interval
+        next_tick = 0.0
         target: int | None = None
         while True:
             if self.stop_requested.is_set() or hub.failure is not None or self.failure:
@@ -335,6 +351,9 @@ class Publisher:
                     if name not in hub.applications:
                         log.error("application %s does not start: %s", name, problem)
                 self._apply_applications(store, publisher_log, hub, apps, problems)
+            if self.copies is not None and time.monotonic() >= next_tick:
+                self.copies.tick()
+                next_tick = time.monotonic() + min(interval, 0.5)
             if time.monotonic() >= next_persist:
                 self._persist(publisher_log, hub)
                 next_persist = time.monotonic() + interval
@@ -388,6 +407,8 @@ class Publisher:
             app = hub.applications[name]
             if self.caravans is not None:
                 self.caravans.remove_application(app)
+            if self.copies is not None:
+                self.copies.remove(name)
             self.transport.remove_application(name)
             self._persist(publisher_log, hub)
             hub.remove_application(name)
@@ -407,6 +428,8 @@ class Publisher:
             pipeline.applications[name] = config
             hub.add_application(runtime)
             self.membership.watch_subscribers(name)
+            if self.copies is not None:
+                self.copies.add(name)
             self.transport.add_application(runtime)
             if self.caravans is not None:
                 self.caravans.add_application(runtime)
@@ -428,6 +451,8 @@ class Publisher:
         status = self.live.write(
             publisher_log, hub, list(self.caravans.caravans if self.caravans else [])
         )
+        if self.copies is not None:
+            status["copies"] = self.copies.status()
         if self.membership is not None:
             self.membership.publish_status(status)
 

@@ -12,6 +12,7 @@ registry component registers again when it is back.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import socket
@@ -210,6 +211,7 @@ class PublisherMembership:
             host=socket.gethostname(),
             pid=os.getpid(),
             started_ms=int(time.time() * 1000),
+            copy=pipeline.copy,
         )
         self.lock = threading.Lock()
         self.pending: RawApplications | None = None
@@ -318,9 +320,7 @@ class PublisherMembership:
     def attach(self, hub: Any, address: str, protocol: int = 0) -> None:
         """Publish the transport's address; feed the hub datastores and subscribers."""
         self.hub = hub
-        self.entry = PublisherEntry(
-            **{**self.entry.__dict__, "address": advertised(address), "protocol": protocol}
-        )
+        self.entry = dataclasses.replace(self.entry, address=advertised(address), protocol=protocol)
         self.registry.register_publisher(self.entry)
         self.registry.watch_publishers(self._publishers_changed)
         for name in list(hub.applications):
@@ -349,7 +349,8 @@ class PublisherMembership:
             return
         self._last_status = now
         try:
-            self.registry.publish_status(self.pipeline.datastore, status)
+            # By node: each copy of a datastore shares its own.
+            self.registry.publish_status(self.entry.node, status)
         except Exception as exc:  # status only: never fatal
             log.debug("cannot share the status in %s: %s", self.registry.describe(), exc)
 

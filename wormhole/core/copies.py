@@ -1,0 +1,479 @@
+"""Multiple-copy delivery: one copy of a datastore serves each application, another takes over.
+
+Several publishers read copies of one datastore (a MariaDB primary and its GTID replica; two
+hosts writing the same ``LogWriter`` stream), each into its own publisher log. For every
+application exactly one of them -- the copy holding the application's *serving claim* in the
+registry -- delivers its flows; the others stand by. The claim carries an *epoch* that grows
+with every claim: subscribers drop what a copy with an older epoch still sends, and the
+registry refuses datamarkers written under a lost claim (fencing).
+
+The serving copy shares each flow's datamarker as a logical position: the position mapper's
+*version* of the last update before the datamarker, which is the same on every copy. A copy
+taking over finds, in its own publisher log, the first update with a greater version, and
+serves from there: nothing handled before is lost, and what is delivered again is at most
+what was handled since the last shared datamarker (one datamarker interval).
+
+A standby copy follows the shared datamarkers, so that its publisher log keeps what a
+takeover would need (and no more), and so that a takeover does not scan its whole log.
+"""
+
+from __future__ import annotations
+
+import bisect
+import logging
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from wormhole.core.errors import StateError
+from wormhole.core.hub import Hub
+from wormhole.core.pipeline import Pipeline
+from wormhole.core.publisher_log import PublisherLog
+from wormhole.core.update import Update
+from wormhole.core.versions import version_of
+from wormhole.plugins.components import (
+    DatasetRegistry,
+    PublisherEntry,
+    ServingClaim,
+    SharedDatamarker,
+)
+
+log = logging.getLogger("wormhole.copies")
+
+Version = tuple[int, ...]
+
+CLAIM_GRACE_S = 2.0
+"""How long each less preferred copy waits, per rank, before claiming a free application."""
+HANDOVER_TIMEOUT_S = 10.0
+"""How long a copy giving an application back waits for its subscribers to let go."""
+
+
+class Behind(StateError):
+    """This copy's publisher log has not reached a shared datamarker yet."""
+
+
+class Gone(StateError):
+    """A shared datamarker is older than this copy's publisher log: it cannot serve from it
+    without skipping updates."""
+
+
+def version(update: Update) -> Version:
+    found = version_of(update)
+    if found is None:
+        raise StateError(
+            f"multiple-copy delivery: updates of {update.connector or 'this source'} carry no "
+            f"position comparable across copies (position {update.position!r}, logical "
+            f"{update.logical!r}); use a source whose position mapper gives versions "
+            f"(MariaDB GTIDs, LogWriter logs, PostgreSQL commit LSNs)"
+        )
+    return tuple(found)
+
+
+def locate(publisher_log: PublisherLog, targets: dict[int, Version], start: int) -> dict[int, int]:
+    """For each target version, the first seq of this publisher log, at or after ``start``,
+    whose update's version is greater (the log's end when none is, as long as the log
+    holds the target's own update). Raises :class:`Behind` for targets the log has not
+    reached, :class:`Gone` for targets older than where the scan starts."""
+    pending = sorted(targets.items(), key=lambda item: item[1])
+    found: dict[int, int] = {}
+    if not pending:
+        return found
+    first_seq = publisher_log.first_seq
+    start = max(start, first_seq)
+    reader = publisher_log.reader(start)
+    last: Version | None = None
+    try:
+        while pending:
+            batch = reader.read()
+            if batch is None:
+                break
+            if not batch.updates:
+                continue
+            if last is None:
+                head = version(batch.updates[0])
+                if head > pending[0][1]:
+                    shard, target = pending[0]
+                    raise Gone(
+                        f"the shared datamarker of shard {shard} (version {target}) is older "
+                        f"than this copy's publisher log from seq {start} (version {head}): "
+                        f"this copy does not hold the updates after it"
+                    )
+            versions = [version(u) for u in batch.updates]
+            last = versions[-1]
+            while pending and pending[0][1] < last:
+                shard, target = pending.pop(0)
+                found[shard] = batch.first_seq + bisect.bisect_right(versions, target)
+        if pending and last is not None and last >= pending[-1][1]:
+            # The log ends exactly at the targets' own updates: serve from its end.
+            for shard, _ in pending:
+                found[shard] = publisher_log.next_seq
+            pending = []
+    finally:
+        reader.close()
+    if pending:
+        shard, target = pending[-1]
+        raise Behind(
+            f"this copy's publisher log has not reached the shared datamarker of shard {shard} "
+            f"(version {target}; its newest update: {last})"
+        )
+    return found
+
+
+@dataclass
+class _App:
+    name: str
+    claim: ServingClaim | None = None
+    """The serving claim as the registry last showed it."""
+    epoch: int = 0
+    """The epoch of this copy's claim (0: this copy does not serve it)."""
+    free_since: float | None = None
+    handing_over: float | None = None
+    """When this copy started giving the application back (failback, move)."""
+    behind_since: float | None = None
+    reported: str = ""
+    saved: dict[int, SharedDatamarker] = field(default_factory=dict)
+    mapped: dict[int, tuple[Version, int]] = field(default_factory=dict)
+    """Standby: each shard's shared datamarker version and where it maps in this log."""
+    ready: bool = False
+    """Standby: every shared datamarker maps into this copy's log (it can take over now)."""
+
+
+class CopyCoordinator:
+    """This publisher as one copy of its datastore."""
+
+    def __init__(
+        self,
+        pipeline: Pipeline,
+        registry: DatasetRegistry,
+        hub: Hub,
+        publisher_log: PublisherLog,
+    ) -> None:
+        self.pipeline = pipeline
+        self.registry = registry
+        self.hub = hub
+        self.publisher_log = publisher_log
+        self.datastore = pipeline.datastore
+        self.copy = pipeline.copy
+        self.lock = threading.Lock()
+        self.apps: dict[str, _App] = {}
+        self.copies: list[PublisherEntry] = []
+        """The live copies of this datastore, in registration order."""
+        self.connected = True
+        self.lost: list[tuple[str, int]] = []
+        """Claims the registry connection was interrupted under: released once it is back."""
+        self.statuses: dict[str, dict[str, Any]] = {}
+
+    # ------------------------------------------------------------- start
+    def start(self) -> None:
+        self.registry.watch_connection(self._connection)
+        self.registry.watch_publishers(self._publishers)
+        for name in list(self.hub.applications):
+            self.add(name)
+
+    def add(self, name: str) -> None:
+        with self.lock:
+            if name in self.apps:
+                return
+            self.apps[name] = _App(name)
+        self.hub.deactivate(name)
+
+        def changed(claim: ServingClaim | None) -> None:
+            self._serving(name, claim)
+
+        self.registry.watch_serving(name, self.datastore, changed)
+
+    def remove(self, name: str) -> None:
+        with self.lock:
+            state = self.apps.pop(name, None)
+        if state is not None and state.epoch:
+            self._save(state)
+            self.registry.release_serving(name, self.datastore, state.epoch)
+
+    # ----------------------------------------------------------- watches
+    def _wake(self) -> None:
+        with self.hub.changed:
+            self.hub.changed.notify_all()
+
+    def _connection(self, connected: bool) -> None:
+        with self.lock:
+            self.connected = connected
+            if not connected:
+                # The claims may be gone already: deliver nothing more under them.
+                for state in self.apps.values():
+                    if state.epoch:
+                        self.lost.append((state.name, state.epoch))
+                        log.warning(
+                            "application %s: registry connection interrupted; this copy (%s) "
+                            "stops serving it (epoch %d)",
+                            state.name,
+                            self.copy,
+                            state.epoch,
+                        )
+                        state.epoch = 0
+                        state.handing_over = None
+                        self.hub.deactivate(state.name)
+        self._wake()
+
+    def _publishers(self, entries: list[PublisherEntry]) -> None:
+        copies = [e for e in entries if e.datastore == self.datastore and e.copy]
+        copies.sort(key=lambda e: (e.started_ms, e.copy))
+        with self.lock:
+            self.copies = copies
+        self._wake()
+
+    def _serving(self, name: str, claim: ServingClaim | None) -> None:
+        with self.lock:
+            state = self.apps.get(name)
+            if state is None:
+                return
+            state.claim = claim
+            if claim is None and state.free_since is None:
+                state.free_since = time.monotonic()
+            elif claim is not None:
+                state.free_since = None
+            if state.epoch and (
+                claim is None or claim.copy != self.copy or claim.epoch != state.epoch
+            ):
+                log.warning(
+                    "application %s: this copy (%s) lost its claim (epoch %d); it stops serving it",
+                    name,
+                    self.copy,
+                    state.epoch,
+                )
+                state.epoch = 0
+                state.handing_over = None
+                self.hub.deactivate(name)
+        self._wake()
+
+    # -------------------------------------------------------------- tick
+    def preference(self, name: str) -> list[str]:
+        """The live copies that may serve ``name``, most preferred first."""
+        live = [e.copy for e in self.copies]
+        app = self.hub.applications.get(name)
+        wanted = list(app.config.copies or []) if app is not None else []
+        return [c for c in wanted if c in live] + [c for c in live if c not in wanted]
+
+    def tick(self) -> None:
+        """Claim, serve, hand over or follow each application (the publisher calls this
+        about every datamarker interval, and when the registry changes)."""
+        with self.lock:
+            if not self.connected:
+                return
+            lost, self.lost = self.lost, []
+            states = list(self.apps.values())
+        for name, epoch in lost:
+            self.registry.release_serving(name, self.datastore, epoch)
+        now = time.monotonic()
+        for state in states:
+            try:
+                if state.epoch:
+                    self._serve(state, now)
+                else:
+                    self._stand_by(state, now)
+            except StateError as exc:
+                self._report(state, str(exc))
+
+    def _report(self, state: _App, message: str) -> None:
+        if message != state.reported:
+            state.reported = message
+            log.error("application %s (copy %s): %s", state.name, self.copy, message)
+
+    def _stand_by(self, state: _App, now: float) -> None:
+        self._follow(state)
+        claim = state.claim
+        if claim is not None:
+            return
+        preference = self.preference(state.name)
+        if self.copy not in preference:
+            return
+        rank = preference.index(self.copy)
+        waited = now - (state.free_since or now)
+        if rank > 0 and waited < rank * CLAIM_GRACE_S:
+            return  # a more preferred copy gets the first chance
+        epoch = self.registry.claim_serving(state.name, self.datastore, self.copy)
+        if epoch is None:
+            return
+        try:
+            self._take_over(state, epoch, now)
+        except StateError:
+            self.registry.release_serving(state.name, self.datastore, epoch)
+            raise
+
+    def _take_over(self, state: _App, epoch: int, now: float) -> None:
+        shared = self.registry.load_datamarkers(state.name, self.datastore)
+        hints = [seq for _, seq in state.mapped.values()]
+        start = min(hints) - 1 if hints else self.publisher_log.first_seq
+        targets = {s: tuple(d.version) for s, d in shared.items() if s < self.hub.shards}
+        try:
+            positions = locate(self.publisher_log, targets, max(0, start))
+        except Behind as exc:
+            if state.behind_since is None:
+                state.behind_since = now
+            if now - state.behind_since < self.pipeline.catch_up_s:
+                log.info("application %s: waiting to take over: %s", state.name, exc)
+                self.registry.release_serving(state.name, self.datastore, epoch)
+                return
+            raise StateError(
+                f"{exc}; waited {self.pipeline.catch_up_s:.0f}s (delivery.catch_up_ms) for it to "
+                f"catch up: this copy does not serve the application"
+            ) from exc
+        state.behind_since = None
+        state.reported = ""
+        state.epoch = epoch
+        state.saved = dict(shared)
+        self.hub.activate(state.name, epoch, positions)
+        log.info(
+            "application %s: copy %s of %s serves it from epoch %d (%s)",
+            state.name,
+            self.copy,
+            self.datastore,
+            epoch,
+            "from the shared datamarkers" if shared else "from its start",
+        )
+
+    def _follow(self, state: _App) -> None:
+        """Standby: map the shared datamarkers into this log; keep the log from them on."""
+        shared = self.registry.load_datamarkers(state.name, self.datastore)
+        targets = {
+            s: tuple(d.version)
+            for s, d in shared.items()
+            if s < self.hub.shards and state.mapped.get(s, ((), 0))[0] != tuple(d.version)
+        }
+        if not targets:
+            state.ready = True
+            return
+        hints = [seq for _, seq in state.mapped.values()]
+        start = min(hints) - 1 if hints else self.publisher_log.first_seq
+        try:
+            positions = locate(self.publisher_log, targets, max(0, start))
+        except Behind:
+            state.ready = False
+            return
+        except Gone as exc:
+            state.ready = False
+            self._report(state, f"cannot stand by: {exc}")
+            return
+        for shard, seq in positions.items():
+            state.mapped[shard] = (targets[shard], seq)
+        state.ready = len(state.mapped) >= len(shared)
+        # Keep the update each shared datamarker names, so a takeover after a restart finds it.
+        app = self.hub.applications.get(state.name)
+        if app is not None:
+            with self.hub.lock:
+                for shard, (_, seq) in state.mapped.items():
+                    flow = app.flows[shard]
+                    flow.datamarker = flow.delivered = max(0, seq - 1)
+
+    def _serve(self, state: _App, now: float) -> None:
+        if not self._save(state):
+            return
+        app = self.hub.applications.get(state.name)
+        if app is None:
+            return
+        if state.handing_over is None:
+            preference = self.preference(state.name)
+            better = preference[: preference.index(self.copy)] if self.copy in preference else []
+            if better and app.config.failback == "auto":
+                self.statuses = self.registry.statuses()
+            if app.config.failback == "auto" and any(self._ready(c, state.name) for c in better):
+                log.info(
+                    "application %s: copy %s is back; copy %s hands the application over",
+                    state.name,
+                    better[0],
+                    self.copy,
+                )
+                state.handing_over = now
+                self.hub.deactivate(state.name)
+            return
+        if self.hub.settled(state.name) or now - state.handing_over > HANDOVER_TIMEOUT_S:
+            self._save(state)
+            epoch, state.epoch, state.handing_over = state.epoch, 0, None
+            self.registry.release_serving(state.name, self.datastore, epoch)
+
+    def _ready(self, copy: str, name: str) -> bool:
+        """Whether the other copy ``copy`` can take ``name`` over now (its status says so)."""
+        status = self.statuses.get(f"{self.datastore}@{copy}", {})
+        ready: dict[str, Any] = status.get("copies_ready", {})
+        return bool(ready.get(name))
+
+    def _save(self, state: _App) -> bool:
+        """Share the serving application's datamarkers; False if fenced (claim lost)."""
+        app = self.hub.applications.get(state.name)
+        if app is None or not state.epoch:
+            return False
+        with self.hub.lock:
+            positions = {f.shard: f.datamarker for f in app.flows}
+        changed: dict[int, SharedDatamarker] = {}
+        for shard, position in positions.items():
+            if position <= 0:
+                continue
+            known = self._at(position - 1)
+            if known is None:
+                continue
+            logical, found = known
+            previous = state.saved.get(shard)
+            if previous is not None and tuple(previous.version) >= found:
+                continue
+            changed[shard] = SharedDatamarker(logical, found, state.epoch)
+        if not changed:
+            return True
+        if not self.registry.save_datamarkers(state.name, self.datastore, state.epoch, changed):
+            log.warning(
+                "application %s: the registry refused this copy's datamarkers (epoch %d: the "
+                "claim is lost); it stops serving it",
+                state.name,
+                state.epoch,
+            )
+            state.epoch = 0
+            self.hub.deactivate(state.name)
+            return False
+        state.saved.update(changed)
+        return True
+
+    def _at(self, seq: int) -> tuple[str, Version] | None:
+        """The logical position and version of the update at ``seq`` (None if not held)."""
+        try:
+            reader = self.publisher_log.reader(seq)
+        except LookupError:
+            return None
+        try:
+            batch = reader.read()
+        except LookupError:
+            return None
+        finally:
+            reader.close()
+        if batch is None or not batch.updates:
+            return None
+        update = batch.updates[0]
+        return update.logical, version(update)
+
+    # ------------------------------------------------------------ status
+    def status(self) -> dict[str, Any]:
+        """What this copy shares in its live status: which applications it serves, under
+        which epoch, and which it could take over now."""
+        with self.lock:
+            states = list(self.apps.values())
+        return {
+            "copy": self.copy,
+            "serving": {s.name: s.epoch for s in states if s.epoch},
+            "copies_ready": {s.name: s.ready or bool(s.epoch) for s in states},
+            "shared_datamarkers": {
+                s.name: {str(k): [v.logical, list(v.version)] for k, v in s.saved.items()}
+                for s in states
+                if s.epoch
+            },
+        }
+
+    def finish(self) -> None:
+        """A graceful stop: share the final datamarkers and give every claim up."""
+        with self.lock:
+            states = list(self.apps.values())
+        for state in states:
+            if state.epoch:
+                self._save(state)
+                epoch, state.epoch = state.epoch, 0
+                self.registry.release_serving(state.name, self.datastore, epoch)
+
+
+__all__ = ["Behind", "CopyCoordinator", "Gone", "locate"]
