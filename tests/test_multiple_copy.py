@@ -1,0 +1,256 @@
+"""Multiple-copy delivery with a real ZooKeeper registry and real processes.
+
+Two hosts write the same ``LogWriter`` stream (same publisher id, same sequence numbers)
+into two directories: two copies of datastore ``db1``. A publisher reads each
+(``copy: a`` and ``copy: b``, ``delivery.mode: multiple-copy``); one serves the
+application at a time. The serving copy is killed, paused past its ZooKeeper session and
+resumed, or stopped and brought back (failback): every update reaches the application in
+per-key order, the duplicates stay within what was delivered since the last shared
+datamarker, and a fenced copy delivers nothing more.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import threading
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+import pytest
+from tcp_support import Process
+
+from wormhole.publish import LogWriter
+from wormhole.testing import run_cli, wait_until, write_pipeline
+
+SHARDS = 8
+SESSION_MS = 2000
+INTERVAL_MS = 200
+
+
+class Copies:
+    def __init__(self, tmp: Path, zk: Any, root: str) -> None:
+        self.tmp = tmp
+        self.zk = zk
+        self.root = root
+        self.publishers: dict[str, Process] = {}
+        self.subscribers: list[Process] = []
+        self.files: dict[str, Path] = {}
+        self.writers = {c: LogWriter(tmp / f"src-{c}", publisher_id="orders") for c in "ab"}
+        self.seq = 0
+
+    def pipeline(self, copy: str, extra: dict[str, Any] | None = None) -> Path:
+        path = write_pipeline(
+            self.tmp / f"copy-{copy}.yml",
+            {
+                "pipeline": "shop",
+                "registry": {
+                    "type": "zookeeper",
+                    "hosts": self.zk.hosts,
+                    "root": self.root,
+                    "session_timeout_ms": SESSION_MS,
+                },
+                "datastore": "db1",
+                "copy": copy,
+                "state_dir": str(self.tmp / f"state-{copy}"),
+                "dataset": {"shards": SHARDS},
+                "source": {"type": "filelog", "path": str(self.tmp / f"src-{copy}")},
+                "transport": {
+                    "type": "tcp",
+                    "listen": "127.0.0.1:0",
+                    "heartbeat_ms": 300,
+                    "heartbeat_timeout_ms": 1500,
+                },
+                "delivery": {"mode": "multiple-copy", "datamarker_interval_ms": INTERVAL_MS},
+                "applications": {
+                    "search": {
+                        "sink": {"type": "jsonl", "path": str(self.tmp / "search.jsonl")},
+                        "copies": ["a", "b"],
+                        **(extra or {}),
+                    }
+                },
+            },
+        )
+        self.files[copy] = path
+        return path
+
+    def publish(self, copy: str) -> Process:
+        path = self.files.get(copy) or self.pipeline(copy)
+        process = Process("publish", str(path), "-q", cwd=self.tmp)
+        self.publishers[copy] = process
+        return process
+
+    def subscribe(self, instance: int) -> Process:
+        process = Process(
+            "subscribe",
+            str(self.files["a"]),
+            "--app",
+            "search",
+            "--instance",
+            str(instance),
+            cwd=self.tmp,
+        )
+        self.subscribers.append(process)
+        return process
+
+    def write(self, keys: int, n: int) -> None:
+        """One round: every key gets value n, in both copies of the stream."""
+        for writer in self.writers.values():
+            for k in range(keys):
+                writer.publish("orders", key={"id": k}, after={"id": k, "n": n})
+            writer.flush()
+
+    def serving(self) -> str | None:
+        result = run_cli("status", str(self.files["a"]), "--json", cwd=self.tmp)
+        assert result.returncode == 0, result
+        deployment = json.loads(result.stdout)["deployment"]
+        serving = [p["copy"] for p in deployment["publishers"] if "search" in p["serving"]]
+        assert len(serving) <= 1, deployment["publishers"]
+        return serving[0] if serving else None
+
+    def stop(self) -> None:
+        for process in [*self.subscribers, *self.publishers.values()]:
+            if process.proc.poll() is None:
+                with_signal = signal.SIGCONT
+                os.kill(process.pid, with_signal)
+                process.proc.send_signal(signal.SIGTERM)
+        for process in [*self.subscribers, *self.publishers.values()]:
+            try:
+                process.wait(60)
+            except Exception:
+                process.proc.kill()
+                process.wait(10)
+        for writer in self.writers.values():
+            writer.close()
+
+
+@pytest.fixture
+def copies(tmp_path: Path, zookeeper_server: Any, request: pytest.FixtureRequest) -> Any:
+    deployment = Copies(tmp_path, zookeeper_server, f"/mc-{request.node.name[:40]}")
+    yield deployment
+    deployment.stop()
+
+
+def check(path: Path, keys: int, rounds: int) -> tuple[int, int]:
+    """Per key, values in file order are runs of consecutive rounds (a replay starts at or
+    below the highest delivered, never past it); every key reaches the last round.
+    Returns (lines, duplicates)."""
+    seen: dict[int, list[int]] = defaultdict(list)
+    lines = 0
+    with open(path) as f:
+        for line in f:
+            envelope = json.loads(line)
+            seen[envelope["key"]["id"]].append(envelope["after"]["n"])
+            lines += 1
+    duplicates = 0
+    for key in range(keys):
+        high = previous = -1
+        for n in seen.get(key, []):
+            assert n <= high + 1, f"key {key}: {n} after {previous} (highest {high}): a gap"
+            if n != previous + 1:
+                assert n <= high, f"key {key}: {n} after {previous}: out of order"
+            duplicates += n <= high
+            high, previous = max(high, n), n
+        assert high == rounds - 1, f"key {key}: reached round {high} of {rounds}"
+    return lines, duplicates
+
+
+def test_one_copy_serves_and_the_other_takes_over_through_faults(
+    copies: Copies, tmp_path: Path
+) -> None:
+    keys, rounds = 100, 120
+    for copy in "ab":
+        copies.pipeline(copy)
+        copies.publish(copy)
+    copies.subscribe(0)
+    copies.subscribe(1)
+    wait_until(lambda: copies.serving() == "a", 60, "copy a (preferred) to serve")
+    written = {"rounds": 0}
+
+    def writer() -> None:
+        for n in range(rounds):
+            copies.write(keys, n)
+            written["rounds"] = n + 1
+            threading.Event().wait(0.05)
+
+    seed = int(os.environ.get("WORMHOLE_CHAOS_SEED") or random.SystemRandom().randrange(1 << 32))
+    rng = random.Random(seed)
+    print(f"seed {seed}")
+    thread = threading.Thread(target=writer, daemon=True)
+    thread.start()
+
+    def at_round(n: int) -> None:
+        wait_until(lambda: written["rounds"] >= n, 60, f"round {n}")
+
+    # (a) the serving copy killed with -9: b takes over
+    at_round(rng.randrange(10, 30))
+    copies.publishers["a"].proc.send_signal(signal.SIGKILL)
+    copies.publishers["a"].wait(10)
+    wait_until(lambda: copies.serving() == "b", 30, "copy b to take over")
+    # (c) a comes back: the application fails back to it
+    at_round(rng.randrange(40, 60))
+    copies.publish("a")
+    wait_until(lambda: copies.serving() == "a", 60, "the application to fail back to a")
+    # (b) a paused past its session: b takes over; a, resumed, is fenced
+    at_round(rng.randrange(70, 90))
+    paused = copies.publishers["a"]
+    os.kill(paused.pid, signal.SIGSTOP)
+    try:
+        wait_until(lambda: copies.serving() == "b", 30, "copy b to take over from paused a")
+    finally:
+        os.kill(paused.pid, signal.SIGCONT)
+    thread.join(120)
+    assert written["rounds"] == rounds
+
+    def complete() -> bool:
+        out = tmp_path / "search.jsonl"
+        if not out.exists():
+            return False
+        last = {json.loads(line)["key"]["id"] for line in out.open() if f'"n":{rounds - 1}' in line}
+        return len(last) == keys
+
+    wait_until(complete, 120, "every key's last round")
+    copies.stop()
+    lines, duplicates = check(tmp_path / "search.jsonl", keys, rounds)
+    assert lines - duplicates == keys * rounds, (seed, lines, duplicates)
+    print(f"{lines:,} lines, {duplicates:,} duplicates")
+
+
+def test_locate_finds_where_a_shared_datamarker_continues_in_another_copys_log(
+    tmp_path: Path,
+) -> None:
+    from wormhole.core.copies import Behind, Gone, locate
+    from wormhole.core.publisher_log import PublisherLog
+    from wormhole.core.update import Update
+
+    def updates(first: int, count: int) -> list[Update]:
+        return [
+            Update.create(op="c", key={"id": i}, table="t", after={"id": i}, connector="filelog")
+            for i in range(first, first + count)
+        ]
+
+    plog = PublisherLog(tmp_path / "log")
+    plog.open()
+    try:
+        # This copy's log holds stream seqs 101..400 (it started reading at 101).
+        for first in range(101, 401, 50):
+            batch = updates(first, 50)
+            for i, u in enumerate(batch):
+                u.position = f"f:{first + i}"
+                u.logical = f"orders:{first + i}"
+            plog.append(batch, {"at": first})
+        # the first update after stream seq 150 is local seq 50; after 399: local 299
+        assert locate(plog, {0: (150,), 1: (399,), 2: (101,)}, 0) == {0: 50, 1: 299, 2: 1}
+        # at the very end: serve from the log's end
+        assert locate(plog, {3: (400,)}, 0) == {3: 300}
+        # a hint past earlier targets' positions is not used for them: scan from the hint
+        assert locate(plog, {0: (360,)}, 200) == {0: 260}
+        with pytest.raises(Behind, match="not reached"):
+            locate(plog, {0: (401,)}, 0)
+        with pytest.raises(Gone, match="older than this copy's publisher log"):
+            locate(plog, {0: (99,)}, 0)
+    finally:
+        plog.close()
