@@ -441,6 +441,18 @@ def cmd_apps(args: argparse.Namespace) -> int:
                 print(f"  {name}: {json.dumps(value)}")
             return EXIT_OK
         name = args.app
+        if args.action == "move":
+            raw = registry.applications()
+            current = raw.get(name)
+            if not isinstance(current, dict):
+                raise WormholeError(f"no application {name!r} in {registry.describe()}")
+            order = [args.copy] + [c for c in current.get("copies") or [] if c != args.copy]
+            registry.put_application(name, {**current, "copies": order})
+            print(
+                f"application {name}: copy {args.copy} preferred ({', '.join(order)}); the "
+                f"copy serving it hands it over once {args.copy} has caught up"
+            )
+            return EXIT_OK
         if args.action == "remove":
             if not registry.remove_application(name):
                 raise WormholeError(f"no application {name!r} in {registry.describe()}")
@@ -639,6 +651,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     apps_remove.add_argument("pipeline", help="pipeline file (YAML) naming the registry")
     apps_remove.add_argument("app", help="application name")
+    apps_move = apps_sub.add_parser(
+        "move",
+        help="multiple-copy: serve an application from another copy of its datastores",
+    )
+    apps_move.add_argument("pipeline", help="pipeline file (YAML) naming the registry")
+    apps_move.add_argument("app", help="application name")
+    apps_move.add_argument("copy", help="the copy to serve it from")
     apps.set_defaults(func=cmd_apps)
 
     # Commands that plugins add (the search connector's `wormhole search`, say).

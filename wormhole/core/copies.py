@@ -137,6 +137,11 @@ class _App:
     """Standby: each shard's shared datamarker version and where it maps in this log."""
     ready: bool = False
     """Standby: every shared datamarker maps into this copy's log (it can take over now)."""
+    copies: list[str] | None = None
+    """The application's ``copies`` as last seen while serving: a change is a move (``wormhole
+    apps move``), honoured whatever ``failback`` says."""
+    seen_copies: bool = False
+    moving: bool = False
 
 
 class CopyCoordinator:
@@ -372,11 +377,17 @@ class CopyCoordinator:
         if app is None:
             return
         if state.handing_over is None:
+            if not state.seen_copies:
+                state.seen_copies, state.copies = True, app.config.copies
+            elif app.config.copies != state.copies:
+                state.moving, state.copies = True, app.config.copies
             preference = self.preference(state.name)
             better = preference[: preference.index(self.copy)] if self.copy in preference else []
-            if better and app.config.failback == "auto":
+            wants = app.config.failback == "auto" or state.moving
+            if better and wants:
                 self.statuses = self.registry.statuses()
-            if app.config.failback == "auto" and any(self._ready(c, state.name) for c in better):
+            if wants and better and self._ready(better[0], state.name):
+                state.moving = False
                 log.info(
                     "application %s: copy %s is back; copy %s hands the application over",
                     state.name,

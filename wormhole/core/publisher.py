@@ -10,6 +10,7 @@ until everything the source held at start has been acknowledged).
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import fcntl
 import gc
 import logging
@@ -439,6 +440,20 @@ class Publisher:
             for n in wanted & running
             if n in pipeline.applications and n in fresh and fresh[n] != pipeline.applications[n]
         ]
+        for name in list(changed):
+            old, new_config = pipeline.applications[name], fresh[name]
+            if dataclasses.replace(old, copies=new_config.copies, failback=new_config.failback) == (
+                new_config
+            ):
+                # Which copy serves it: applied at once (`wormhole apps move`).
+                old.copies, old.failback = new_config.copies, new_config.failback
+                changed.remove(name)
+                log.info(
+                    "application %s: copies %s, failback %s",
+                    name,
+                    ", ".join(old.copies or []) or "(registration order)",
+                    old.failback,
+                )
         if changed:
             log.warning(
                 "applications %s changed; restart the publisher to apply (they run unchanged)",
