@@ -32,15 +32,24 @@ INTERVAL_MS = 200
 
 
 class Copies:
-    def __init__(self, tmp: Path, zk: Any, root: str) -> None:
+    """Two copies of datastore db1 (``a`` preferred, ``b``), their publishers and the
+    application's subscribers. ``sources`` gives each copy's source; without it, each copy
+    reads its own directory of one ``LogWriter`` stream that :meth:`write` writes."""
+
+    def __init__(
+        self, tmp: Path, zk: Any, root: str, sources: dict[str, dict[str, Any]] | None = None
+    ) -> None:
         self.tmp = tmp
         self.zk = zk
         self.root = root
         self.publishers: dict[str, Process] = {}
         self.subscribers: list[Process] = []
         self.files: dict[str, Path] = {}
-        self.writers = {c: LogWriter(tmp / f"src-{c}", publisher_id="orders") for c in "ab"}
-        self.seq = 0
+        self.writers: dict[str, LogWriter] = {}
+        if sources is None:
+            self.writers = {c: LogWriter(tmp / f"src-{c}", publisher_id="orders") for c in "ab"}
+            sources = {c: {"type": "filelog", "path": str(tmp / f"src-{c}")} for c in "ab"}
+        self.sources = sources
 
     def pipeline(self, copy: str, extra: dict[str, Any] | None = None) -> Path:
         path = write_pipeline(
@@ -57,7 +66,7 @@ class Copies:
                 "copy": copy,
                 "state_dir": str(self.tmp / f"state-{copy}"),
                 "dataset": {"shards": SHARDS},
-                "source": {"type": "filelog", "path": str(self.tmp / f"src-{copy}")},
+                "source": self.sources[copy],
                 "transport": {
                     "type": "tcp",
                     "listen": "127.0.0.1:0",
@@ -161,6 +170,13 @@ def check(path: Path, keys: int, rounds: int) -> tuple[int, int]:
 def test_one_copy_serves_and_the_other_takes_over_through_faults(
     copies: Copies, tmp_path: Path
 ) -> None:
+    run_through_faults(copies, tmp_path, copies.write)
+
+
+def run_through_faults(copies: Copies, tmp_path: Path, write: Any) -> None:
+    """Writes run throughout; (a) the serving copy is killed with -9, (c) it comes back and
+    the application fails back, (b) it is paused past its session and resumed: every update
+    arrives in per-key order, within the duplicate bound."""
     keys, rounds = 100, 120
     for copy in "ab":
         copies.pipeline(copy)
@@ -172,7 +188,7 @@ def test_one_copy_serves_and_the_other_takes_over_through_faults(
 
     def writer() -> None:
         for n in range(rounds):
-            copies.write(keys, n)
+            write(keys, n)
             written["rounds"] = n + 1
             threading.Event().wait(0.05)
 
@@ -254,3 +270,46 @@ def test_locate_finds_where_a_shared_datamarker_continues_in_another_copys_log(
             locate(plog, {0: (99,)}, 0)
     finally:
         plog.close()
+
+
+def test_a_mariadb_primary_and_its_replica_are_two_copies(
+    tmp_path: Path, zookeeper_server: Any
+) -> None:
+    from wormhole.testing.mysql import make_replica, start_mariadb
+
+    primary_gen, replica_gen = start_mariadb(), start_mariadb()
+    primary, replica = next(primary_gen), next(replica_gen)
+    deployment = None
+    try:
+        make_replica(replica, primary)
+        db = primary.create_database()
+        primary.sql("CREATE TABLE orders (id INT PRIMARY KEY, n INT NOT NULL)", database=db)
+        (gtid,) = primary.sql("SELECT @@gtid_binlog_pos")[0]
+        wait_until(lambda: replica.sql("SELECT @@gtid_slave_pos")[0][0] == gtid, 60, "the replica")
+        source = {"type": "mysql", "tables": [f"{db}.orders"], "snapshot": "never"}
+        deployment = Copies(
+            tmp_path,
+            zookeeper_server,
+            "/mc-mariadb",
+            {
+                "a": {**source, "dsn": primary.dsn()},
+                "b": {**source, "dsn": replica.dsn()},
+            },
+        )
+        conn = primary.connect(db)
+        conn.autocommit(True)
+
+        def write(keys: int, n: int) -> None:
+            with conn.cursor() as cur:
+                cur.execute(
+                    f"INSERT INTO orders SELECT seq, {n} FROM seq_0_to_{keys - 1} "
+                    f"ON DUPLICATE KEY UPDATE n = VALUES(n)"
+                )
+
+        run_through_faults(deployment, tmp_path, write)
+        conn.close()
+    finally:
+        if deployment is not None:
+            deployment.stop()
+        replica_gen.close()
+        primary_gen.close()
