@@ -143,25 +143,59 @@ def copies(tmp_path: Path, zookeeper_server: Any, request: pytest.FixtureRequest
     deployment.stop()
 
 
-def check(path: Path, keys: int, rounds: int) -> tuple[int, int]:
+def version(envelope: dict[str, Any]) -> tuple[int, ...]:
+    """The envelope's update version (what shared datamarkers are made of)."""
+    from wormhole.core.update import Update
+    from wormhole.core.versions import version_of
+
+    source = envelope["source"]
+    update = Update(
+        op=envelope["op"],
+        key=b"{}",
+        connector=source["connector"],
+        position=source["position"],
+        logical=source["logical"],
+    )
+    found = version_of(update)
+    assert found is not None, envelope
+    return tuple(found)
+
+
+def check(
+    path: Path, keys: int, rounds: int, faults: list[tuple[int, dict[int, tuple[int, ...]]]]
+) -> tuple[int, int]:
     """Per key, values in file order are runs of consecutive rounds (a replay starts at or
-    below the highest delivered, never past it); every key reaches the last round.
-    Returns (lines, duplicates)."""
+    below the highest delivered, never past it); every key reaches the last round. Every
+    update delivered again comes after the shared datamarker of its shard taken just before
+    the last fault that precedes it (``faults``: output size and shared datamarker versions
+    by shard, before each fault): the duplicate bound. Returns (lines, duplicates)."""
     seen: dict[int, list[int]] = defaultdict(list)
-    lines = 0
-    with open(path) as f:
-        for line in f:
-            envelope = json.loads(line)
-            seen[envelope["key"]["id"]].append(envelope["after"]["n"])
+    lines = duplicates = offset = 0
+    highest: dict[int, int] = defaultdict(lambda: -1)
+    with open(path, "rb") as f:
+        for raw in f:
+            envelope = json.loads(raw)
+            key, n = envelope["key"]["id"], envelope["after"]["n"]
+            seen[key].append(n)
+            if n <= highest[key]:
+                before = [markers for size, markers in faults if size <= offset]
+                assert before, f"offset {offset}: key {key} round {n} again before any fault"
+                marker = before[-1].get(envelope["shard"])
+                assert marker is None or version(envelope) > marker, (
+                    f"offset {offset}: key {key} round {n} delivered again although the shared "
+                    f"datamarker of shard {envelope['shard']} was past it ({marker}) before "
+                    f"the fault"
+                )
+                duplicates += 1
+            highest[key] = max(highest[key], n)
+            offset += len(raw)
             lines += 1
-    duplicates = 0
     for key in range(keys):
         high = previous = -1
         for n in seen.get(key, []):
             assert n <= high + 1, f"key {key}: {n} after {previous} (highest {high}): a gap"
             if n != previous + 1:
                 assert n <= high, f"key {key}: {n} after {previous}: out of order"
-            duplicates += n <= high
             high, previous = max(high, n), n
         assert high == rounds - 1, f"key {key}: reached round {high} of {rounds}"
     return lines, duplicates
@@ -198,41 +232,64 @@ def run_through_faults(copies: Copies, tmp_path: Path, write: Any) -> None:
     thread = threading.Thread(target=writer, daemon=True)
     thread.start()
 
+    out = tmp_path / "search.jsonl"
+    faults: list[tuple[int, dict[int, tuple[int, ...]]]] = []
+
     def at_round(n: int) -> None:
         wait_until(lambda: written["rounds"] >= n, 60, f"round {n}")
 
+    def fault() -> None:
+        """Before a fault: what is delivered caught up, then the shared datamarkers."""
+        wait_until(lambda: reached(out, keys, written["rounds"] - 2), 60, "delivery to catch up")
+        client = copies.zk.client()
+        try:
+            data, _ = client.get(f"{copies.root}/datasets/shop/datamarkers/db1/search")
+        finally:
+            client.stop()
+        markers = {int(s): tuple(m["version"]) for s, m in json.loads(data).items()}
+        faults.append((out.stat().st_size, markers))
+
     # (a) the serving copy killed with -9: b takes over
     at_round(rng.randrange(10, 30))
+    fault()
     copies.publishers["a"].proc.send_signal(signal.SIGKILL)
     copies.publishers["a"].wait(10)
     wait_until(lambda: copies.serving() == "b", 30, "copy b to take over")
     # (c) a comes back: the application fails back to it
     at_round(rng.randrange(40, 60))
+    fault()
     copies.publish("a")
     wait_until(lambda: copies.serving() == "a", 60, "the application to fail back to a")
     # (b) a paused past its session: b takes over; a, resumed, is fenced
     at_round(rng.randrange(70, 90))
+    fault()
     paused = copies.publishers["a"]
     os.kill(paused.pid, signal.SIGSTOP)
     try:
         wait_until(lambda: copies.serving() == "b", 30, "copy b to take over from paused a")
     finally:
         os.kill(paused.pid, signal.SIGCONT)
+    # Resumed, it knows its claim may be gone before doing anything else: it stops serving.
+    wait_until(lambda: "stops serving" in paused.stderr, 30, "the resumed copy a to stand down")
     thread.join(120)
     assert written["rounds"] == rounds
 
-    def complete() -> bool:
-        out = tmp_path / "search.jsonl"
-        if not out.exists():
-            return False
-        last = {json.loads(line)["key"]["id"] for line in out.open() if f'"n":{rounds - 1}' in line}
-        return len(last) == keys
-
-    wait_until(complete, 120, "every key's last round")
+    wait_until(lambda: reached(out, keys, rounds - 1), 120, "every key's last round")
     copies.stop()
-    lines, duplicates = check(tmp_path / "search.jsonl", keys, rounds)
+    try:
+        lines, duplicates = check(out, keys, rounds, faults)
+    except AssertionError as exc:
+        raise AssertionError(f"seed {seed}: {exc}") from exc
     assert lines - duplicates == keys * rounds, (seed, lines, duplicates)
     print(f"{lines:,} lines, {duplicates:,} duplicates")
+
+
+def reached(out: Path, keys: int, n: int) -> bool:
+    """Whether every key has been delivered round ``n``."""
+    if not out.exists():
+        return n < 0
+    done = {json.loads(line)["key"]["id"] for line in out.open() if f'"n":{max(n, 0)}}}' in line}
+    return n < 0 or len(done) == keys
 
 
 def test_locate_finds_where_a_shared_datamarker_continues_in_another_copys_log(
