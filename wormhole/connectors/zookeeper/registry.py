@@ -641,8 +641,9 @@ class ZooKeeperRegistry:
             for path in list(self._orphans):
                 self._delete_own(path, sid)
                 self._orphans.remove(path)
-            self._forget_claims(keep=sid)
-            self._release_abandoned(sid)
+            if sid is not None:
+                self._forget_claims(keep=sid)
+                self._release_abandoned(sid)
             for kind, table in (("publisher", self._publishers), ("status", self._statuses)):
                 for datastore, owned in table.items():
                     if owned.session == sid and owned.synced:
@@ -1209,15 +1210,16 @@ class ZooKeeperRegistry:
         _check_name("datastore", datastore)
         key = (application, datastore)
         path = self._serving_path(application, datastore)
-        sid = self._session_id()
         with self._claims_lock:
             claim = self._claims.get(key)
             if claim is not None and claim.epoch == epoch:
                 del self._claims[key]
-        if sid is None:
-            return
-        if not self._connected.is_set():
-            self._abandon(None, path, epoch, sid)
+            else:
+                claim = None
+        sid = self._session_id()  # None while disconnected
+        if sid is None or not self._connected.is_set():
+            if claim is not None:
+                self._abandon(None, path, epoch, claim.session)
             return
         try:
             self._delete_claim(path, epoch, sid)
@@ -1226,17 +1228,19 @@ class ZooKeeperRegistry:
         except (NoNodeError, BadVersionError):
             pass
 
-    def _delete_claim(self, path: str, epoch: int, sid: int) -> None:
-        """Delete serving node ``path`` if session ``sid`` holds it under ``epoch``."""
+    def _delete_claim(self, path: str, epoch: int, sid: int) -> bool:
+        """Delete serving node ``path`` if session ``sid`` holds it under ``epoch``; whether
+        it did."""
         from kazoo.exceptions import BadVersionError, NoNodeError
 
         try:
             data, stat = self._do("get", path, timeout=self._quick)
             if stat.ephemeralOwner != sid or self._claim_epoch(data) != epoch:
-                return
+                return False
             self._do("delete", path, version=stat.version, timeout=self._quick)
+            return True
         except (NoNodeError, BadVersionError):
-            pass
+            return False
 
     @staticmethod
     def _claim_epoch(data: bytes | None) -> int | None:
@@ -1275,8 +1279,7 @@ class ZooKeeperRegistry:
         with self._claims_lock:
             abandoned = list(self._abandoned)
         for path, epoch, session in abandoned:
-            if session == sid and sid is not None:
-                self._delete_claim(path, epoch, sid)
+            if session == sid and sid is not None and self._delete_claim(path, epoch, sid):
                 log.info("gave up the serving claim %s (epoch %d)", path, epoch)
             with self._claims_lock:
                 if (path, epoch, session) in self._abandoned:
@@ -1394,13 +1397,16 @@ class ZooKeeperRegistry:
         serving = self._serving_path(application, datastore)
         epochs = self._epochs_path(application, datastore)
         path = self._datamarkers_path(application, datastore)
-        sid = self._session_id()
         with self._claims_lock:
             claim = self._claims.get(key)
-        if claim is None or claim.epoch != epoch or claim.session != sid or sid is None:
+        if claim is None or claim.epoch != epoch:
             return False
-        if not self._connected.is_set():
-            self._abandon(key, serving, epoch, sid)
+        sid = self._session_id()  # None while disconnected
+        if sid is None or not self._connected.is_set():
+            self._abandon(key, serving, epoch, claim.session)
+            return False
+        if claim.session != sid:
+            self._fenced(key, claim, "it went with its ZooKeeper session")
             return False
         try:
             data, stat = self._do("get", serving, timeout=self._quick)
