@@ -8,7 +8,9 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import os
 import queue
+import socket
 import threading
 import time
 import uuid
@@ -27,8 +29,11 @@ from wormhole.connectors.zookeeper.registry import (
 )
 from wormhole.core.errors import ConfigError, StateError
 from wormhole.plugins.components import (
+    DatastoreHeld,
     InvalidEntry,
     PublisherEntry,
+    ServingClaim,
+    SharedDatamarker,
     SubscriberEntry,
 )
 from wormhole.plugins.manager import default_registry
@@ -469,3 +474,193 @@ def test_a_restarted_server_keeps_or_regains_the_registrations(
     assert registry.applications() == {"search": {}}
     assert registry.statuses() == {"db1": {"flows": 1}, "db2": {"flows": 2}}
     assert [e.datastore for e in seen.until(lambda v: len(v) == 2)] == ["db1", "db2"]
+
+
+# ------------------------------------------------------- multiple-copy delivery
+def _marker(logical: str, version: tuple[int, ...], epoch: int) -> SharedDatamarker:
+    return SharedDatamarker(logical, version, epoch)
+
+
+def _expire(zookeeper_server: Any, registry: ZooKeeperRegistry) -> int:
+    """End the registry's session from another client of it; the old session id."""
+    from kazoo.client import KazooClient
+
+    session = registry._client.client_id
+    thief = KazooClient(hosts=zookeeper_server.hosts, client_id=session)
+    thief.start(timeout=WAIT)
+    thief.stop()
+    thief.close()
+    return int(session[0])
+
+
+def test_copies_register_side_by_side_and_release_by_node(
+    registries: Callable[..., ZooKeeperRegistry], root: str
+) -> None:
+    a, b, c = registries(), registries(), registries()
+    seen: Recorder[list[PublisherEntry]] = Recorder()
+    c.watch_publishers(seen)
+    assert seen.next() == []
+    a.register_publisher(entry(copy="a"))
+    b.register_publisher(entry(copy="b", host="beta", pid=7))
+    listed = seen.until(lambda v: len(v) == 2)
+    assert [(e.datastore, e.copy, e.node) for e in listed] == [
+        ("db1", "a", "db1@a"),
+        ("db1", "b", "db1@b"),
+    ]
+    a.publish_status("db1@a", {"flows": 1})
+    b.publish_status("db1@b", {"flows": 2})
+    assert c.statuses() == {"db1@a": {"flows": 1}, "db1@b": {"flows": 2}}
+
+    with pytest.raises(DatastoreHeld) as raised:
+        c.register_publisher(entry(copy="a", host="gamma", pid=9))
+    assert "datastore db1 (copy a) of dataset shop is already published by alpha:41" in str(
+        raised.value
+    )
+    assert raised.value.path == f"{root}/datasets/shop/publishers/db1@a"
+    holder = raised.value.holder
+    assert holder is not None and holder.node == "db1@a"
+    with pytest.raises(ConfigError, match="cannot hold '@'"):
+        c.register_publisher(entry(copy="x@y"))
+
+    # Releasing a (dead) holder removes its copy's nodes only.
+    assert c.release_publisher("db1", holder)
+    assert [e.node for e in seen.until(lambda v: len(v) == 1)] == ["db1@b"]
+    assert c.statuses() == {"db1@b": {"flows": 2}}
+
+
+def test_serving_claims_fence_datamarkers_and_hand_over(
+    registries: Callable[..., ZooKeeperRegistry], raw: Any, root: str
+) -> None:
+    a, b, watcher = registries(), registries(), registries()
+    claims: Recorder[ServingClaim | None] = Recorder()
+    watcher.watch_serving("search", "db1", claims)  # before any claim: no parent node yet
+    assert claims.next() is None
+
+    assert a.claim_serving("search", "db1", "a") == 1
+    assert b.claim_serving("search", "db1", "b") is None
+    assert a.claim_serving("search", "db1", "a") is None  # held, by itself
+    found = claims.until(lambda v: v is not None)
+    assert found == ServingClaim("a", 1, socket.gethostname(), os.getpid())
+
+    # The holder shares datamarkers, merged by shard.
+    assert b.load_datamarkers("search", "db1") == {}
+    assert a.save_datamarkers("search", "db1", 1, {0: _marker("l0", (1, 2), 1)})
+    assert a.save_datamarkers(
+        "search", "db1", 1, {1: _marker("l1", (1, 3), 1), 0: _marker("l0b", (1, 4), 1)}
+    )
+    expected = {0: _marker("l0b", (1, 4), 1), 1: _marker("l1", (1, 3), 1)}
+    assert b.load_datamarkers("search", "db1") == expected
+    path = f"{root}/datasets/shop/datamarkers/db1/search"
+    written = raw.get(path)[1].mzxid
+
+    # A stale epoch or another process is fenced: nothing is written.
+    assert not a.save_datamarkers("search", "db1", 2, {0: _marker("x", (9,), 2)})
+    assert not b.save_datamarkers("search", "db1", 1, {0: _marker("x", (9,), 1)})
+    assert raw.get(path)[1].mzxid == written
+    b.release_serving("search", "db1", 1)  # not b's: nothing happens
+    assert raw.exists(f"{root}/datasets/shop/serving/db1/search") is not None
+
+    # Released: the watch sees it free, the other copy claims under a greater epoch.
+    a.release_serving("search", "db1", 1)
+    assert claims.until(lambda v: v is None) is None
+    assert not a.save_datamarkers("search", "db1", 1, {0: _marker("x", (9,), 1)})
+    assert b.claim_serving("search", "db1", "b") == 2
+    assert claims.until(lambda v: v is not None) == ServingClaim(
+        "b", 2, socket.gethostname(), os.getpid()
+    )
+    assert json.loads(raw.get(f"{root}/datasets/shop/epochs/db1/search")[0]) == 2
+    assert not a.save_datamarkers("search", "db1", 1, {0: _marker("x", (9,), 1)})
+    assert b.save_datamarkers("search", "db1", 2, {1: _marker("l1b", (2, 1), 2)})
+    assert a.load_datamarkers("search", "db1") == {
+        0: _marker("l0b", (1, 4), 1),
+        1: _marker("l1b", (2, 1), 2),
+    }
+    # Claims of other applications and datastores are separate.
+    assert a.claim_serving("audit", "db1", "a") == 1
+    assert a.claim_serving("search", "db2", "a") == 1
+
+    # Closing the holder removes its claim.
+    b.close()
+    assert claims.until(lambda v: v is None) is None
+    assert a.claim_serving("search", "db1", "a") == 3
+
+
+def test_unreadable_shared_datamarkers_name_their_node(
+    registries: Callable[..., ZooKeeperRegistry], raw: Any, root: str
+) -> None:
+    registry = registries()
+    path = f"{root}/datasets/shop/datamarkers/db1/search"
+    raw.create(path, b'{"0": {"logical": "x", "version": "nope"}}', makepath=True)
+    with pytest.raises(StateError, match=f"znode {path}.*version is 'nope'"):
+        registry.load_datamarkers("search", "db1")
+    raw.set(path, b"{oops")
+    with pytest.raises(StateError, match=f"znode {path}.*not JSON"):
+        registry.load_datamarkers("search", "db1")
+
+
+def test_an_expired_session_loses_its_claims_for_good(
+    registries: Callable[..., ZooKeeperRegistry], zookeeper_server: Any, raw: Any, root: str
+) -> None:
+    holder, other = registries(), registries()
+    connection: Recorder[bool] = Recorder()
+    holder.watch_connection(connection)
+    assert connection.next() is True
+    claims: Recorder[ServingClaim | None] = Recorder()
+    other.watch_serving("search", "db1", claims)
+    assert claims.next() is None
+    holder.register_publisher(entry(copy="a"))
+    assert holder.claim_serving("search", "db1", "a") == 1
+    assert claims.until(lambda v: v is not None).epoch == 1
+    assert holder.save_datamarkers("search", "db1", 1, {0: _marker("l0", (1,), 1)})
+
+    old = _expire(zookeeper_server, holder)
+    assert connection.next() is False
+    assert connection.next() is True
+    assert claims.until(lambda v: v is None) is None
+    # The publisher is registered again, the claim is not.
+    publisher = f"{root}/datasets/shop/publishers/db1@a"
+    wait_until(
+        lambda: (
+            _owner(raw, publisher) not in (None, old)
+            and _owner(raw, publisher) == holder._session_id()
+        ),
+        WAIT,
+        "the publisher registered again",
+    )
+    assert raw.exists(f"{root}/datasets/shop/serving/db1/search") is None
+    assert not holder.save_datamarkers("search", "db1", 1, {0: _marker("x", (9,), 1)})
+    assert other.load_datamarkers("search", "db1") == {0: _marker("l0", (1,), 1)}
+    # Claiming again gives a new epoch.
+    assert holder.claim_serving("search", "db1", "a") == 2
+    assert claims.until(lambda v: v is not None).epoch == 2
+
+
+def test_a_save_while_disconnected_fails_at_once_and_gives_the_claim_up(
+    registries: Callable[..., ZooKeeperRegistry], zookeeper_server: Any, root: str
+) -> None:
+    holder = registries(session_timeout_ms=6000)
+    connection: Recorder[bool] = Recorder()
+    holder.watch_connection(connection)
+    assert connection.next() is True
+    assert holder.claim_serving("search", "db1", "a") == 1
+    session = holder._session_id()
+    zookeeper_server.pause()
+    try:
+        assert connection.next() is False
+        started = time.monotonic()
+        assert not holder.save_datamarkers("search", "db1", 1, {0: _marker("l0", (1,), 1)})
+        assert holder.claim_serving("search", "db1", "a") is None
+        assert time.monotonic() - started < 0.5
+    finally:
+        zookeeper_server.resume()
+    assert connection.next() is True
+    client = zookeeper_server.client()
+    try:
+        # The session outlived the outage, the claim did not: its node is deleted.
+        path = f"{root}/datasets/shop/serving/db1/search"
+        wait_until(lambda: client.exists(path) is None, WAIT, "the claim given up")
+        assert holder._session_id() == session
+    finally:
+        client.stop()
+        client.close()
+    assert holder.claim_serving("search", "db1", "a") == 2

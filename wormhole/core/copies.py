@@ -405,7 +405,8 @@ class CopyCoordinator:
     def _ready(self, copy: str, name: str) -> bool:
         """Whether the other copy ``copy`` can take ``name`` over now (its status says so)."""
         status = self.statuses.get(f"{self.datastore}@{copy}", {})
-        ready: dict[str, Any] = status.get("copies_ready", {})
+        # The publisher shares this coordinator's status under "copies".
+        ready: dict[str, Any] = status.get("copies", {}).get("copies_ready", {})
         return bool(ready.get(name))
 
     def _save(self, state: _App) -> bool:

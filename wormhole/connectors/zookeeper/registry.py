@@ -3,12 +3,18 @@ kept in ZooKeeper (through kazoo).
 
 Znode layout::
 
-    <root>/datasets/<dataset>/publishers/<datastore>                 ephemeral, JSON PublisherEntry fields
-    <root>/datasets/<dataset>/status/<datastore>                     ephemeral, JSON status dict (publish_status)
+    <root>/datasets/<dataset>/publishers/<node>                      ephemeral, JSON PublisherEntry fields
+    <root>/datasets/<dataset>/status/<node>                          ephemeral, JSON status dict (publish_status)
     <root>/datasets/<dataset>/applications/<app>                     persistent, JSON mapping of the app (same keys as a pipeline file's applications.<app>)
     <root>/datasets/<dataset>/applications/<app>/subscribers/<instance>-<seq>   ephemeral sequential, JSON {instance, host, pid}
+    <root>/datasets/<dataset>/serving/<datastore>/<app>              ephemeral, JSON ServingClaim {copy, epoch, host, pid}
+    <root>/datasets/<dataset>/epochs/<datastore>/<app>               persistent counter: the last epoch handed out (JSON int)
+    <root>/datasets/<dataset>/datamarkers/<datastore>/<app>          persistent, JSON {shard: {logical, version, epoch}}
 
-plus ``<root>/datasets/<dataset>/seeded``, a persistent marker created with the first
+where ``<node>`` is a publisher's :attr:`PublisherEntry.node`: ``<datastore>``, or
+``<datastore>@<copy>`` for one copy of the datastore (multiple-copy delivery; each copy
+registers and shares its status under its own node). Plus
+``<root>/datasets/<dataset>/seeded``, a persistent marker created with the first
 applications (:meth:`ZooKeeperRegistry.seed_applications`): a dataset is seeded from a
 pipeline file once only, even when its applications were all removed since.
 
@@ -17,7 +23,20 @@ every one it created; when the session expires and the client reconnects with a 
 session, a thread of the registry's (never kazoo's state listener, which must not block)
 creates them again. Watches are plain ZooKeeper watches that hand the work to the same
 thread: it reads the current value, arms the watches again, and calls the watcher's
-function when the value changed (and once after every reconnect, changed or not).
+function when the value changed (and once after every reconnect, changed or not). The same
+thread tells :meth:`ZooKeeperRegistry.watch_connection` watchers when the connection is
+interrupted (``SUSPENDED``, ``LOST``) and back (``CONNECTED``).
+
+Serving claims (multiple-copy delivery) are the exception: they are never created again.
+A claim is made by one transaction that bumps the epochs counter (compare-and-set on its
+version) and creates the serving node, so the counter moves only with a claim made; a save
+of shared datamarkers is one transaction that checks the serving node's version and the
+counter's version after this claim's bump (no claim since) with the write. When the
+session expires the process forgets its claims; the copy learns it from
+``watch_connection(False)`` and from ``watch_serving`` (the node is gone) and may claim
+again, under a new epoch. A claim that cannot be checked (ZooKeeper unreachable when
+saving) or whose creation was not confirmed is given up: the thread deletes its node once
+ZooKeeper answers, if this session still holds it under that epoch.
 """  # noqa: E501
 
 from __future__ import annotations
@@ -26,6 +45,8 @@ import copy
 import dataclasses
 import json
 import logging
+import os
+import socket
 import threading
 import time
 from collections.abc import Callable
@@ -39,6 +60,8 @@ from wormhole.plugins.components import (
     InvalidEntry,
     Options,
     PublisherEntry,
+    ServingClaim,
+    SharedDatamarker,
     SubscriberEntry,
 )
 
@@ -82,6 +105,40 @@ class ZooKeeperOptions(Options):
 def _check_name(what: str, name: str) -> None:
     if not name or "/" in name or name in (".", "..") or any(ord(c) < 32 for c in name):
         raise ConfigError(f"{what} {name!r} cannot be a znode name (no '/', not empty)")
+
+
+def _check_node(datastore: str, copy_: str) -> None:
+    """A publisher's node name ``datastore`` or ``datastore@copy`` must be unambiguous."""
+    _check_name("datastore", datastore)
+    if copy_:
+        _check_name("copy", copy_)
+    for what, name in (("datastore", datastore), ("copy", copy_)):
+        if "@" in name:
+            raise ConfigError(f"{what} {name!r} cannot hold '@' (it names a copy: datastore@copy)")
+
+
+def _datastore_of(node: str, raw: dict[str, Any]) -> str:
+    """The datastore of publisher node ``node`` (``datastore`` or ``datastore@copy``, the
+    copy as the node's JSON says); ValueError if the name and the copy disagree."""
+    copy_ = raw.get("copy", "")
+    if not isinstance(copy_, str):
+        raise ValueError(f"copy is {copy_!r}, not a str")
+    if not copy_:
+        return node
+    datastore, at, named = node.rpartition("@")
+    if not at or named != copy_ or not datastore:
+        raise ValueError(f"copy {copy_!r} does not match the node's name {node!r}")
+    return datastore
+
+
+def _serving_claim(raw: dict[str, Any]) -> ServingClaim:
+    """A serving node's JSON as a claim; ValueError naming a field of the wrong type."""
+    copy_, epoch = raw.get("copy"), raw.get("epoch")
+    if not isinstance(copy_, str):
+        raise ValueError(f"copy is {copy_!r}, not a str")
+    if not isinstance(epoch, int) or isinstance(epoch, bool):
+        raise ValueError(f"epoch is {epoch!r}, not an int")
+    return ServingClaim(**_field_values(ServingClaim, raw, copy=copy_, epoch=epoch))
 
 
 def _encode(value: Any) -> bytes:
@@ -134,6 +191,27 @@ class _Owned:
     """The session that created the node (None: not created yet, or gone with a session)."""
     synced: bool = False
     """Whether the node holds ``data``."""
+
+
+@dataclasses.dataclass(frozen=True)
+class _Claim:
+    """A serving claim this process made (:meth:`ZooKeeperRegistry.claim_serving`)."""
+
+    path: str
+    epoch: int
+    session: int
+    """The session that created the serving node: the claim goes with it."""
+    version: int
+    """The serving node's version when created (it is never changed)."""
+    epochs_version: int
+    """The epochs counter's version after this claim's bump: any later claim changes it."""
+
+
+@dataclasses.dataclass
+class _ConnectionWatch:
+    fn: Callable[[bool], None]
+    last: bool | None = None
+    """What it was last told (None: nothing yet)."""
 
 
 class _Watch(Generic[T]):
@@ -194,6 +272,20 @@ class ZooKeeperRegistry:
         self._resync = False
         self._thread: threading.Thread | None = None
         self._warned: set[tuple[str, int]] = set()
+        # Serving claims (multiple-copy delivery): never made again after a session loss.
+        self._claims_lock = threading.Lock()
+        self._claims: dict[tuple[str, str], _Claim] = {}
+        """The claims this process holds, by (application, datastore)."""
+        self._abandoned: list[tuple[str, int, int]] = []
+        """Serving nodes (path, epoch, session) this process gave up while it could not
+        reach ZooKeeper, or may have created without hearing so: the thread deletes them
+        (if still this session's, under that epoch) once it can."""
+        self._parents: set[str] = set()
+        """Parent paths of claims known to exist."""
+        self._connection_watchers: list[_ConnectionWatch] = []
+        self._connection_lock = threading.Lock()
+        """Held while calling connection watchers, so they hear every change in order."""
+        self._connection_events: list[bool] = []
 
     # ------------------------------------------------------------------ paths
     @property
@@ -208,6 +300,15 @@ class ZooKeeperRegistry:
 
     def _app_path(self, app: str) -> str:
         return f"{self._base}/applications/{app}"
+
+    def _serving_path(self, app: str, datastore: str) -> str:
+        return f"{self._base}/serving/{datastore}/{app}"
+
+    def _epochs_path(self, app: str, datastore: str) -> str:
+        return f"{self._base}/epochs/{datastore}/{app}"
+
+    def _datamarkers_path(self, app: str, datastore: str) -> str:
+        return f"{self._base}/datamarkers/{datastore}/{app}"
 
     def application_path(self, name: str) -> str:
         """Where an application lives, for messages: ``zookeeper HOSTS node PATH``."""
@@ -299,7 +400,12 @@ class ZooKeeperRegistry:
                 *self._subscribers.values(),
             ]
             sid = self._session_id()
-            paths = [o.path for o in owned if o.session == sid] + self._orphans
+            with self._claims_lock:
+                claims = [c.path for c in self._claims.values() if c.session == sid]
+                claims += [path for path, _, session in self._abandoned if session == sid]
+                self._claims.clear()
+                self._abandoned = []
+            paths = [o.path for o in owned if o.session == sid] + self._orphans + claims
             self._publishers.clear()
             self._statuses.clear()
             self._subscribers.clear()
@@ -444,16 +550,20 @@ class ZooKeeperRegistry:
             return None
 
     def release_publisher(self, datastore: str, holder: PublisherEntry) -> bool:
+        """Remove ``holder``'s registration: its publisher and status nodes, named by
+        ``holder.node`` (``datastore`` or ``datastore@copy``)."""
         from kazoo.exceptions import BadVersionError, NoNodeError
 
         _check_name("datastore", datastore)
+        node = holder.node
         released = False
-        for path in (self._publisher_path(datastore), self._status_path(datastore)):
+        publisher = self._publisher_path(node)
+        for path in (publisher, self._status_path(node)):
             try:
                 data, stat = self._do("get", path)
             except NoNodeError:
                 continue
-            found = self._entry_of(data) if path.endswith(f"publishers/{datastore}") else None
+            found = self._entry_of(data) if path == publisher else None
             if found is not None and (found.host, found.pid) != (holder.host, holder.pid):
                 return False  # someone else's now
             if stat.ephemeralOwner == self._session_id():
@@ -467,7 +577,9 @@ class ZooKeeperRegistry:
 
     def _held_message(self, path: str, data: bytes | None) -> str:
         kind = path.rsplit("/", 2)[-2]
-        datastore = path.rsplit("/", 1)[-1]
+        datastore, _, copy_ = path.rsplit("/", 1)[-1].partition("@")
+        if copy_:
+            datastore = f"{datastore} (copy {copy_})"
         what = "published" if kind == "publishers" else "reporting status"
         return (
             f"datastore {datastore} of dataset {self.dataset} is already {what} by "
@@ -529,6 +641,9 @@ class ZooKeeperRegistry:
             for path in list(self._orphans):
                 self._delete_own(path, sid)
                 self._orphans.remove(path)
+            if sid is not None:
+                self._forget_claims(keep=sid)
+                self._release_abandoned(sid)
             for kind, table in (("publisher", self._publishers), ("status", self._statuses)):
                 for datastore, owned in table.items():
                     if owned.session == sid and owned.synced:
@@ -556,9 +671,11 @@ class ZooKeeperRegistry:
             with self._cond:
                 self._connected.set()
                 self._reconnected = True
+                self._connection_events.append(True)
                 self._cond.notify_all()
         elif state == "SUSPENDED":
             self._connected.clear()
+            self._connection_changed(False)
             log.warning(
                 "lost the connection to ZooKeeper at %s; reconnecting (registrations hold "
                 "for the session timeout, %dms)",
@@ -567,6 +684,9 @@ class ZooKeeperRegistry:
             )
         else:  # LOST
             self._connected.clear()
+            # Serving claims went with the session: they are not made again.
+            self._forget_claims(keep=None)
+            self._connection_changed(False)
             log.warning(
                 "the ZooKeeper session with %s expired: this process's registrations are "
                 "gone until it reconnects and registers them again",
@@ -593,9 +713,21 @@ class ZooKeeperRegistry:
                 if pause:
                     self._cond.wait(timeout=1.0)
                     pause = False
-                while not (self._closed or self._reconnected or self._resync or self._pending):
+                while not (
+                    self._closed
+                    or self._reconnected
+                    or self._resync
+                    or self._pending
+                    or self._connection_events
+                ):
                     if not self._cond.wait(timeout=1.0 if backlog else None):
                         break
+                if self._closed:
+                    return
+                events, self._connection_events = self._connection_events, []
+            if events:
+                self._tell_connection(events)
+            with self._cond:
                 if self._closed:
                     return
                 if not self._connected.is_set():
@@ -662,14 +794,15 @@ class ZooKeeperRegistry:
 
     # ------------------------------------------------------------ publishers
     def register_publisher(self, entry: PublisherEntry) -> None:
-        _check_name("datastore", entry.datastore)
-        path = self._publisher_path(entry.datastore)
+        _check_node(entry.datastore, entry.copy)
+        node = entry.node
+        path = self._publisher_path(node)
         data = _encode(dataclasses.asdict(entry))
         with self._writes:
-            owned = self._publishers.get(entry.datastore)
+            owned = self._publishers.get(node)
             if owned is None:
                 owned = _Owned(path, data)
-                self._publishers[entry.datastore] = owned
+                self._publishers[node] = owned
                 new = True
             else:
                 owned.data, owned.synced, new = data, False, False
@@ -679,13 +812,13 @@ class ZooKeeperRegistry:
                 self._claim(owned, self._session_id())
             except StateError:
                 if new:
-                    del self._publishers[entry.datastore]
+                    del self._publishers[node]
                 raise
             except self._errors() as exc:
                 log.warning(
                     "cannot register publisher %s in ZooKeeper at %s now (%s); it is "
                     "registered once the registry is back",
-                    entry.datastore,
+                    node,
                     self.options.hosts,
                     type(exc).__name__,
                 )
@@ -710,7 +843,9 @@ class ZooKeeperRegistry:
             try:
                 raw = _decode_object(data)
                 entries.append(
-                    PublisherEntry(**_field_values(PublisherEntry, raw, datastore=child))
+                    PublisherEntry(
+                        **_field_values(PublisherEntry, raw, datastore=_datastore_of(child, raw))
+                    )
                 )
             except (ValueError, TypeError) as exc:
                 self._warn_invalid(path, stat.mzxid, str(exc))
@@ -972,3 +1107,389 @@ class ZooKeeperRegistry:
             lambda watcher: self._read_subscribers(application, watcher),
             fn,
         )
+
+    # -------------------------------------------- serving claims (multiple-copy)
+    @property
+    def _quick(self) -> float:
+        """How long a claim operation waits for ZooKeeper: the publisher calls them about
+        every second from its loop, which must not stall."""
+        return min(2.0, self.options.session_timeout_ms / 2000)
+
+    def _ensure_parent(self, path: str) -> None:
+        parent = path.rsplit("/", 1)[0]
+        if parent not in self._parents:
+            self._do("ensure_path", parent, timeout=self._quick)
+            self._parents.add(parent)
+
+    def _epoch_value(self, path: str, data: bytes | None) -> int:
+        try:
+            value = json.loads(data or b"")
+        except (ValueError, UnicodeDecodeError):
+            value = None
+        if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+            raise StateError(
+                f"the epochs counter znode {path} holds {data!r}, not a JSON integer: fix or "
+                f"delete it (in {self.describe()})"
+            )
+        return value
+
+    def claim_serving(self, application: str, datastore: str, copy: str) -> int | None:
+        """The serving node is created in one transaction with the bump of the epochs
+        counter (a compare-and-set on its version): the counter moves only with a claim
+        made, so its version after the bump fences every later write of the claim."""
+        from kazoo.exceptions import (
+            BadVersionError,
+            NodeExistsError,
+            NoNodeError,
+            RolledBackError,
+        )
+
+        _check_name("application", application)
+        _check_name("datastore", datastore)
+        _check_name("copy", copy)
+        key = (application, datastore)
+        serving = self._serving_path(application, datastore)
+        epochs = self._epochs_path(application, datastore)
+        sid = self._session_id()
+        if not self._connected.is_set() or sid is None:
+            return None
+        errors = self._errors()
+        epoch = 0
+        try:
+            for _ in range(10):
+                if self._do("exists", serving, timeout=self._quick) is not None:
+                    return None  # held (perhaps by this process, under another epoch)
+                self._ensure_parent(serving)
+                self._ensure_parent(epochs)
+                try:
+                    data, stat = self._do("get", epochs, timeout=self._quick)
+                    last, version = self._epoch_value(epochs, data), stat.version
+                except NoNodeError:
+                    last, version = 0, None
+                epoch = last + 1
+                node = _encode(
+                    {"copy": copy, "epoch": epoch, "host": socket.gethostname(), "pid": os.getpid()}
+                )
+                transaction = self._client.transaction()
+                if version is None:
+                    transaction.create(epochs, _encode(epoch))
+                else:
+                    transaction.set_data(epochs, _encode(epoch), version=version)
+                transaction.create(serving, node, ephemeral=True)
+                results = transaction.commit_async().get(timeout=self._quick)
+                counter, created = results
+                if not isinstance(counter, Exception) and not isinstance(created, Exception):
+                    claim = _Claim(serving, epoch, sid, 0, 0 if version is None else version + 1)
+                    with self._claims_lock:
+                        self._claims[key] = claim
+                    return epoch
+                if isinstance(created, NodeExistsError):
+                    return None
+                if isinstance(counter, NoNodeError) and version is None:
+                    self._parents.discard(epochs.rsplit("/", 1)[0])  # removed meanwhile
+                    continue
+                if isinstance(counter, BadVersionError | NodeExistsError | NoNodeError):
+                    continue  # another claim moved the counter meanwhile: read it again
+                if isinstance(created, NoNodeError):
+                    self._parents.discard(serving.rsplit("/", 1)[0])  # removed meanwhile
+                    continue
+                failed = [r for r in results if not isinstance(r, RolledBackError)]
+                raise StateError(f"cannot claim {serving}: {failed}")
+        except errors as exc:
+            # The claim may have been made without this process hearing so: give it up.
+            log.debug("claim of %s interrupted: %r", serving, exc)
+            if epoch:
+                self._abandon(None, serving, epoch, sid)
+            return None
+        raise StateError(f"cannot claim {serving}: the epochs counter {epochs} keeps changing")
+
+    def release_serving(self, application: str, datastore: str, epoch: int) -> None:
+        from kazoo.exceptions import BadVersionError, NoNodeError
+
+        _check_name("application", application)
+        _check_name("datastore", datastore)
+        key = (application, datastore)
+        path = self._serving_path(application, datastore)
+        with self._claims_lock:
+            claim = self._claims.get(key)
+            if claim is not None and claim.epoch == epoch:
+                del self._claims[key]
+            else:
+                claim = None
+        sid = self._session_id()  # None while disconnected
+        if sid is None or not self._connected.is_set():
+            if claim is not None:
+                self._abandon(None, path, epoch, claim.session)
+            return
+        try:
+            self._delete_claim(path, epoch, sid)
+        except self._errors():
+            self._abandon(None, path, epoch, sid)
+        except (NoNodeError, BadVersionError):
+            pass
+
+    def _delete_claim(self, path: str, epoch: int, sid: int) -> bool:
+        """Delete serving node ``path`` if session ``sid`` holds it under ``epoch``; whether
+        it did."""
+        from kazoo.exceptions import BadVersionError, NoNodeError
+
+        try:
+            data, stat = self._do("get", path, timeout=self._quick)
+            if stat.ephemeralOwner != sid or self._claim_epoch(data) != epoch:
+                return False
+            self._do("delete", path, version=stat.version, timeout=self._quick)
+            return True
+        except (NoNodeError, BadVersionError):
+            return False
+
+    @staticmethod
+    def _claim_epoch(data: bytes | None) -> int | None:
+        try:
+            epoch = _decode_object(data).get("epoch")
+        except ValueError:
+            return None
+        return epoch if isinstance(epoch, int) and not isinstance(epoch, bool) else None
+
+    def _abandon(self, key: tuple[str, str] | None, path: str, epoch: int, sid: int) -> None:
+        """Give up a claim that cannot be checked or deleted now: the thread deletes its node
+        once ZooKeeper answers (if this session still holds it under ``epoch``)."""
+        with self._claims_lock:
+            if key is not None:
+                claim = self._claims.get(key)
+                if claim is not None and claim.epoch == epoch:
+                    del self._claims[key]
+            if (path, epoch, sid) not in self._abandoned:
+                self._abandoned.append((path, epoch, sid))
+        self._resync_later()
+
+    def _forget_claims(self, keep: int | None) -> None:
+        """Forget the claims of every session but ``keep`` (gone with their session)."""
+        with self._claims_lock:
+            for key, claim in list(self._claims.items()):
+                if claim.session != keep:
+                    log.warning(
+                        "the serving claim %s (epoch %d) went with its ZooKeeper session",
+                        claim.path,
+                        claim.epoch,
+                    )
+                    del self._claims[key]
+            self._abandoned = [a for a in self._abandoned if a[2] == keep]
+
+    def _release_abandoned(self, sid: int | None) -> None:
+        with self._claims_lock:
+            abandoned = list(self._abandoned)
+        for path, epoch, session in abandoned:
+            if session == sid and sid is not None and self._delete_claim(path, epoch, sid):
+                log.info("gave up the serving claim %s (epoch %d)", path, epoch)
+            with self._claims_lock:
+                if (path, epoch, session) in self._abandoned:
+                    self._abandoned.remove((path, epoch, session))
+
+    def _read_serving(
+        self, path: str, watcher: Callable[[Any], None] | None
+    ) -> ServingClaim | None:
+        from kazoo.exceptions import NoNodeError
+
+        for _ in range(10):
+            try:
+                data, stat = self._do("get", path, watch=watcher)
+            except NoNodeError:
+                if self._do("exists", path, watch=watcher) is None:
+                    return None
+                continue  # created meanwhile
+            try:
+                return _serving_claim(_decode_object(data))
+            except ValueError as exc:
+                self._warn_invalid(path, stat.mzxid, str(exc))
+                return ServingClaim(copy="", epoch=0)  # held, by something unreadable
+        raise StateError(f"node {path} keeps appearing and disappearing")
+
+    def watch_serving(
+        self, application: str, datastore: str, fn: Callable[[ServingClaim | None], None]
+    ) -> None:
+        _check_name("application", application)
+        _check_name("datastore", datastore)
+        path = self._serving_path(application, datastore)
+        self._watch(
+            f"the serving claim of {application} on {datastore}",
+            lambda watcher: self._read_serving(path, watcher),
+            fn,
+        )
+
+    def _decode_datamarkers(self, path: str, data: bytes | None) -> dict[int, SharedDatamarker]:
+        if not data:
+            return {}
+        out: dict[int, SharedDatamarker] = {}
+        try:
+            raw = _decode_object(data)
+            for shard, value in raw.items():
+                try:
+                    number = int(shard)
+                except ValueError:
+                    raise ValueError(f"shard {shard!r} is not a number") from None
+                if not isinstance(value, dict):
+                    raise ValueError(f"shard {shard}: not a JSON object")
+                logical = value.get("logical", "")
+                version = value.get("version")
+                epoch = value.get("epoch", 0)
+                if not isinstance(logical, str):
+                    raise ValueError(f"shard {shard}: logical is {logical!r}, not a string")
+                if not isinstance(version, list) or not all(
+                    isinstance(v, int) and not isinstance(v, bool) for v in version
+                ):
+                    raise ValueError(f"shard {shard}: version is {version!r}, not a list of ints")
+                if not isinstance(epoch, int) or isinstance(epoch, bool):
+                    raise ValueError(f"shard {shard}: epoch is {epoch!r}, not an int")
+                out[number] = SharedDatamarker(logical, tuple(version), epoch)
+        except ValueError as exc:
+            raise StateError(
+                f"the shared datamarkers in znode {path} ({self.describe()}) cannot be read: {exc}"
+            ) from None
+        return out
+
+    @staticmethod
+    def _encode_datamarkers(datamarkers: dict[int, SharedDatamarker]) -> bytes:
+        return _encode(
+            {
+                str(shard): {"logical": d.logical, "version": list(d.version), "epoch": d.epoch}
+                for shard, d in sorted(datamarkers.items())
+            }
+        )
+
+    def load_datamarkers(self, application: str, datastore: str) -> dict[int, SharedDatamarker]:
+        from kazoo.exceptions import NoNodeError
+
+        _check_name("application", application)
+        _check_name("datastore", datastore)
+        path = self._datamarkers_path(application, datastore)
+
+        def load() -> dict[int, SharedDatamarker]:
+            try:
+                data, _stat = self._do("get", path)
+            except NoNodeError:
+                return {}
+            return self._decode_datamarkers(path, data)
+
+        return self._retrying(f"read the shared datamarkers of {application}", load)
+
+    def save_datamarkers(
+        self,
+        application: str,
+        datastore: str,
+        epoch: int,
+        datamarkers: dict[int, SharedDatamarker],
+    ) -> bool:
+        """One transaction checks that the serving node is unchanged and that no claim was
+        made since this one (the epochs counter's version), and writes the datamarkers.
+        False when the claim is not this session's under ``epoch`` any more; also when
+        ZooKeeper cannot be reached now (never waiting long): the claim is then given up,
+        its node deleted once ZooKeeper answers."""
+        from kazoo.exceptions import (
+            BadVersionError,
+            NodeExistsError,
+            NoNodeError,
+            RolledBackError,
+        )
+
+        _check_name("application", application)
+        _check_name("datastore", datastore)
+        key = (application, datastore)
+        serving = self._serving_path(application, datastore)
+        epochs = self._epochs_path(application, datastore)
+        path = self._datamarkers_path(application, datastore)
+        with self._claims_lock:
+            claim = self._claims.get(key)
+        if claim is None or claim.epoch != epoch:
+            return False
+        sid = self._session_id()  # None while disconnected
+        if sid is None or not self._connected.is_set():
+            self._abandon(key, serving, epoch, claim.session)
+            return False
+        if claim.session != sid:
+            self._fenced(key, claim, "it went with its ZooKeeper session")
+            return False
+        try:
+            data, stat = self._do("get", serving, timeout=self._quick)
+            if stat.ephemeralOwner != sid or self._claim_epoch(data) != epoch:
+                self._fenced(key, claim, "its serving node is another's now")
+                return False
+            for _ in range(10):
+                try:
+                    data, stat = self._do("get", path, timeout=self._quick)
+                    stored, version = self._decode_datamarkers(path, data), stat.version
+                except NoNodeError:
+                    stored, version = {}, None
+                merged = self._encode_datamarkers({**stored, **datamarkers})
+                transaction = self._client.transaction()
+                transaction.check(serving, claim.version)
+                transaction.check(epochs, claim.epochs_version)
+                if version is None:
+                    transaction.create(path, merged)
+                else:
+                    transaction.set_data(path, merged, version=version)
+                results = transaction.commit_async().get(timeout=self._quick)
+                failed = [r for r in results if isinstance(r, Exception)]
+                if not failed:
+                    return True
+                held, fence, write = results
+                if not isinstance(held, RolledBackError) or not isinstance(fence, RolledBackError):
+                    self._fenced(key, claim, "its serving node or the epochs counter changed")
+                    return False
+                if isinstance(write, NoNodeError) and version is None:
+                    self._parents.discard(path.rsplit("/", 1)[0])
+                    self._ensure_parent(path)
+                    continue
+                if isinstance(write, BadVersionError | NodeExistsError | NoNodeError):
+                    continue  # the datamarkers changed meanwhile: merge again
+                raise StateError(f"cannot write {path}: {failed}")
+        except self._errors() as exc:
+            log.warning(
+                "cannot share the datamarkers of %s in ZooKeeper at %s now (%s): its serving "
+                "claim (epoch %d) is given up",
+                application,
+                self.options.hosts,
+                type(exc).__name__,
+                epoch,
+            )
+            self._abandon(key, serving, epoch, sid)
+            return False
+        except NoNodeError:
+            self._fenced(key, claim, "its serving node is gone")
+            return False
+        raise StateError(f"cannot write {path}: it keeps changing")
+
+    def _fenced(self, key: tuple[str, str], claim: _Claim, why: str) -> None:
+        log.warning("the serving claim %s (epoch %d) is lost: %s", claim.path, claim.epoch, why)
+        with self._claims_lock:
+            if self._claims.get(key) == claim:
+                del self._claims[key]
+
+    # --------------------------------------------------------- the connection
+    def watch_connection(self, fn: Callable[[bool], None]) -> None:
+        watcher = _ConnectionWatch(fn)
+        with self._connection_lock:
+            self._connection_watchers.append(watcher)
+            if self._connected.is_set():
+                self._tell(watcher, True)
+
+    def _connection_changed(self, connected: bool) -> None:
+        """From kazoo's listener: the registry's thread tells the watchers."""
+        with self._cond:
+            self._connection_events.append(connected)
+            self._cond.notify_all()
+
+    def _tell_connection(self, events: list[bool]) -> None:
+        with self._connection_lock:
+            for connected in events:
+                for watcher in list(self._connection_watchers):
+                    self._tell(watcher, connected)
+
+    @staticmethod
+    def _tell(watcher: _ConnectionWatch, connected: bool) -> None:
+        if watcher.last == connected:
+            return
+        watcher.last = connected
+        try:
+            watcher.fn(connected)
+        except Exception:
+            log.exception("a watcher of the registry connection failed")
