@@ -40,7 +40,6 @@ publisher log), to the subscriber's notice of the flows, to the first newer upda
 from __future__ import annotations
 
 import argparse
-import bisect
 import contextlib
 import json
 import logging
@@ -377,7 +376,7 @@ def analyse(
 ) -> tuple[int, set[int]]:
     """Fill in each failover's times and duplicates; (duplicates before any kill, seen)."""
     serves = serves_lines(logs)
-    for i, f in enumerate(failovers):
+    for f in failovers:
         after = [(t, c) for t, c in claims.events if t >= f.kill]
         f.deleted = next((t for t, c in after if c is None), math.nan)
         new = next(((t, c) for t, c in after if c is not None), None)
@@ -396,14 +395,14 @@ def analyse(
     early = 0
     current: Failover | None = None
     index = 0
-    for t, shards, seqs in sub.batches:
+    for t, _shards, seqs in sub.batches:
         while index < len(failovers) and t >= failovers[index].assigned:
             current = failovers[index]
             current.highest_old = max(seen) if seen else 0
             # What the bound counts: delivered past the shared datamarkers left at the kill.
             current.past_markers = sum(1 for s in seen if s > current.markers.get(shard_of(s), 0))
             index += 1
-        for shard, seq in zip(shards, seqs, strict=True):
+        for seq in seqs:
             if seq in seen:
                 if current is None:
                     early += 1
@@ -411,9 +410,12 @@ def analyse(
                     current.duplicates += 1
             else:
                 seen.add(seq)
-                if current is not None and math.isnan(current.first_new):
-                    if seq > current.highest_old:
-                        current.first_new = t
+                if (
+                    current is not None
+                    and math.isnan(current.first_new)
+                    and seq > current.highest_old
+                ):
+                    current.first_new = t
     return early, seen
 
 
