@@ -43,6 +43,7 @@ bench: $(STAMP)
 	$(BIN)/python bench/kafka_transport.py
 	$(BIN)/python bench/caravans.py
 	$(BIN)/python bench/registry.py
+	$(BIN)/python bench/multiple_copy.py
 
 clean:
 	rm -rf .wormhole out data/quickstart
