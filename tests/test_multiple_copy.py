@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 from tcp_support import Process
 
 from wormhole.publish import LogWriter
@@ -370,3 +371,80 @@ def test_a_mariadb_primary_and_its_replica_are_two_copies(
             deployment.stop()
         replica_gen.close()
         primary_gen.close()
+
+
+def test_with_manual_failback_the_application_stays_until_moved(
+    copies: Copies, tmp_path: Path
+) -> None:
+    keys = 20
+    for copy in "ab":
+        copies.pipeline(copy, {"failback": "manual"})
+        copies.publish(copy)
+    copies.subscribe(0)
+    wait_until(lambda: copies.serving() == "a", 60, "copy a (preferred) to serve")
+    out = tmp_path / "search.jsonl"
+    copies.write(keys, 0)
+    wait_until(lambda: reached(out, keys, 0), 60, "round 0")
+    copies.publishers["a"].proc.send_signal(signal.SIGKILL)
+    copies.publishers["a"].wait(10)
+    wait_until(lambda: copies.serving() == "b", 30, "copy b to take over")
+    copies.write(keys, 1)
+    copies.publish("a")
+
+    def a_ready() -> bool:
+        result = run_cli("status", str(copies.files["a"]), "--json", cwd=tmp_path)
+        publishers = json.loads(result.stdout)["deployment"]["publishers"]
+        return any(p["copy"] == "a" and "search" in p["ready"] for p in publishers)
+
+    wait_until(a_ready, 60, "copy a to be ready to take over")
+    copies.write(keys, 2)
+    wait_until(lambda: reached(out, keys, 2), 60, "round 2, from b")
+    assert copies.serving() == "b", "failback: manual keeps the application on b"
+    moved = run_cli("apps", "move", str(copies.files["a"]), "search", "a", cwd=tmp_path)
+    assert moved.returncode == 0, moved
+    wait_until(lambda: copies.serving() == "a", 60, "the application to move to a")
+    copies.write(keys, 3)
+    wait_until(lambda: reached(out, keys, 3), 60, "round 3, from a")
+    copies.stop()
+    lines, duplicates = check(out, keys, 4, [(0, {})])
+    assert lines - duplicates == keys * 4
+
+
+def test_a_copy_behind_waits_then_refuses_and_takes_over_once_it_has_caught_up(
+    copies: Copies, tmp_path: Path
+) -> None:
+    keys = 20
+    for copy in "ab":
+        copies.pipeline(copy)
+    raw = yaml.safe_load(copies.files["b"].read_text())
+    raw["delivery"]["catch_up_ms"] = 1000
+    write_pipeline(copies.files["b"], raw)
+    for copy in "ab":
+        copies.publish(copy)
+    copies.subscribe(0)
+    wait_until(lambda: copies.serving() == "a", 60, "copy a (preferred) to serve")
+    out = tmp_path / "search.jsonl"
+    copies.write(keys, 0)
+    wait_until(lambda: reached(out, keys, 0), 60, "round 0")
+    # Round 1 reaches copy a only: b's datastore is behind.
+    lagging = copies.writers.pop("b")
+    copies.write(keys, 1)
+    wait_until(lambda: reached(out, keys, 1), 60, "round 1, from a")
+    copies.publishers["a"].proc.send_signal(signal.SIGKILL)
+    copies.publishers["a"].wait(10)
+    b = copies.publishers["b"]
+    wait_until(lambda: "has not reached the shared datamarker" in b.stderr, 60, "b to refuse")
+    line = next(ln for ln in b.stderr_lines if "has not reached the shared datamarker" in ln)
+    assert "catch_up_ms" in line and "version" in line, line
+    assert copies.serving() is None, "nobody serves while b is behind: nothing is skipped"
+    # b's datastore catches up: b takes over, from where a stopped.
+    copies.writers["b"] = lagging
+    for k in range(keys):
+        lagging.publish("orders", key={"id": k}, after={"id": k, "n": 1})
+    lagging.flush()
+    wait_until(lambda: copies.serving() == "b", 60, "b to take over once caught up")
+    copies.write(keys, 2)
+    wait_until(lambda: reached(out, keys, 2), 60, "round 2, from b")
+    copies.stop()
+    lines, duplicates = check(out, keys, 3, [(0, {})])
+    assert lines - duplicates == keys * 3

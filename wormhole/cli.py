@@ -244,6 +244,14 @@ def _deployment(pipeline: Pipeline) -> dict[str, Any] | None:
                     "serving": sorted(
                         statuses.get(e.node, {}).get("copies", {}).get("serving", {})
                     ),
+                    "ready": sorted(
+                        name
+                        for name, ready in statuses.get(e.node, {})
+                        .get("copies", {})
+                        .get("copies_ready", {})
+                        .items()
+                        if ready
+                    ),
                     "address": e.address,
                     "host": e.host,
                     "pid": e.pid,
@@ -446,11 +454,15 @@ def cmd_apps(args: argparse.Namespace) -> int:
             current = raw.get(name)
             if not isinstance(current, dict):
                 raise WormholeError(f"no application {name!r} in {registry.describe()}")
+            import time
+
             order = [args.copy] + [c for c in current.get("copies") or [] if c != args.copy]
-            registry.put_application(name, {**current, "copies": order})
+            move = {"to": args.copy, "requested": int(time.time() * 1000)}
+            registry.put_application(name, {**current, "copies": order, "move": move})
             print(
-                f"application {name}: copy {args.copy} preferred ({', '.join(order)}); the "
-                f"copy serving it hands it over once {args.copy} has caught up"
+                f"application {name}: moves to copy {args.copy} (now preferred: "
+                f"{', '.join(order)}); the copy serving it hands it over once {args.copy} has "
+                f"caught up"
             )
             return EXIT_OK
         if args.action == "remove":
@@ -674,6 +686,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return exc.exit_code
     args = parser.parse_args(argv)
+    import faulthandler
+
+    # `kill -USR1 PID` prints every thread's stack to stderr: what a stuck process is doing.
+    faulthandler.register(signal.SIGUSR1, all_threads=True)
     level = "debug" if args.verbose else args.log_level
     os.environ["WORMHOLE_LOG_LEVEL"] = level  # for subscriber processes we start
     logging.basicConfig(

@@ -137,11 +137,8 @@ class _App:
     """Standby: each shard's shared datamarker version and where it maps in this log."""
     ready: bool = False
     """Standby: every shared datamarker maps into this copy's log (it can take over now)."""
-    copies: list[str] | None = None
-    """The application's ``copies`` as last seen while serving: a change is a move (``wormhole
-    apps move``), honoured whatever ``failback`` says."""
-    seen_copies: bool = False
-    moving: bool = False
+    claimed_ms: int = 0
+    """When this copy's claim was made (wall clock): a move requested later applies to it."""
 
 
 class CopyCoordinator:
@@ -326,6 +323,7 @@ class CopyCoordinator:
         state.behind_since = None
         state.reported = ""
         state.epoch = epoch
+        state.claimed_ms = int(time.time() * 1000)
         state.saved = dict(shared)
         self.hub.activate(state.name, epoch, positions)
         log.info(
@@ -377,30 +375,38 @@ class CopyCoordinator:
         if app is None:
             return
         if state.handing_over is None:
-            if not state.seen_copies:
-                state.seen_copies, state.copies = True, app.config.copies
-            elif app.config.copies != state.copies:
-                state.moving, state.copies = True, app.config.copies
-            preference = self.preference(state.name)
-            better = preference[: preference.index(self.copy)] if self.copy in preference else []
-            wants = app.config.failback == "auto" or state.moving
-            if better and wants:
+            target = self._hand_over_to(state, app)
+            if target is not None:
                 self.statuses = self.registry.statuses()
-            if wants and better and self._ready(better[0], state.name):
-                state.moving = False
-                log.info(
-                    "application %s: copy %s is back; copy %s hands the application over",
-                    state.name,
-                    better[0],
-                    self.copy,
-                )
-                state.handing_over = now
-                self.hub.deactivate(state.name)
+                if self._ready(target, state.name):
+                    log.info(
+                        "application %s: copy %s hands it over to copy %s",
+                        state.name,
+                        self.copy,
+                        target,
+                    )
+                    state.handing_over = now
+                    self.hub.deactivate(state.name)
             return
         if self.hub.settled(state.name) or now - state.handing_over > HANDOVER_TIMEOUT_S:
             self._save(state)
             epoch, state.epoch, state.handing_over = state.epoch, 0, None
             self.registry.release_serving(state.name, self.datastore, epoch)
+
+    def _hand_over_to(self, state: _App, app: Any) -> str | None:
+        """The copy this serving copy should give the application to, if any: the one a
+        move requested since it claimed the application (``wormhole apps move``), else, with
+        ``failback: auto``, the most preferred live copy when it is more preferred than this."""
+        live = [e.copy for e in self.copies]
+        move = app.config.move
+        if move is not None and move.requested > state.claimed_ms:
+            return move.to if move.to != self.copy and move.to in live else None
+        if app.config.failback != "auto":
+            return None
+        preference = self.preference(state.name)
+        if self.copy not in preference or preference[0] == self.copy:
+            return None
+        return preference[0]
 
     def _ready(self, copy: str, name: str) -> bool:
         """Whether the other copy ``copy`` can take ``name`` over now (its status says so)."""

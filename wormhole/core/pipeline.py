@@ -126,6 +126,14 @@ class FilterConfig(Options):
         return value
 
 
+class MoveRequest(Options):
+    """``wormhole apps move``: serve the application from copy ``to`` (requested at
+    ``requested``, Unix milliseconds)."""
+
+    to: str = Field(pattern=NAME_PATTERN)
+    requested: int = Field(ge=0, description="when the move was requested (Unix milliseconds)")
+
+
 class ApplicationConfig(Options):
     """One application: its start point, filter, sink and number of subscribers."""
 
@@ -149,6 +157,11 @@ class ApplicationConfig(Options):
         "auto",
         description="multiple-copy: when a more preferred copy returns, move the "
         "application back to it (auto) or leave it until `wormhole apps move` (manual)",
+    )
+    move: MoveRequest | None = Field(
+        None,
+        description="multiple-copy: set by `wormhole apps move`: the copy serving the "
+        "application when the move was requested hands it to this one",
     )
     external: bool = Field(
         False,
@@ -277,6 +290,7 @@ class Application:
     columns: list[str] | dict[str, list[str]] | None = None
     copies: list[str] | None = None
     failback: str = "auto"
+    move: MoveRequest | None = None
 
 
 @dataclass(frozen=True)
@@ -602,6 +616,7 @@ def _applications(
                 external=app.external,
                 copies=app.copies,
                 failback=app.failback,
+                move=app.move,
             )
     return apps
 

@@ -351,6 +351,12 @@ class Publisher:
                 for name, problem in problems.items():
                     if name not in hub.applications:
                         log.error("application %s does not start: %s", name, problem)
+                    else:
+                        log.error(
+                            "application %s: its registry entry is invalid (%s); it runs as it was",
+                            name,
+                            problem,
+                        )
                 self._apply_applications(store, publisher_log, hub, apps, problems)
             if self.copies is not None and time.monotonic() >= next_tick:
                 self.copies.tick()
@@ -442,11 +448,15 @@ class Publisher:
         ]
         for name in list(changed):
             old, new_config = pipeline.applications[name], fresh[name]
-            if dataclasses.replace(old, copies=new_config.copies, failback=new_config.failback) == (
-                new_config
-            ):
+            which_copy = {
+                "copies": new_config.copies,
+                "failback": new_config.failback,
+                "move": new_config.move,
+            }
+            if dataclasses.replace(old, **which_copy) == new_config:  # type: ignore[arg-type]
                 # Which copy serves it: applied at once (`wormhole apps move`).
                 old.copies, old.failback = new_config.copies, new_config.failback
+                old.move = new_config.move
                 changed.remove(name)
                 log.info(
                     "application %s: copies %s, failback %s",

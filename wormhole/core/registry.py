@@ -310,6 +310,7 @@ class PublisherMembership:
             raw, self.pending = self.pending, None
         if raw is None:
             return None
+        log.debug("applications changed in %s: %s", self.registry.describe(), sorted(raw))
         apps, problems = registered_applications(self.pipeline, self.registry, raw)
         # Each problem is reported once, not again on every change of another application.
         fresh = {n: p for n, p in problems.items() if self.reported.get(n) != p}
