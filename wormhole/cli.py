@@ -212,6 +212,26 @@ def _deployment(pipeline: Pipeline) -> dict[str, Any] | None:
                 name, lambda entries, found=found: found.__setitem__(slice(None), entries)
             )
             subscribers[name] = [e.instance for e in found]
+        # Which copy serves what: the claim, confirmed by the copy's own status (a copy
+        # holds the claim a moment before it serves, and its status lags its release).
+        claims: dict[tuple[str, str], Any] = {}
+        for datastore in sorted({e.datastore for e in publishers if e.copy}):
+            for name in names:
+                registry.watch_serving(
+                    name,
+                    datastore,
+                    lambda claim, key=(name, datastore): claims.__setitem__(key, claim),
+                )
+
+        def serving(entry: Any) -> list[str]:
+            said = statuses.get(entry.node, {}).get("copies", {}).get("serving", {})
+            return sorted(
+                app
+                for app in said
+                if (claim := claims.get((app, entry.datastore))) is not None
+                and claim.copy == entry.copy
+            )
+
         flows = []
         for entry in publishers:
             status = statuses.get(entry.node, {})
@@ -241,9 +261,7 @@ def _deployment(pipeline: Pipeline) -> dict[str, Any] | None:
                 {
                     "datastore": e.datastore,
                     "copy": e.copy,
-                    "serving": sorted(
-                        statuses.get(e.node, {}).get("copies", {}).get("serving", {})
-                    ),
+                    "serving": serving(e),
                     "ready": sorted(
                         name
                         for name, ready in statuses.get(e.node, {})

@@ -165,6 +165,8 @@ class CopyCoordinator:
         self.lost: list[tuple[str, int]] = []
         """Claims the registry connection was interrupted under: released once it is back."""
         self.statuses: dict[str, dict[str, Any]] = {}
+        self.dirty = threading.Event()
+        """Set when the registry changed since the last tick."""
 
     # ------------------------------------------------------------- start
     def start(self) -> None:
@@ -194,6 +196,8 @@ class CopyCoordinator:
 
     # ----------------------------------------------------------- watches
     def _wake(self) -> None:
+        """The registry changed: the publisher ticks now rather than at its next interval."""
+        self.dirty.set()
         with self.hub.changed:
             self.hub.changed.notify_all()
 
@@ -259,6 +263,7 @@ class CopyCoordinator:
     def tick(self) -> None:
         """Claim, serve, hand over or follow each application (the publisher calls this
         about every datamarker interval, and when the registry changes)."""
+        self.dirty.clear()
         with self.lock:
             if not self.connected:
                 return

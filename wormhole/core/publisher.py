@@ -358,7 +358,9 @@ class Publisher:
                             problem,
                         )
                 self._apply_applications(store, publisher_log, hub, apps, problems)
-            if self.copies is not None and time.monotonic() >= next_tick:
+            if self.copies is not None and (
+                time.monotonic() >= next_tick or self.copies.dirty.is_set()
+            ):
                 self.copies.tick()
                 next_tick = time.monotonic() + min(interval, 0.5)
             if time.monotonic() >= next_persist:
