@@ -15,13 +15,17 @@ acknowledged: a crash leaves whole files only. The date is the update's
 ``version`` (the per-key version, :mod:`wormhole.core.versions`) and
 ``arrival`` (when this sink wrote it, for updates without a version).
 
-**Current state.** Spark reads every change file, keeps each key's newest update
-(highest version, then latest arrival), drops keys whose newest update is a
-delete or older than a truncate of its shard, expands the rows' JSON into
-columns and overwrites ``current/<table>``. Replays after a crash append
-updates again, but versions put them in their place, so the table converges
-to the source table. It runs every ``refresh_s`` seconds and when the sink
-closes (the end of ``wormhole run --once``), in the first subscriber only.
+**Current state.** A refresh folds the change files added since the previous one
+(each version's manifest names the files it folded in) into the previous state:
+each key's newest update (highest version, then latest arrival; deletes kept,
+so a replayed older update cannot revive a key) and each shard's newest
+truncate. Keys whose newest update is a delete or older than a truncate of its
+shard are dropped, the rows' JSON is expanded into columns, and the new version
+of ``current/<table>`` is switched in by renaming a symbolic link. Replays after
+a crash append updates again, but versions put them in their place, so the table
+converges to the source table. It runs every ``refresh_s`` seconds and when the
+sink closes (the end of ``wormhole run --once``), in the first subscriber only.
+``retention_days`` deletes old change partitions once folded in.
 
 **Transforms.** ``transforms: {name: SQL}`` run after each refresh with a view
 per current table (its name with ``.`` as ``_``, e.g. ``public_users``) and a
