@@ -61,7 +61,7 @@ def test_the_sink_refreshes_on_a_standalone_cluster_with_an_executor_killed(
         # The refresh at the end of the run starts an application: one executor per worker.
         wait_until(lambda: len(spark_cluster.executors()) == 2, 120, "two executors")
         killed = spark_cluster.kill_executor()
-        stdout, stderr = proc.communicate(timeout=240)
+        _stdout, stderr = proc.communicate(timeout=240)
     finally:
         if proc.poll() is None:
             proc.kill()
