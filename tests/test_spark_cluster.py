@@ -79,8 +79,6 @@ def test_the_sink_refreshes_on_a_standalone_cluster_with_an_executor_killed(
 
     wait_until(lambda: len(completed()) == 1, 60, "the application to finish on the master")
     app = completed()[0]
-    executor_dirs = [
-        d for w in spark_cluster.directory.glob("worker-*") for d in (w / app["id"]).iterdir()
-    ]
-    assert len(executor_dirs) >= 3
-    assert {d.parent.parent.name for d in executor_dirs} == {"worker-0", "worker-1"}
+    ran = {w.name: [d.name for d in (w / app["id"]).iterdir()] for w in spark_cluster.work_dirs()}
+    assert set(ran) == {"worker-0", "worker-1"} and all(ran.values()), ran
+    assert sum(len(executors) for executors in ran.values()) >= 3, ran

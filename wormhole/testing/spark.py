@@ -100,6 +100,10 @@ class SparkCluster:
                 pids.append(int(entry.name))
         return sorted(pids)
 
+    def work_dirs(self) -> list[Path]:
+        """Each worker's work directory: ``<app id>/<executor id>/`` per executor it ran."""
+        return [self.directory / "work" / f"worker-{n}" for n in range(len(self.workers))]
+
     def kill_executor(self) -> int:
         """SIGKILL one running executor JVM; returns its pid (its worker starts another)."""
         pids = self.executors()
@@ -190,8 +194,8 @@ def start_spark_cluster(
     try:
         cluster = start_on_free_port(start_master)
         for n in range(workers):
-            work = directory / f"worker-{n}"
-            work.mkdir()
+            work = directory / "work" / f"worker-{n}"
+            work.mkdir(parents=True)
             cluster.workers.append(
                 launch(
                     f"worker-{n}",
