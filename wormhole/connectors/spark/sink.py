@@ -322,7 +322,9 @@ def refresh_current_state(
     tables = change_tables(root / "changes")
     for table, directory in tables.items():
         _refresh_table(spark, root, table, directory, sample, horizon_ns)
-        spark.read.parquet(str(root / "current" / table)).createOrReplaceTempView(view_name(table))
+        if (root / "current" / table).exists():
+            current = spark.read.parquet(str(root / "current" / table))
+            current.createOrReplaceTempView(view_name(table))
     if retention_days is not None:
         expire_changes(root, retention_days, now_ms)
     return len(tables)
