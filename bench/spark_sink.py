@@ -11,8 +11,12 @@ Measured in the same run on the same updates (rider positions, 5,000 keys):
   per-key version, Parquet, fsync, rename);
 * end to end: file log -> publisher log -> spark sink, ``wormhole run --once``
   semantics in-process (inprocess transport), current state off;
-* refresh: Spark on local[2] rebuilds the current-state table from every change
-  file (rows of changes per second).
+* refresh: Spark on local[2] builds the current-state table from every change
+  file, the first time (rows of changes per second);
+* refresh vs history: the same live rows (5,000 keys) after 1x, 5x and 10x the
+  history (``--history`` changes), then the same new changes (``--new``) folded
+  in by an incremental refresh, timed ``--repeat`` times (target: 10x costs at
+  most 1.5x the 1x refresh).
 """
 
 from __future__ import annotations
@@ -118,10 +122,47 @@ applications:
     return n / elapsed
 
 
+def history_refresh(
+    spark: object, updates: list[Update], work: Path, history: int, new: int, repeat: int
+) -> list[tuple[int, float, float]]:
+    """Per history multiple: (changes in the history, the first refresh over all of them in
+    seconds, the median incremental refresh of ``new`` changes in seconds)."""
+    assert 10 * history + repeat * new <= len(updates), "--updates too small for --history"
+    fresh = updates[10 * history :]  # the same new changes after each history
+    out = []
+    for multiple in (1, 5, 10):
+        root = work / f"history-{multiple}"
+        sink = SparkSink(SparkSinkOptions(path=str(root), current_state=False))
+        sink.open(SinkContext("bench", "lake", 0, 1, root, logging.getLogger("bench")))
+        for start in range(0, multiple * history, BATCH):
+            sink.write(updates[start : min(start + BATCH, multiple * history)])
+        started = time.perf_counter()
+        refresh_current_state(spark, root)
+        full = time.perf_counter() - started
+        times = []
+        for n in range(repeat):
+            for start in range(n * new, (n + 1) * new, BATCH):
+                sink.write(fresh[start : min(start + BATCH, (n + 1) * new)])
+            started = time.perf_counter()
+            refresh_current_state(spark, root)
+            times.append(time.perf_counter() - started)
+        sink.close()
+        out.append((multiple * history, full, statistics.median(times)))
+        print(
+            f"  history x{multiple}: first refresh {full:.2f}s, incremental "
+            f"{', '.join(f'{t:.2f}' for t in times)}s",
+            file=sys.stderr,
+        )
+        shutil.rmtree(root, ignore_errors=True)
+    return out
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--updates", type=int, default=1_000_000)
     parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--history", type=int, default=90_000, help="changes in the 1x history")
+    parser.add_argument("--new", type=int, default=10_000, help="new changes per refresh")
     args = parser.parse_args()
     gc.freeze()
     work = Path(tempfile.mkdtemp(prefix="wormhole-bench-spark-"))
@@ -146,10 +187,13 @@ def main() -> int:
         spark = next(spark_gen)
         refreshes = []
         for _ in range(args.repeat):
+            shutil.rmtree(work / "sink" / "current", ignore_errors=True)  # from every file
             started = time.perf_counter()
             refresh_current_state(spark, work / "sink")
             refreshes.append(args.updates / (time.perf_counter() - started))
         live = spark.read.parquet(str(work / "sink" / "current" / "rider_location")).count()
+        refresh_current_state(spark, work / "sink")  # warm: the first x1 refresh is not slower
+        histories = history_refresh(spark, updates, work, args.history, args.new, args.repeat)
         threading.Thread(target=lambda: next(spark_gen, None), daemon=True).start()
         raw, sink, end = (statistics.median(x) for x in (raws, sinks, ends))
         refresh = statistics.median(refreshes)
@@ -163,6 +207,16 @@ def main() -> int:
         print(f"{'file log -> publisher log -> spark sink':<58}  {end:>10,.0f}  {end / raw:>6.2f}")
         print(f"{'Spark local[2] current-state refresh (changes read)':<58}  {refresh:>10,.0f}")
         print(f"current-state rows: {live:,}; target: >= 100,000 rows/s into Parquet")
+        print()
+        print(f"current-state refresh after more history, {args.new:,} new changes each time")
+        print(f"{'history':>8}  {'changes':>10}  {'first (all)':>11}  {'incremental':>11}  ratio")
+        base = histories[0][2]
+        for multiple, (changes, full, incremental) in zip((1, 5, 10), histories, strict=True):
+            print(
+                f"{'x' + str(multiple):>8}  {changes:>10,}  {full:>10.2f}s  {incremental:>10.2f}s  "
+                f"{incremental / base:>5.2f}"
+            )
+        print("target: the x10 incremental refresh at most 1.5 x the x1")
     finally:
         shutil.rmtree(work, ignore_errors=True)
     return 0

@@ -104,6 +104,16 @@ def spark() -> Iterator[Any]:
 
 
 @pytest.fixture(scope="session")
+def spark_cluster() -> Iterator[Any]:
+    """A Spark standalone cluster for the test session: a master and two workers (1 core,
+    1 GB each) on loopback; ``master_url``, ``executors()``, ``kill_executor()``,
+    ``kill_worker(i)`` (see :class:`wormhole.testing.spark.SparkCluster`)."""
+    from wormhole.testing.spark import start_spark_cluster
+
+    yield from start_spark_cluster()
+
+
+@pytest.fixture(scope="session")
 def tansu() -> Iterator[Any]:
     """A throwaway Kafka-protocol broker (Tansu) for the test session, behind a relay so a
     test can cut every client connection (disconnect()/reconnect()) without losing data."""

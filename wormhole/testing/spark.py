@@ -1,15 +1,23 @@
-"""A local Spark session for tests (PySpark 4, Java 17)."""
+"""Spark for tests (PySpark 4, Java 17): a local SparkSession, and a standalone cluster (a
+master and workers started from the ``pyspark`` wheel, executors in their own JVMs)."""
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
+import signal
+import subprocess
 import sys
 import tempfile
+import time
+import urllib.request
 from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
-from wormhole.testing.helpers import require
+from wormhole.testing.helpers import ServerProcess, free_port, require, start_on_free_port
 
 
 def start_spark(master: str = "local[2]") -> Iterator[Any]:
@@ -40,3 +48,182 @@ def start_spark(master: str = "local[2]") -> Iterator[Any]:
     finally:
         spark.stop()
         shutil.rmtree(warehouse, ignore_errors=True)
+
+
+class _Daemon(ServerProcess):
+    """A Spark master or worker JVM (``spark-class`` execs ``java``: the pid is the JVM's)."""
+
+    def __init__(self, process: subprocess.Popen[bytes], log: Path) -> None:
+        self.process = process
+        self.log = log
+
+
+@dataclass
+class SparkCluster:
+    """A Spark standalone cluster on loopback: a master and its workers, each a JVM; the
+    executors of an application are JVMs that the workers start, with their own Python
+    workers (running this interpreter)."""
+
+    master_url: str  # spark://127.0.0.1:PORT
+    web_url: str  # the master's web UI; /json/ is its state
+    directory: Path
+    master: _Daemon
+    workers: list[_Daemon] = field(default_factory=list)
+
+    def state(self) -> dict[str, Any]:
+        """The master's view: workers, active and completed applications."""
+        with urllib.request.urlopen(f"{self.web_url}/json/", timeout=5) as response:
+            state: dict[str, Any] = json.load(response)
+        return state
+
+    def alive_workers(self) -> int:
+        try:
+            workers = self.state()["workers"]
+        except (OSError, ValueError, KeyError):
+            return 0
+        return sum(1 for w in workers if w.get("state") == "ALIVE")
+
+    def executors(self) -> list[int]:
+        """The pids of the executor JVMs running under the workers now."""
+        pids = []
+        workers = {w.process.pid for w in self.workers}
+        for entry in Path("/proc").iterdir():
+            if not entry.name.isdigit():
+                continue
+            try:
+                stat = (entry / "stat").read_text()
+                cmdline = (entry / "cmdline").read_bytes()
+            except OSError:
+                continue
+            ppid = int(stat.rsplit(")", 1)[1].split()[1])
+            if ppid in workers and b"CoarseGrainedExecutorBackend" in cmdline:
+                pids.append(int(entry.name))
+        return sorted(pids)
+
+    def work_dirs(self) -> list[Path]:
+        """Each worker's work directory: ``<app id>/<executor id>/`` per executor it ran."""
+        return [self.directory / "work" / f"worker-{n}" for n in range(len(self.workers))]
+
+    def kill_executor(self) -> int:
+        """SIGKILL one running executor JVM; returns its pid (its worker starts another)."""
+        pids = self.executors()
+        if not pids:
+            raise AssertionError("no executor is running")
+        os.kill(pids[0], signal.SIGKILL)
+        return pids[0]
+
+    def kill_worker(self, index: int) -> None:
+        """SIGKILL a worker JVM (its executors notice and exit)."""
+        self.workers[index].stop(kill=True)
+
+
+def _daemon_env(directory: Path, spark_home: Path) -> dict[str, str]:
+    conf = directory / "conf"
+    conf.mkdir(exist_ok=True)
+    return {
+        **os.environ,
+        "SPARK_HOME": str(spark_home),
+        "SPARK_CONF_DIR": str(conf),  # no spark-defaults.conf from elsewhere
+        "SPARK_LOCAL_IP": "127.0.0.1",
+        "SPARK_LOCAL_DIRS": str(directory / "local"),
+        "SPARK_LOG_DIR": str(directory / "logs"),
+        "SPARK_DAEMON_MEMORY": "256m",
+        "SPARK_DAEMON_JAVA_OPTS": f"-Djava.io.tmpdir={directory}",
+        "PYSPARK_PYTHON": sys.executable,
+    }
+
+
+def start_spark_cluster(
+    workers: int = 2, cores: int = 1, memory: str = "1g"
+) -> Iterator[SparkCluster]:
+    """Start a standalone master and ``workers`` workers from the ``pyspark`` wheel on free
+    loopback ports, work directories in a temp dir; wait until every worker is registered;
+    stop them all afterwards."""
+    require(shutil.which("java") is not None, "Java 17 (Spark runs on the JVM)")
+    try:
+        import pyspark
+    except ImportError:  # pragma: no cover - reported by require
+        require(False, "pyspark (pip install 'wormhole[spark]')")
+        raise
+    spark_home = Path(pyspark.__file__).parent
+    spark_class = spark_home / "bin" / "spark-class"
+    require(spark_class.is_file(), f"{spark_class} (from the pyspark wheel)")
+    directory = Path(tempfile.mkdtemp(prefix="wormhole-spark-cluster-"))
+    env = _daemon_env(directory, spark_home)
+    daemons: list[_Daemon] = []
+
+    def launch(name: str, *args: str) -> _Daemon:
+        log = directory / f"{name}.log"
+        with open(log, "wb") as out:
+            process = subprocess.Popen(
+                ["bash", str(spark_class), *args],
+                env=env,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+            )
+        daemon = _Daemon(process, log)
+        daemons.append(daemon)
+        return daemon
+
+    def start_master(port: int) -> SparkCluster:
+        web = free_port()
+        master = launch(
+            f"master-{port}",
+            "org.apache.spark.deploy.master.Master",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--webui-port",
+            str(web),
+        )
+        cluster = SparkCluster(
+            f"spark://127.0.0.1:{port}", f"http://127.0.0.1:{web}", directory, master
+        )
+
+        def answers() -> bool:
+            try:
+                return cluster.state().get("status") == "ALIVE"
+            except (OSError, ValueError):
+                return False
+
+        master.wait_ready("Spark master", port, answers, master.log, timeout=60)
+        return cluster
+
+    try:
+        cluster = start_on_free_port(start_master)
+        for n in range(workers):
+            work = directory / "work" / f"worker-{n}"
+            work.mkdir(parents=True)
+            cluster.workers.append(
+                launch(
+                    f"worker-{n}",
+                    "org.apache.spark.deploy.worker.Worker",
+                    "--host",
+                    "127.0.0.1",
+                    "--webui-port",
+                    str(free_port()),
+                    "--cores",
+                    str(cores),
+                    "--memory",
+                    memory,
+                    "--work-dir",
+                    str(work),
+                    cluster.master_url,
+                )
+            )
+        deadline = time.monotonic() + 60
+        while cluster.alive_workers() < workers:
+            for w in cluster.workers:
+                if not w.running():
+                    tail = w.log.read_text(errors="replace")[-2000:]
+                    raise RuntimeError(f"a Spark worker exited:\n{tail}")
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"{workers} Spark workers did not register in 60s")
+            time.sleep(0.05)  # polling the master's state: nothing to wait on
+        yield cluster
+    finally:
+        for daemon in reversed(daemons):
+            daemon.stop(kill=True)
+        shutil.rmtree(directory, ignore_errors=True)

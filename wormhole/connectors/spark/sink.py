@@ -15,13 +15,17 @@ acknowledged: a crash leaves whole files only. The date is the update's
 ``version`` (the per-key version, :mod:`wormhole.core.versions`) and
 ``arrival`` (when this sink wrote it, for updates without a version).
 
-**Current state.** Spark reads every change file, keeps each key's newest update
-(highest version, then latest arrival), drops keys whose newest update is a
-delete or older than a truncate of its shard, expands the rows' JSON into
-columns and overwrites ``current/<table>``. Replays after a crash append
-updates again, but versions put them in their place, so the table converges
-to the source table. It runs every ``refresh_s`` seconds and when the sink
-closes (the end of ``wormhole run --once``), in the first subscriber only.
+**Current state.** A refresh folds the change files added since the previous one
+(each version's manifest names the files it folded in) into the previous state:
+each key's newest update (highest version, then latest arrival; deletes kept,
+so a replayed older update cannot revive a key) and each shard's newest
+truncate. Keys whose newest update is a delete or older than a truncate of its
+shard are dropped, the rows' JSON is expanded into columns, and the new version
+of ``current/<table>`` is switched in by renaming a symbolic link. Replays after
+a crash append updates again, but versions put them in their place, so the table
+converges to the source table. It runs every ``refresh_s`` seconds and when the
+sink closes (the end of ``wormhole run --once``), in the first subscriber only.
+``retention_days`` deletes old change partitions once folded in.
 
 **Transforms.** ``transforms: {name: SQL}`` run after each refresh with a view
 per current table (its name with ``.`` as ``_``, e.g. ``public_users``) and a
@@ -34,6 +38,7 @@ from __future__ import annotations
 import contextlib
 import datetime
 import functools
+import json
 import logging
 import os
 import re
@@ -76,6 +81,12 @@ class SparkSinkOptions(Options):
         default_factory=dict, description="extra Spark settings (spark.executor.memory, ...)"
     )
     app_name: str = Field("wormhole", description="Spark application name")
+    retention_days: int | None = Field(
+        None,
+        ge=0,
+        description="delete change partitions (dates) older than this many days once the "
+        "current state has folded them in; deletes older than that are forgotten too",
+    )
 
 
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -239,14 +250,18 @@ class SparkSink:
         return self.spark
 
     def refresh(self) -> None:
-        """Rebuild current/<table> (and run the transforms) from every change file."""
+        """Fold the new change files into current/<table>, then run the transforms."""
         self.last_refresh = time.monotonic()
         if not self.options.current_state or not any((self.root / "changes").rglob("*.parquet")):
             return
         with self.lock:
             started = time.monotonic()
             spark = self._session()
-            tables = refresh_current_state(spark, self.root)
+            tables = refresh_current_state(
+                spark, self.root, retention_days=self.options.retention_days
+            )
+            if self.options.transforms:
+                spark.read.parquet(str(self.root / "changes")).createOrReplaceTempView("changes")
             for name, sql in self.options.transforms.items():
                 try:
                     result = spark.sql(sql)
@@ -275,66 +290,226 @@ class SparkSink:
             self.context = None
 
 
-def refresh_current_state(spark: Any, root: Path, sample: int = 2000) -> int:
-    """Rebuild ``root/current/<table>`` from ``root/changes``; returns the table count."""
+# The current state's bookkeeping, inside each version of current/<table> (Spark skips
+# names that start with "_"): every key's newest update, and the manifest of the change
+# files that the version folds in.
+STATE_DIR = "_wormhole_state"
+MANIFEST = "_wormhole_manifest.json"
+_MANIFEST_FORMAT = 1
+_CHANGE_COLUMNS = (
+    "op string, key string, before string, after string, shard int, position string, "
+    "logical string, ts_ms bigint, version array<bigint>, arrival bigint"
+)
+_STATE_COLUMNS = ("op", "key", "after", "shard", "version", "arrival")
+
+
+def refresh_current_state(
+    spark: Any,
+    root: Path,
+    sample: int = 2000,
+    retention_days: int | None = None,
+    now_ms: int | None = None,
+) -> int:
+    """Bring ``root/current/<table>`` up to date with ``root/changes``; returns the table count.
+
+    Each table's state is its previous version plus the change files added since (its
+    manifest names the files it folded in). A table without a manifest is computed from
+    every change file. With ``retention_days``, change files older than that many days are
+    deleted once folded in (see :func:`expire_changes`).
+    """
+    now_ms = int(time.time() * 1000) if now_ms is None else now_ms
+    horizon_ns = None if retention_days is None else (now_ms - retention_days * _DAY_MS) * 10**6
+    tables = change_tables(root / "changes")
+    for table, directory in tables.items():
+        _refresh_table(spark, root, table, directory, sample, horizon_ns)
+        if (root / "current" / table).exists():
+            current = spark.read.parquet(str(root / "current" / table))
+            current.createOrReplaceTempView(view_name(table))
+    if retention_days is not None:
+        expire_changes(root, retention_days, now_ms)
+    return len(tables)
+
+
+def change_tables(changes: Path) -> dict[str, Path]:
+    """Each table's directory under ``changes``, by table name (Hive-style unescaped)."""
+    out: dict[str, Path] = {}
+    if changes.is_dir():
+        for entry in sorted(changes.iterdir()):
+            if entry.name.startswith("table=") and entry.is_dir():
+                out[_unescape(entry.name[len("table=") :])] = entry
+    return out
+
+
+def _change_files(directory: Path) -> list[str]:
+    """The change files of a table, as ``date=<day>/<name>`` (temporary files excluded)."""
+    return sorted(
+        f"{day.name}/{f.name}"
+        for day in directory.iterdir()
+        if day.name.startswith("date=") and day.is_dir()
+        for f in day.iterdir()
+        if f.name.endswith(".parquet") and not f.name.startswith((".", "_"))
+    )
+
+
+def read_manifest(target: Path) -> dict[str, Any] | None:
+    """The manifest of the current version of ``current/<table>``, or None (no version yet,
+    or one written before the manifest existed: the next refresh starts from scratch)."""
+    try:
+        manifest = json.loads((target / MANIFEST).read_text())
+    except (OSError, ValueError):
+        return None
+    if not isinstance(manifest, dict) or manifest.get("format") != _MANIFEST_FORMAT:
+        return None
+    return manifest
+
+
+def _refresh_table(
+    spark: Any, root: Path, table: str, directory: Path, sample: int, horizon_ns: int | None
+) -> None:
     from pyspark.sql import functions as F
 
-    changes = spark.read.parquet(str(root / "changes"))
-    changes.createOrReplaceTempView("changes")
-    # Each key's newest update: the highest version, then the latest arrival.
+    target = root / "current" / table
+    target.parent.mkdir(parents=True, exist_ok=True)
+    _remove_unfinished_versions(target)
+    manifest = read_manifest(target)
+    files = _change_files(directory)
+    present = set(files)
+    consumed = set(manifest["files"]) & present if manifest is not None else set()
+    new = [f for f in files if f not in consumed]
+    if not new and (manifest is not None or not files):
+        return  # nothing was added since: the current version stands
+    rows = None
+    if manifest is not None:
+        # Read through the resolved version: the link may be swapped while Spark reads.
+        rows = spark.read.parquet(str(target.resolve() / STATE_DIR)).select(*_STATE_COLUMNS)
+    if new:
+        added = (
+            spark.read.schema(_CHANGE_COLUMNS)
+            .parquet(*(str(directory / f) for f in new))
+            .select(*_STATE_COLUMNS)
+        )
+        rows = added if rows is None else rows.unionByName(added)
+    assert rows is not None
+    # Each key's newest update: the highest version, then the latest arrival (deletes
+    # included, so that a replayed older update cannot bring a deleted key back) ...
     order = F.struct(F.col("version"), F.col("arrival"))
     latest = (
-        changes.where(F.col("op") != "t")
-        .groupBy("table", "key")
-        .agg(F.max_by(F.struct("op", "after", "shard", "version", "arrival"), order).alias("u"))
-        .select("table", "u.*")
+        rows.where(F.col("op") != "t")
+        .groupBy("key")
+        .agg(F.max_by(F.struct(*(c for c in _STATE_COLUMNS if c != "key")), order).alias("u"))
+        .select("key", "u.*")
     )
-    truncates = (
-        changes.where(F.col("op") == "t")
-        .groupBy("table", "shard")
-        .agg(F.max("version").alias("_cut"), F.max("arrival").alias("_cut_arrival"))
-    )
-    live = (
-        latest.join(truncates, ["table", "shard"], "left")
-        .where(
-            F.col("_cut_arrival").isNull()
-            | F.when(
-                F.col("_cut").isNotNull() & F.col("version").isNotNull(),
-                F.col("version") > F.col("_cut"),
-            ).otherwise(F.col("arrival") > F.col("_cut_arrival"))
+    # ... and, per shard, the newest truncate: its highest version and latest arrival.
+    cuts = (
+        rows.where(F.col("op") == "t")
+        .groupBy("shard")
+        .agg(F.max("version").alias("version"), F.max("arrival").alias("arrival"))
+        .select(
+            F.lit("t").alias("op"),
+            F.lit(None).cast("string").alias("key"),
+            F.lit(None).cast("string").alias("after"),
+            "shard",
+            "version",
+            "arrival",
         )
-        .where(F.col("op") != "d")
-        .select("table", "after", "arrival")
-        .cache()
     )
-    # A table whose name looks like a number comes back from partition discovery as one.
-    names = [str(r[0]) for r in changes.select("table").distinct().collect()]
-    for table in names:
-        rows = live.where(F.col("table").cast("string") == table)
-        # The columns: inferred on the driver from the newest rows (a column added by an
-        # ALTER TABLE shows there first), then parsed in the JVM.
-        newest = rows.orderBy(F.col("arrival").desc()).select("after").limit(sample)
-        texts = [r[0] for r in newest.collect()]
-        rows = rows.select("after")
-        if texts:
-            schema = spark.read.json(spark.sparkContext.parallelize(texts)).schema
-            frame = rows.select(F.from_json("after", schema).alias("r")).select("r.*")
-        else:
-            frame = spark.createDataFrame([], "id string")
-        _replace_dir(root / "current" / table, frame)
-        spark.read.parquet(str(root / "current" / table)).createOrReplaceTempView(view_name(table))
-    live.unpersist()
-    return len(names)
+    state = latest.unionByName(cuts)
+    if horizon_ns is not None:
+        # Past the retention, a delete (or a row cut by a truncate) is forgotten.
+        state = _with_live(state).where(
+            (F.col("op") == "t") | F.col("_live") | (F.col("arrival") >= horizon_ns)
+        )
+        state = state.select(*_STATE_COLUMNS)
+    version = target.with_name(f".{target.name}.{time.time_ns()}.{uuid.uuid4().hex[:6]}")
+    state.write.parquet(str(version / STATE_DIR))
+    kept = spark.read.parquet(str(version / STATE_DIR))
+    live = _with_live(kept).where(F.col("_live")).select("after", "arrival")
+    # The columns: inferred on the driver from the newest rows (a column added by an
+    # ALTER TABLE shows there first), then parsed in the JVM.
+    newest = live.orderBy(F.col("arrival").desc()).select("after").limit(sample)
+    texts = [r[0] for r in newest.collect()]
+    if texts:
+        schema = spark.read.json(spark.sparkContext.parallelize(texts)).schema
+        frame = live.select(F.from_json("after", schema).alias("r")).select("r.*")
+    else:
+        frame = spark.createDataFrame([], "id string")
+    frame.write.mode("append").parquet(str(version))
+    _write_json(
+        version / MANIFEST,
+        {
+            "format": _MANIFEST_FORMAT,
+            "table": table,
+            "files": sorted(consumed | set(new)),
+            "refreshed_ms": int(time.time() * 1000),
+        },
+    )
+    _point(target, version)
+
+
+def _with_live(state: Any) -> Any:
+    """``state`` with a ``_live`` column: the key's newest update is not a delete and is
+    newer than the last truncate of its shard (by version when both have one, else by
+    arrival)."""
+    from pyspark.sql import functions as F
+
+    cuts = state.where(F.col("op") == "t").select(
+        "shard", F.col("version").alias("_cut"), F.col("arrival").alias("_cut_arrival")
+    )
+    keys = state.where(F.col("op") != "t").join(cuts, ["shard"], "left")
+    after_cut = F.col("_cut_arrival").isNull() | F.when(
+        F.col("_cut").isNotNull() & F.col("version").isNotNull(),
+        F.col("version") > F.col("_cut"),
+    ).otherwise(F.col("arrival") > F.col("_cut_arrival"))
+    live = keys.withColumn("_live", after_cut & (F.col("op") != "d"))
+    return live.select(*_STATE_COLUMNS, "_live").unionByName(
+        state.where(F.col("op") == "t").withColumn("_live", F.lit(False))
+    )
+
+
+def expire_changes(root: Path, retention_days: int, now_ms: int | None = None) -> int:
+    """Delete the change files of days more than ``retention_days`` before today (UTC) that
+    the current state has folded in; returns how many. A file that no manifest names yet
+    (written after the last refresh) is kept for the next one."""
+    now_ms = int(time.time() * 1000) if now_ms is None else now_ms
+    oldest = f"date={_date(now_ms // _DAY_MS - retention_days)}"
+    removed = 0
+    for table, directory in change_tables(root / "changes").items():
+        manifest = read_manifest(root / "current" / table)
+        if manifest is None:
+            continue
+        for name in manifest["files"]:
+            day = name.split("/", 1)[0]
+            if day < oldest:
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(directory / name)
+                    removed += 1
+        for day in directory.iterdir():
+            if day.name < oldest and day.name.startswith("date="):
+                with contextlib.suppress(OSError):
+                    day.rmdir()  # only once empty
+    return removed
+
+
+def _write_json(path: Path, value: Any) -> None:
+    with open(path, "w") as f:
+        json.dump(value, f)
+        f.flush()
+        os.fsync(f.fileno())
 
 
 def _replace_dir(target: Path, frame: Any) -> None:
-    """Write a DataFrame as Parquet into a new directory, then point ``target`` at it.
-
-    ``target`` is a symbolic link swapped by a rename: readers see the old table or the
-    new one, never none.
-    """
+    """Write a DataFrame as Parquet into a new directory, then point ``target`` at it."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    _remove_unfinished_versions(target)
     version = target.with_name(f".{target.name}.{time.time_ns()}.{uuid.uuid4().hex[:6]}")
     frame.write.mode("overwrite").parquet(str(version))
+    _point(target, version)
+
+
+def _point(target: Path, version: Path) -> None:
+    """Make the symbolic link ``target`` point at ``version``, by a rename: readers see the
+    old version or the new one, never none. The old version is then removed."""
+    _fsync_tree(version)
     old = os.readlink(target) if target.is_symlink() else None
     if target.exists() and not target.is_symlink():  # a directory from an older layout
         shutil.rmtree(target)
@@ -343,14 +518,51 @@ def _replace_dir(target: Path, frame: Any) -> None:
         os.unlink(link)
     os.symlink(version.name, link)
     os.replace(link, target)
+    _fsync_dir(target.parent)
     if old is not None:
         with contextlib.suppress(OSError):
             shutil.rmtree(target.parent / old)
 
 
+def _remove_unfinished_versions(target: Path) -> None:
+    """Remove versions of ``target`` that no link points at: left by a refresh that stopped
+    before it switched the link."""
+    pattern = re.compile(rf"^\.{re.escape(target.name)}\.\d+\.[0-9a-f]{{6}}$")
+    current = os.readlink(target) if target.is_symlink() else None
+    if not target.parent.is_dir():
+        return
+    for entry in target.parent.iterdir():
+        if pattern.match(entry.name) and entry.name != current:
+            shutil.rmtree(entry, ignore_errors=True)
+
+
+def _fsync_tree(directory: Path) -> None:
+    for path, _dirs, files in os.walk(directory):
+        for name in files:
+            fd = os.open(os.path.join(path, name), os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+        _fsync_dir(Path(path))
+
+
+def _fsync_dir(directory: Path) -> None:
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
 def _escape(value: str) -> str:
     # Hive-style partition values: escape what Spark would (it unescapes %XX).
     return re.sub(r"[^A-Za-z0-9._-]", lambda m: f"%{ord(m.group()):02X}", value)
+
+
+def _unescape(value: str) -> str:
+    # As Spark's partition discovery reads them back.
+    return re.sub(r"%([0-9A-Fa-f]{2})", lambda m: chr(int(m.group(1), 16)), value)
 
 
 _DAY_MS = 86_400_000
