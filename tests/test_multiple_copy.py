@@ -460,3 +460,56 @@ def test_a_copy_behind_waits_then_refuses_and_takes_over_once_it_has_caught_up(
     copies.stop()
     lines, duplicates = check(out, keys, 3, [(0, {})])
     assert lines - duplicates == keys * 3
+
+
+def test_a_subscriber_drops_a_flows_batches_from_a_copy_with_an_older_epoch() -> None:
+    """Two connections to two copies of db1: once the copy with epoch 2 assigned shard 0,
+    what the copy with epoch 1 still sends of it is dropped (and not acknowledged), while
+    its other flows are handled."""
+    from wormhole.connectors.tcp import protocol as p
+    from wormhole.connectors.tcp.client import Subscriber, _Link
+    from wormhole.core.update import Update
+
+    sub = Subscriber(app="search", registry="zookeeper://127.0.0.1:1/x", dataset="shop")
+    handled: list[tuple[int, int]] = []
+    notices: list[tuple[list[Any], list[Any]]] = []
+    sub.on_batch(lambda updates: handled.extend((u.shard, u.after_row()["n"]) for u in updates))
+    sub.on_shard_notice(lambda a, r: notices.append((a, r)))
+    old, new = (_Link(sub, "db1", lambda: ["127.0.0.1:1"]) for _ in range(2))
+    sub._links = {"db1@a": old, "db1@b": new}
+    acks: dict[str, list[dict[int, int]]] = {"old": [], "new": []}
+
+    def recorder(name: str) -> Any:
+        def send(data: bytes) -> None:
+            kind = data[p._LENGTH.size - 1]
+            if kind == p.ACK:
+                body = p._decoders[p.ACK].decode(data[p._LENGTH.size :])
+                acks[name].append(dict(body.datamarkers))
+
+        return send
+
+    old._send = recorder("old")  # type: ignore[method-assign]
+    new._send = recorder("new")  # type: ignore[method-assign]
+
+    def batch(frame_id: int, shards_n: list[tuple[int, int]]) -> p.BatchFrame:
+        updates = [
+            Update.create(op="c", key={"id": s}, table="t", after={"n": n}) for s, n in shards_n
+        ]
+        for u, (s, _) in zip(updates, shards_n, strict=True):
+            u.shard = s
+        markers = {s: frame_id * 10 for s, _ in shards_n}
+        return p.BatchFrame(
+            id=frame_id, first=0, end=1, appended_ns=0, datamarkers=markers, updates=updates
+        )
+
+    old._notice(p.Notice(id=1, assigned=[0, 1], revoked=[], epoch=1))
+    old._batch(batch(1, [(0, 1), (1, 1)]))
+    new._notice(p.Notice(id=1, assigned=[0], revoked=[], epoch=2))
+    old._batch(batch(2, [(0, 2), (1, 2)]))  # shard 0 from the fenced copy: dropped
+    new._batch(batch(3, [(0, 2)]))
+    assert handled == [(0, 1), (1, 1), (1, 2), (0, 2)]
+    assert acks["old"][-1] == {1: 20}, "the fenced flow's datamarker is not acknowledged"
+    assert acks["new"][-1] == {0: 30}
+    assert sub.assigned == {("db1", 0), ("db1", 1)}
+    # Shard 0 was reported assigned once, though two copies assigned it.
+    assert notices == [([("db1", 0), ("db1", 1)], [])]
