@@ -221,8 +221,13 @@ def run_through_faults(copies: Copies, tmp_path: Path, write: Any) -> None:
     wait_until(lambda: copies.serving() == "a", 60, "copy a (preferred) to serve")
     written = {"rounds": 0}
 
+    faults_done = threading.Event()
+
     def writer() -> None:
         for n in range(rounds):
+            if n == rounds - 10:
+                # The last rounds come after every fault: the copy serving then shares them.
+                faults_done.wait(120)
             write(keys, n)
             written["rounds"] = n + 1
             threading.Event().wait(0.05)
@@ -259,6 +264,7 @@ def run_through_faults(copies: Copies, tmp_path: Path, write: Any) -> None:
     at_round(rng.randrange(70, 90))
     fault()
     paused = copies.publishers["a"]
+    paused_epoch = serving_epoch(copies)
     os.kill(paused.pid, signal.SIGSTOP)
     try:
         wait_until(lambda: copies.serving() == "b", 30, "copy b to take over from paused a")
@@ -266,10 +272,15 @@ def run_through_faults(copies: Copies, tmp_path: Path, write: Any) -> None:
         os.kill(paused.pid, signal.SIGCONT)
     # Resumed, it knows its claim may be gone before doing anything else: it stops serving.
     wait_until(lambda: "stops serving" in paused.stderr, 30, "the resumed copy a to stand down")
+    faults_done.set()
     thread.join(120)
     assert written["rounds"] == rounds
 
     wait_until(lambda: reached(out, keys, rounds - 1), 120, "every key's last round")
+    # Every shared datamarker was written after the pause, under a later epoch: the paused
+    # copy, resumed, wrote none under its lost claim.
+    final = shared_epochs(copies)
+    assert final and all(epoch > paused_epoch for epoch in final.values()), (paused_epoch, final)
     copies.stop()
     try:
         lines, duplicates = check(out, keys, rounds, faults)
@@ -277,6 +288,27 @@ def run_through_faults(copies: Copies, tmp_path: Path, write: Any) -> None:
         raise AssertionError(f"seed {seed}: {exc}") from exc
     assert lines - duplicates == keys * rounds, (seed, lines, duplicates)
     print(f"{lines:,} lines, {duplicates:,} duplicates")
+
+
+def serving_epoch(copies: Copies) -> int:
+    """The epoch of the claim serving ``search`` in db1 now."""
+    client = copies.zk.client()
+    try:
+        data, _ = client.get(f"{copies.root}/datasets/shop/serving/db1/search")
+    finally:
+        client.stop()
+    epoch: int = json.loads(data)["epoch"]
+    return epoch
+
+
+def shared_epochs(copies: Copies) -> dict[int, int]:
+    """The epoch each shared datamarker of ``search`` in db1 was written under."""
+    client = copies.zk.client()
+    try:
+        data, _ = client.get(f"{copies.root}/datasets/shop/datamarkers/db1/search")
+    finally:
+        client.stop()
+    return {int(s): int(m["epoch"]) for s, m in json.loads(data).items()}
 
 
 def shared_versions(copies: Copies) -> dict[int, tuple[int, ...]]:
