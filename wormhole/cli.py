@@ -4,6 +4,7 @@ and the commands plugins add."""
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
 import os
@@ -707,7 +708,9 @@ def main(argv: list[str] | None = None) -> int:
     import faulthandler
 
     # `kill -USR1 PID` prints every thread's stack to stderr: what a stuck process is doing.
-    faulthandler.register(signal.SIGUSR1, all_threads=True)
+    # (Not where stderr is no real file: main() called in-process with it captured.)
+    with contextlib.suppress(ValueError, OSError, AttributeError):
+        faulthandler.register(signal.SIGUSR1, all_threads=True)
     level = "debug" if args.verbose else args.log_level
     os.environ["WORMHOLE_LOG_LEVEL"] = level  # for subscriber processes we start
     logging.basicConfig(
