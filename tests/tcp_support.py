@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import signal
 import socket
 import subprocess
 import threading
@@ -204,3 +205,18 @@ def publisher_end(
         yield hub, app, server
     finally:
         server.stop(drain=False)
+
+
+def stop_all(processes: list[Process]) -> None:
+    """SIGCONT (a paused one too) and SIGTERM to every process still running, then wait for
+    each; one that does not exit within 60 s is killed."""
+    for process in processes:
+        if process.proc.poll() is None:
+            os.kill(process.pid, signal.SIGCONT)
+            process.proc.send_signal(signal.SIGTERM)
+    for process in processes:
+        try:
+            process.wait(60)
+        except subprocess.TimeoutExpired:
+            process.proc.kill()
+            process.wait(10)

@@ -22,7 +22,7 @@ from typing import Any
 
 import pytest
 import yaml
-from tcp_support import Process
+from tcp_support import Process, stop_all
 
 from wormhole.publish import LogWriter
 from wormhole.testing import run_cli, wait_until, write_pipeline
@@ -122,17 +122,7 @@ class Copies:
         return serving[0] if serving else None
 
     def stop(self) -> None:
-        for process in [*self.subscribers, *self.publishers.values()]:
-            if process.proc.poll() is None:
-                with_signal = signal.SIGCONT
-                os.kill(process.pid, with_signal)
-                process.proc.send_signal(signal.SIGTERM)
-        for process in [*self.subscribers, *self.publishers.values()]:
-            try:
-                process.wait(60)
-            except Exception:
-                process.proc.kill()
-                process.wait(10)
+        stop_all([*self.subscribers, *self.publishers.values()])
         for writer in self.writers.values():
             writer.close()
 

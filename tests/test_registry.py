@@ -21,7 +21,7 @@ from typing import Any
 
 import pytest
 import yaml
-from tcp_support import Process
+from tcp_support import Process, stop_all
 
 from wormhole.core.assignment import spread
 from wormhole.testing import read_envelopes, run_cli, wait_until, write_pipeline
@@ -98,15 +98,7 @@ class Dataset:
         return deployment
 
     def stop(self) -> None:
-        for process in [*self.subscribers, *self.publishers.values()]:
-            if process.proc.poll() is None:
-                process.proc.send_signal(signal.SIGTERM)
-        for process in [*self.subscribers, *self.publishers.values()]:
-            try:
-                process.wait(60)
-            except Exception:
-                process.proc.kill()
-                process.wait(10)
+        stop_all([*self.subscribers, *self.publishers.values()])
 
 
 @pytest.fixture

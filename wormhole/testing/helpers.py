@@ -159,8 +159,8 @@ def read_envelopes(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
     return out
 
 
-def subscriber_pids(parent: int) -> list[int]:
-    """The ``wormhole subscribe`` processes that the ``wormhole run`` process ``parent`` started."""
+def children(parents: set[int], marker: bytes) -> list[int]:
+    """The processes whose parent is in ``parents`` and whose command line holds ``marker``."""
     pids = []
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
@@ -171,9 +171,14 @@ def subscriber_pids(parent: int) -> list[int]:
         except OSError:
             continue
         ppid = int(stat.rsplit(")", 1)[1].split()[1])
-        if ppid == parent and b"subscribe" in cmdline:
+        if ppid in parents and marker in cmdline:
             pids.append(int(entry.name))
     return sorted(pids)
+
+
+def subscriber_pids(parent: int) -> list[int]:
+    """The ``wormhole subscribe`` processes that the ``wormhole run`` process ``parent`` started."""
+    return children({parent}, b"subscribe")
 
 
 S = TypeVar("S")

@@ -17,7 +17,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from wormhole.testing.helpers import ServerProcess, free_port, require, start_on_free_port
+from wormhole.testing.helpers import (
+    ServerProcess,
+    children,
+    free_port,
+    require,
+    start_on_free_port,
+)
 
 
 def start_spark(master: str = "local[2]") -> Iterator[Any]:
@@ -85,20 +91,7 @@ class SparkCluster:
 
     def executors(self) -> list[int]:
         """The pids of the executor JVMs running under the workers now."""
-        pids = []
-        workers = {w.process.pid for w in self.workers}
-        for entry in Path("/proc").iterdir():
-            if not entry.name.isdigit():
-                continue
-            try:
-                stat = (entry / "stat").read_text()
-                cmdline = (entry / "cmdline").read_bytes()
-            except OSError:
-                continue
-            ppid = int(stat.rsplit(")", 1)[1].split()[1])
-            if ppid in workers and b"CoarseGrainedExecutorBackend" in cmdline:
-                pids.append(int(entry.name))
-        return sorted(pids)
+        return children({w.process.pid for w in self.workers}, b"CoarseGrainedExecutorBackend")
 
     def work_dirs(self) -> list[Path]:
         """Each worker's work directory: ``<app id>/<executor id>/`` per executor it ran."""
