@@ -249,3 +249,59 @@ def test_registry_example_runs_two_publishers_and_shares_their_flows(
                 process.proc.send_signal(signal.SIGTERM)
         codes = [process.wait(60) for process in processes]
     assert codes == [0, 0, 0, 0], [p.stderr[-2000:] for p in processes]
+
+
+def test_mariadb_two_copies_example_serves_from_one_copy_and_fails_over(
+    tmp_path: Path, zookeeper_server: Any
+) -> None:
+    import signal
+
+    from tcp_support import Process, stop_all
+
+    from wormhole.testing import wait_until
+    from wormhole.testing.mysql import make_replica, start_mariadb
+
+    pipeline = str(REPO / "pipelines" / "mariadb-two-copies.yml")
+    primary_gen, replica_gen = start_mariadb(), start_mariadb()
+    primary, replica = next(primary_gen), next(replica_gen)
+    processes: list[Any] = []
+    try:
+        make_replica(replica, primary)
+        db = primary.create_database()
+        primary.sql("CREATE TABLE orders (id INT PRIMARY KEY, n INT)", database=db)
+        (gtid,) = primary.sql("SELECT @@gtid_binlog_pos")[0]
+        wait_until(lambda: replica.sql("SELECT @@gtid_slave_pos")[0][0] == gtid, 60, "replica")
+        common = {
+            "ZK": zookeeper_server.hosts,
+            "ZK_ROOT": "/example-copies",
+            "MYSQL_DB": db,
+            "SHOP_STATE": str(tmp_path / "state"),
+            "SHOP_OUT": str(tmp_path / "out"),
+        }
+        copies = {}
+        for copy, server in (("primary", primary), ("replica", replica)):
+            env = {**common, "COPY": copy, "MYSQL_DSN": server.dsn()}
+            copies[copy] = Process("publish", pipeline, "-q", cwd=tmp_path, env=env)
+            processes.append(copies[copy])
+        env = {**common, "MYSQL_DSN": primary.dsn()}
+        processes.append(Process("subscribe", pipeline, "--app", "audit", cwd=tmp_path, env=env))
+        out = tmp_path / "out" / "audit.jsonl"
+
+        def rows() -> set[int]:
+            return {e["key"]["id"] for e in read_envelopes(out)} if out.exists() else set()
+
+        def copy_serving() -> bool:
+            return "serves it" in copies["primary"].stderr
+
+        wait_until(copy_serving, 60, "the primary copy to serve audit")
+        primary.sql("INSERT INTO orders VALUES (1, 1), (2, 1)", database=db)
+        wait_until(lambda: rows() == {1, 2}, 60, "rows 1 and 2 from the primary copy")
+        copies["primary"].proc.send_signal(signal.SIGKILL)
+        copies["primary"].wait(10)
+        primary.sql("INSERT INTO orders VALUES (3, 1)", database=db)
+        wait_until(lambda: rows() == {1, 2, 3}, 60, "row 3 from the replica copy")
+        assert "serves it" in copies["replica"].stderr
+    finally:
+        stop_all(processes)
+        replica_gen.close()
+        primary_gen.close()
