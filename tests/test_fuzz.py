@@ -537,7 +537,7 @@ class FakePublisher:
                 continue
             conn.settimeout(5)
             try:
-                assert p.read_preamble(conn) == p.VERSION
+                assert p.read_preamble(conn) == p.SUBSCRIBE_VERSION
                 kind, body = p.read_frame(conn, 1 << 16)
             except (OSError, p.PeerClosed):
                 conn.close()  # it gave up on an earlier attempt meanwhile

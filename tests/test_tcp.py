@@ -286,7 +286,7 @@ def _closed_by_peer(sock: socket.socket, timeout: float = 10) -> bytes:
 
 def _hello(app: str = "a", token: str = "s3cret") -> bytes:
     return p.preamble() + p.encode(
-        p.HELLO, p.Hello(version=p.VERSION, application=app, instance="raw", token=token)
+        p.HELLO, p.Hello(version=p.SUBSCRIBE_VERSION, application=app, instance="raw", token=token)
     )
 
 

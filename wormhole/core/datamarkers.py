@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sqlite3
+import threading
 import time
 from collections.abc import Iterable
 from pathlib import Path
@@ -41,6 +42,9 @@ class SqliteDatamarkerStore:
         self.filename = filename
         self.db: sqlite3.Connection | None = None
         self.path: Path | None = None
+        self.lock = threading.RLock()
+        """One connection serves every thread (the publisher's supervisor, a transport's
+        readers): one statement or transaction at a time."""
 
     def open(self, pipeline: str, state_dir: Path) -> None:
         self.path = state_dir / self.filename
@@ -60,7 +64,12 @@ class SqliteDatamarkerStore:
         return self.db
 
     def load(self) -> dict[tuple[str, int], Datamarker]:
-        rows = self._conn().execute("SELECT application, shard, position, logical FROM datamarkers")
+        with self.lock:
+            rows = (
+                self._conn()
+                .execute("SELECT application, shard, position, logical FROM datamarkers")
+                .fetchall()
+            )
         return {(a, s): Datamarker(a, s, p, lg) for a, s, p, lg in rows}
 
     def save(self, datamarkers: Iterable[Datamarker]) -> None:
@@ -68,6 +77,10 @@ class SqliteDatamarkerStore:
         rows = [(d.application, d.shard, d.position, d.logical, now) for d in datamarkers]
         if not rows:
             return
+        with self.lock:
+            self._save(rows)
+
+    def _save(self, rows: list[tuple[str, int, int, str, int]]) -> None:
         db = self._conn()
         try:
             db.execute("BEGIN IMMEDIATE")
@@ -87,16 +100,22 @@ class SqliteDatamarkerStore:
     def forget(self, application: str) -> int:
         db = self._conn()
         try:
-            cursor = db.execute("DELETE FROM datamarkers WHERE application = ?", (application,))
+            with self.lock:
+                cursor = db.execute("DELETE FROM datamarkers WHERE application = ?", (application,))
         except sqlite3.Error as exc:
             raise StateError(f"cannot delete datamarkers from {self.path}: {exc}") from exc
         return cursor.rowcount
 
     def get_meta(self, key: str) -> str | None:
-        row = self._conn().execute("SELECT value FROM meta WHERE key = ?", (key,)).fetchone()
+        with self.lock:
+            row = self._conn().execute("SELECT value FROM meta WHERE key = ?", (key,)).fetchone()
         return None if row is None else str(row[0])
 
     def set_meta(self, key: str, value: str) -> None:
+        with self.lock:
+            self._set_meta(key, value)
+
+    def _set_meta(self, key: str, value: str) -> None:
         self._conn().execute(
             "INSERT INTO meta (key, value) VALUES (?, ?) "
             "ON CONFLICT (key) DO UPDATE SET value = excluded.value",

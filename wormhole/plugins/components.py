@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, Protocol, runtime_checkable
@@ -98,6 +98,56 @@ class ComponentSpec:
     subscribe: Callable[[SubscribeRequest], None] | None = None
     """Transport: run one subscriber of an application with its sink until stopped
     (``wormhole subscribe``, and the processes ``wormhole run`` starts)."""
+    remote_log: Callable[[RemoteLogRequest], RemoteLog] | None = None
+    """Transport: open a publisher's log from another machine, as an external application
+    (``spark.readStream.format("wormhole").option("publishers", ...)`` reads flows with it)."""
+
+
+@dataclass(frozen=True)
+class RemoteLogRequest:
+    """What a reader on another machine asks of a transport's ``remote_log``."""
+
+    address: str
+    """Where the publisher listens (``host:port``)."""
+    application: str
+    """The external application to read as (its datamarkers are the ones committed)."""
+    options: dict[str, str] = field(default_factory=dict)
+    """Connection settings as strings: ``token``, ``tls.ca``, ``tls.serverName``,
+    ``tls.cert``, ``tls.key``, ``timeoutMs`` (a transport ignores what it does not use)."""
+
+
+@dataclass(frozen=True)
+class LogPositions:
+    """A publisher log's extent and an external application's datamarkers in it."""
+
+    first: int
+    """The oldest retained seq."""
+    end: int
+    """The seq after the last update."""
+    datamarkers: dict[int, int]
+    """The application's stored datamarkers, by shard (a shard without one: ``first``)."""
+    shards: int
+    datastore: str
+
+
+class RemoteLog(Protocol):
+    """A publisher's log, read from another machine by an external application."""
+
+    def positions(self) -> LogPositions: ...
+
+    def read(self, shard: int, start: int, end: int) -> Iterator[tuple[int, Update]]:
+        """``(seq, update)`` of every update of ``shard`` with ``start <= seq < end``, in
+        order. A range no longer retained raises :class:`RemoteLogError` naming it."""
+
+    def commit(self, datamarkers: dict[int, int]) -> dict[int, int]:
+        """Store the application's datamarkers durably at the publisher (it keeps the log
+        from them on); returns them as stored (a datamarker never moves back)."""
+
+    def close(self) -> None: ...
+
+
+class RemoteLogError(StateError):
+    """A remote log refused a request, or could not be reached; the message says why."""
 
 
 @dataclass(frozen=True)

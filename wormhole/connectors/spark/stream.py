@@ -1,24 +1,36 @@
-"""``spark.readStream.format("wormhole")``: the publisher log as a Spark streaming source.
+"""``spark.readStream.format("wormhole")``: an external application's flows as a Spark
+streaming source.
 
-Built on PySpark's Python Data Source API (PySpark 4). An *external*
-application of a pipeline (``external: true`` in the pipeline file) is read by
-Spark straight from the publisher log:
+Built on PySpark's Python Data Source API (PySpark 4). An *external* application of a
+pipeline (``external: true`` in the pipeline file) is read by Spark:
 
-- **offsets are datamarkers**: ``{"<shard>": <publisher log position>, ...}``;
-  the initial offset is the application's stored datamarkers;
-- **partitions are shards**: a micro-batch has one input partition per shard
-  with new updates, reading that shard's updates between two offsets;
-- **commit** stores the end offset as the application's datamarkers, so the
-  publisher may garbage-collect the log behind it.
+- **offsets are datamarkers**; the initial offset is the application's stored datamarkers;
+- **partitions are flows**: a micro-batch has one input partition per flow with new
+  updates, reading that flow's updates between two offsets;
+- **commit** stores the end offset as the application's datamarkers, so the publisher
+  may garbage-collect the log behind it, and ``wormhole status`` shows them.
 
-Spark's checkpoint records the offsets of every micro-batch and replays a
-batch from the same offsets after a failure, and the publisher log holds the
-same updates at the same positions until the datamarkers pass them: together
-that gives exactly-once into Spark's own sinks (Parquet, Delta, ...).
+Spark's checkpoint records the offsets of every micro-batch and replays a batch from the
+same offsets after a failure, and the publisher log holds the same updates at the same
+positions until the datamarkers pass them: together that gives exactly-once into Spark's
+own sinks (Parquet, Delta, ...).
 
-Options: ``pipeline`` (path of the pipeline file, required), ``application``
-(the external application, required), ``stateDir`` (overrides the pipeline's
-``state_dir``, e.g. when the driver sees it under another path).
+Two modes:
+
+- **network** (``publishers`` or ``registry``): each task asks the publisher for its
+  flow's range over the transport (the ``tcp`` transport's log readers, protocol version
+  2), so executors need only reach the publisher's port. Offsets are
+  ``{"<datastore>": {"<shard>": seq}}``; commits go through the publisher. Options:
+  ``publishers`` (``host:port,...``) or ``registry`` (``zookeeper://HOSTS/ROOT``) with
+  ``dataset``; ``application`` (required); ``token``; ``tls.ca``, ``tls.serverName``,
+  ``tls.cert``, ``tls.key``; ``timeoutMs``; ``transport`` (default ``tcp``);
+  ``maxUpdatesPerTrigger`` (a micro-batch takes at most about this many updates per
+  datastore).
+- **file** (``pipeline``): tasks read the publisher log files themselves, so every
+  executor must see the publisher's ``state_dir``. Offsets are ``{"<shard>": seq}``.
+  Options: ``pipeline`` (path of the pipeline file), ``application``, ``stateDir``
+  (overrides the pipeline's ``state_dir``, e.g. when the driver sees it under another
+  path).
 """
 
 from __future__ import annotations
@@ -36,40 +48,109 @@ from pyspark.sql.datasource import (
 
 SCHEMA = (
     "seq LONG, shard INT, op STRING, `table` STRING, key STRING, before STRING, after STRING, "
-    "position STRING, logical STRING, ts_ms LONG"
+    "position STRING, logical STRING, ts_ms LONG, datastore STRING"
 )
 
 
 class ShardRange(InputPartition):
     """One shard's updates in ``[start, end)`` of the publisher log at ``log_dir``."""
 
-    def __init__(self, log_dir: str, shard: int, start: int, end: int) -> None:
+    def __init__(self, log_dir: str, shard: int, start: int, end: int, datastore: str = "") -> None:
         super().__init__((shard, start, end))
         self.log_dir = log_dir
+        self.datastore = datastore
         self.shard = shard
         self.start = start
         self.end = end
+
+
+class FlowRange(InputPartition):
+    """One flow's updates in ``[start, end)``, read from its publisher over the network."""
+
+    def __init__(
+        self,
+        transport: str,
+        address: str,
+        application: str,
+        options: dict[str, str],
+        datastore: str,
+        shard: int,
+        start: int,
+        end: int,
+    ) -> None:
+        super().__init__((datastore, shard, start, end))
+        self.transport = transport
+        self.address = address
+        self.application = application
+        self.options = options
+        self.datastore = datastore
+        self.shard = shard
+        self.start = start
+        self.end = end
+
+
+def _row(seq: int, shard: int, u: Any, datastore: str) -> tuple[Any, ...]:
+    before = bytes(u.before)
+    after = bytes(u.after)
+    return (
+        seq,
+        shard,
+        u.op,
+        u.table,
+        _json(u.key),
+        None if before == b"null" else before.decode(),
+        None if after == b"null" else after.decode(),
+        u.position,
+        u.logical,
+        u.ts_ms,
+        datastore,
+    )
 
 
 def _read_shard(partition: ShardRange) -> Iterator[tuple[Any, ...]]:
     from wormhole.core.publisher_log import read_log_range
 
     shard = partition.shard
+    datastore = getattr(partition, "datastore", "")
     for seq, u in read_log_range(partition.log_dir, partition.start, partition.end):
         if u.shard != shard:
             continue
-        yield (
-            seq,
-            shard,
-            u.op,
-            u.table,
-            _json(u.key),
-            None if bytes(u.before) == b"null" else bytes(u.before).decode(),
-            None if bytes(u.after) == b"null" else bytes(u.after).decode(),
-            u.position,
-            u.logical,
-            u.ts_ms,
+        yield _row(seq, shard, u, datastore)
+
+
+def _read_flow(partition: FlowRange) -> Iterator[tuple[Any, ...]]:
+    remote = _remote_log(
+        partition.transport, partition.address, partition.application, partition.options
+    )
+    try:
+        for seq, u in remote.read(partition.shard, partition.start, partition.end):
+            yield _row(seq, partition.shard, u, partition.datastore)
+    finally:
+        remote.close()
+
+
+def _remote_log(transport: str, address: str, application: str, options: dict[str, str]) -> Any:
+    from wormhole.core.errors import ConfigError
+    from wormhole.plugins.components import RemoteLogRequest
+    from wormhole.plugins.manager import default_registry
+
+    try:
+        spec = default_registry().get("transport", transport, "option transport").spec
+    except ConfigError as exc:
+        raise ValueError(f"wormhole source: {exc}") from exc
+    if spec.remote_log is None:
+        raise ValueError(
+            f"wormhole source: option transport: the {transport!r} transport cannot be read "
+            f"from another machine; use tcp, or the file mode (option pipeline)"
         )
+    return spec.remote_log(RemoteLogRequest(address, application, options))
+
+
+def _read(partition: InputPartition) -> Iterator[tuple[Any, ...]]:
+    if isinstance(partition, FlowRange):
+        return _read_flow(partition)
+    assert isinstance(partition, ShardRange)
+    return _read_shard(partition)
 
 
 def _json(value: Any) -> str:
@@ -85,12 +166,12 @@ class _Flows:
         from wormhole.core.errors import ConfigError
         from wormhole.core.pipeline import load_pipeline
 
-        path = options.get("pipeline")
+        path = options.get("pipeline", "")
         self.application = options.get("application", "")
-        if not path or not self.application:
+        if not self.application:
             raise ValueError(
-                'the wormhole source needs .option("pipeline", PATH) and '
-                '.option("application", NAME) naming an external application of that pipeline'
+                'the wormhole source needs .option("application", NAME) naming an external '
+                "application of the pipeline"
             )
         try:
             pipeline = load_pipeline(path)
@@ -145,36 +226,239 @@ class _Flows:
 
     def partitions(self, start: dict[str, int], end: dict[str, int]) -> list[ShardRange]:
         return [
-            ShardRange(self.log_dir, int(shard), int(start.get(shard, 0)), int(stop))
+            ShardRange(
+                self.log_dir,
+                int(shard),
+                int(start.get(shard, 0)),
+                int(stop),
+                self.pipeline.datastore,
+            )
             for shard, stop in sorted(end.items(), key=lambda kv: int(kv[0]))
             if int(start.get(shard, 0)) < int(stop)
         ]
 
 
+CONNECTION_OPTIONS = ("token", "tls.ca", "tls.serverName", "tls.cert", "tls.key", "timeoutMs")
+
+
+class _NetworkFlows:
+    """The external application's flows at its publishers, over the network.
+
+    Built lazily: Spark also creates a reader to plan each batch and pickles it to the
+    executors, so nothing here connects before it is asked to.
+    """
+
+    def __init__(self, options: dict[str, str]) -> None:
+        self.application = options.get("application", "")
+        if not self.application:
+            raise ValueError(
+                'the wormhole source needs .option("application", NAME) naming an external '
+                "application of the pipeline"
+            )
+        self.publishers = [a.strip() for a in options.get("publishers", "").split(",") if a]
+        self.registry_url = options.get("registry", "")
+        self.dataset = options.get("dataset", "")
+        if self.publishers and self.registry_url:
+            raise ValueError("wormhole source: give option publishers or registry, not both")
+        if self.registry_url and not self.dataset:
+            raise ValueError(
+                'wormhole source: option registry needs .option("dataset", NAME), the '
+                "pipeline name its publishers registered under"
+            )
+        for address in self.publishers:
+            host, _, port = address.rpartition(":")
+            if not host or not port.isdigit():
+                raise ValueError(
+                    f"wormhole source: option publishers: {address!r} is not host:port"
+                )
+        self.transport = options.get("transport", "tcp")
+        self.options = {k: options[k] for k in CONNECTION_OPTIONS if options.get(k)}
+        limit = options.get("maxUpdatesPerTrigger", "")
+        if limit and (not limit.isdigit() or int(limit) < 1):
+            raise ValueError(
+                f"wormhole source: option maxUpdatesPerTrigger: {limit!r} is not a positive number"
+            )
+        self.limit = int(limit) if limit else None
+        self.addresses: dict[str, str] = {}
+        """Each datastore's publisher, as last seen (driver only)."""
+        self._registry: Any = None
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = dict(self.__dict__)
+        state["_registry"] = None
+        return state
+
+    def _remote(self, address: str) -> Any:
+        return _remote_log(self.transport, address, self.application, self.options)
+
+    def _registered(self) -> list[str]:
+        import threading
+
+        from wormhole.core.errors import WormholeError
+        from wormhole.core.registry import open_registry, registry_component
+
+        if self._registry is None:
+            try:
+                component = registry_component(self.registry_url)
+                registry = open_registry(component, self.dataset, threading.Event())
+            except WormholeError as exc:
+                raise ValueError(f"wormhole source: option registry: {exc}") from exc
+            seen = threading.Event()
+            entries: list[Any] = []
+
+            def changed(live: list[Any]) -> None:
+                entries[:] = live
+                seen.set()
+
+            registry.watch_publishers(changed)
+            if not seen.wait(30):
+                registry.close()
+                raise ValueError(
+                    f"wormhole source: option registry: no answer from {registry.describe()} "
+                    f"about the publishers of {self.dataset}"
+                )
+            self._registry = (registry, entries)
+        _, entries = self._registry
+        addresses = [e.address for e in entries if e.address and not e.copy]
+        if not addresses:
+            raise ValueError(
+                f"wormhole source: no publisher of dataset {self.dataset!r} is registered at "
+                f"{self.registry_url} (or none has an address yet): start its publishers, or "
+                f"check options registry and dataset"
+            )
+        return addresses
+
+    def positions(self) -> dict[str, Any]:
+        """Each datastore's log positions, and where its publisher is."""
+        addresses = self._registered() if self.registry_url else self.publishers
+        out: dict[str, Any] = {}
+        for address in addresses:
+            positions = self._remote(address).positions()
+            datastore = positions.datastore or address
+            if datastore in out:
+                raise ValueError(
+                    f"wormhole source: publishers {self.addresses[datastore]} and {address} "
+                    f"both publish datastore {datastore!r}; give one publisher per datastore"
+                )
+            self.addresses[datastore] = address
+            out[datastore] = positions
+        return out
+
+    def stored(self) -> dict[str, dict[str, int]]:
+        return {ds: _stored(pos) for ds, pos in self.positions().items()}
+
+    def latest(self, start: dict[str, dict[str, int]] | None) -> dict[str, dict[str, int]]:
+        out: dict[str, dict[str, int]] = {}
+        for datastore, pos in self.positions().items():
+            base = (start or {}).get(datastore) or _stored(pos)
+            end = pos.end
+            if self.limit is not None:
+                end = min(end, min(int(v) for v in base.values()) + self.limit)
+            out[datastore] = {shard: max(int(v), end) for shard, v in base.items()}
+        # A datastore whose publisher is away keeps its offsets: nothing new from it.
+        for datastore, flows in (start or {}).items():
+            out.setdefault(datastore, dict(flows))
+        return out
+
+    def partitions(
+        self, start: dict[str, dict[str, int]], end: dict[str, dict[str, int]]
+    ) -> list[FlowRange]:
+        ranges = []
+        for datastore, flows in sorted(end.items()):
+            begin = start.get(datastore)
+            if begin is None:
+                begin = self.stored().get(datastore, {})
+            address = self.addresses.get(datastore)
+            for shard, stop in sorted(flows.items(), key=lambda kv: int(kv[0])):
+                first = int(begin.get(shard, stop))
+                if first >= int(stop):
+                    continue
+                if address is None:
+                    raise ValueError(
+                        f"wormhole source: no publisher of datastore {datastore!r} is reachable "
+                        f"to read flow {shard} from {first} to {stop}"
+                    )
+                ranges.append(
+                    FlowRange(
+                        self.transport,
+                        address,
+                        self.application,
+                        self.options,
+                        datastore,
+                        int(shard),
+                        first,
+                        int(stop),
+                    )
+                )
+        return ranges
+
+    def save(self, end: dict[str, dict[str, int]]) -> None:
+        for datastore, flows in end.items():
+            address = self.addresses.get(datastore)
+            if address is None:
+                continue  # committed again with a later batch, once it is back
+            self._remote(address).commit({int(s): int(v) for s, v in flows.items()})
+
+    def close(self) -> None:
+        if self._registry is not None:
+            self._registry[0].close()
+            self._registry = None
+
+
+def _stored(positions: Any) -> dict[str, int]:
+    return {
+        str(shard): positions.datamarkers.get(shard, positions.first)
+        for shard in range(positions.shards)
+    }
+
+
+def _flows(options: dict[str, str]) -> _Flows | _NetworkFlows:
+    if options.get("publishers") or options.get("registry"):
+        if options.get("pipeline"):
+            raise ValueError(
+                "wormhole source: give option pipeline (file mode, on the publisher's machine) "
+                "or publishers / registry (network mode), not both"
+            )
+        return _NetworkFlows(options)
+    if not options.get("pipeline"):
+        raise ValueError(
+            'the wormhole source needs .option("publishers", "HOST:PORT,...") or '
+            '.option("registry", URL) with .option("dataset", NAME) to read over the network, '
+            'or .option("pipeline", PATH) to read the publisher log files on this machine; '
+            'and .option("application", NAME) naming an external application'
+        )
+    return _Flows(options)
+
+
 class WormholeStreamReader(DataSourceStreamReader):
     def __init__(self, options: dict[str, str]) -> None:
-        self.flows = _Flows(options)
+        self.flows = _flows(options)
 
-    def initialOffset(self) -> dict[str, int]:
+    def initialOffset(self) -> dict[str, Any]:
         return self.flows.stored()
 
     def latestOffset(
-        self, start: dict[str, int] | None = None, limit: Any = None
-    ) -> dict[str, int]:
+        self, start: dict[str, Any] | None = None, limit: Any = None
+    ) -> dict[str, Any]:
+        if isinstance(self.flows, _NetworkFlows):
+            return self.flows.latest(start)
         end = self.flows.end()
         base = start or self.flows.stored()
         return {shard: max(int(position), end) for shard, position in base.items()}
 
-    def partitions(self, start: dict[str, int], end: dict[str, int]) -> list[InputPartition]:
+    def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> list[InputPartition]:
         return list(self.flows.partitions(start, end))
 
     def read(self, partition: InputPartition) -> Iterator[tuple[Any, ...]]:
-        assert isinstance(partition, ShardRange)
-        return _read_shard(partition)
+        return _read(partition)
 
-    def commit(self, end: dict[str, int]) -> None:
+    def commit(self, end: dict[str, Any]) -> None:
         # Spark committed the micro-batch: these are the application's datamarkers now.
         self.flows.save(end)
+
+    def stop(self) -> None:
+        if isinstance(self.flows, _NetworkFlows):
+            self.flows.close()
 
 
 class WormholeBatchReader(DataSourceReader):
@@ -182,17 +466,22 @@ class WormholeBatchReader(DataSourceReader):
     datamarkers to its end (nothing is committed)."""
 
     def __init__(self, options: dict[str, str]) -> None:
-        flows = _Flows(options)
+        flows = _flows(options)
+        if isinstance(flows, _NetworkFlows):
+            start_ds = flows.stored()
+            end_ds = flows.latest(start_ds)
+            self.ranges: list[InputPartition] = list(flows.partitions(start_ds, end_ds))
+            flows.close()
+            return
         start = flows.stored()
         end = flows.end()
-        self.ranges = flows.partitions(start, {s: max(p, end) for s, p in start.items()})
+        self.ranges = list(flows.partitions(start, {s: max(p, end) for s, p in start.items()}))
 
     def partitions(self) -> list[InputPartition]:
         return list(self.ranges)
 
     def read(self, partition: InputPartition) -> Iterator[tuple[Any, ...]]:
-        assert isinstance(partition, ShardRange)
-        return _read_shard(partition)
+        return _read(partition)
 
 
 class WormholeDataSource(DataSource):

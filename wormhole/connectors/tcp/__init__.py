@@ -10,7 +10,12 @@ from __future__ import annotations
 from typing import Any
 
 from wormhole.connectors.tcp.options import TcpOptions, TlsOptions
-from wormhole.plugins.components import ComponentSpec, SubscribeRequest
+from wormhole.plugins.components import (
+    ComponentSpec,
+    RemoteLog,
+    RemoteLogRequest,
+    SubscribeRequest,
+)
 from wormhole.plugins.hookspecs import hookimpl
 
 
@@ -18,6 +23,12 @@ def _transport(options: TcpOptions) -> Any:
     from wormhole.connectors.tcp.server import TcpTransport
 
     return TcpTransport(options)
+
+
+def _remote_log(request: RemoteLogRequest) -> RemoteLog:
+    from wormhole.connectors.tcp.ranges import TcpRemoteLog
+
+    return TcpRemoteLog(request)
 
 
 def _subscribe(request: SubscribeRequest) -> None:
@@ -37,6 +48,7 @@ def wormhole_transports() -> list[ComponentSpec]:
             description="Subscribers connect over TCP/TLS: one connection per subscriber, "
             "credits, heartbeats.",
             subscribe=_subscribe,
+            remote_log=_remote_log,
             default=True,
         )
     ]

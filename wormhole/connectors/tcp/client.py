@@ -384,7 +384,7 @@ class _Link:
             p.encode(
                 p.HELLO,
                 p.Hello(
-                    version=p.VERSION,
+                    version=p.SUBSCRIBE_VERSION,
                     application=owner.app,
                     instance=owner.instance,
                     token=owner.token,

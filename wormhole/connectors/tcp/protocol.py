@@ -1,4 +1,4 @@
-"""The Wormhole subscriber protocol, version 1 (documented in docs/protocol.md).
+"""The Wormhole subscriber protocol, versions 1 and 2 (documented in docs/protocol.md).
 
 A connection opens with a preamble from the subscriber, ``b"WORMHOLE"`` and the
 protocol version as u16 big-endian, then carries frames both ways::
@@ -6,6 +6,11 @@ protocol version as u16 big-endian, then carries frames both ways::
     frame := length u32 BE   type u8   body (length - 1 bytes)
 
 Bodies are JSON (msgspec); update rows inside batches are the rows' raw JSON.
+
+Version 2 adds log readers: a ``hello`` with ``mode: "read"`` opens a session that asks
+for an external application's positions, reads one flow's range ``[from, to)`` and
+commits datamarkers (frames 10 to 15). Subscriptions are the same in both versions, so
+subscribers still say 1 and work with publishers of either.
 """
 
 from __future__ import annotations
@@ -22,7 +27,13 @@ import msgspec
 from wormhole.core.update import Update
 
 PREAMBLE = b"WORMHOLE"
-VERSION = 1
+VERSION = 2
+"""The newest protocol version this side speaks (registered with a publisher's address)."""
+SUBSCRIBE_VERSION = 1
+"""What subscribers say: nothing they use changed after version 1."""
+VERSIONS = (1, 2)
+READ_VERSION = 2
+"""The first version with log readers (``hello.mode: "read"``)."""
 _PREAMBLE_SIZE = len(PREAMBLE) + 2
 _LENGTH = struct.Struct(">IB")
 MAX_HEARTBEAT_MS = 3_600_000
@@ -37,6 +48,12 @@ BATCH = 6
 ACK = 7
 HEARTBEAT = 8
 BYE = 9
+OFFSETS = 10
+POSITIONS = 11
+READ = 12
+READ_END = 13
+COMMIT = 14
+COMMITTED = 15
 
 NAMES = {
     HELLO: "hello",
@@ -48,6 +65,12 @@ NAMES = {
     ACK: "ack",
     HEARTBEAT: "heartbeat",
     BYE: "bye",
+    OFFSETS: "offsets",
+    POSITIONS: "positions",
+    READ: "read",
+    READ_END: "read-end",
+    COMMIT: "commit",
+    COMMITTED: "committed",
 }
 
 
@@ -57,6 +80,8 @@ class Hello(msgspec.Struct, kw_only=True):
     instance: str
     token: str = ""
     credits: int = 8
+    mode: str = "subscribe"
+    """``subscribe`` (version 1 and up), or ``read``: a log reader (version 2)."""
 
 
 class Welcome(msgspec.Struct, kw_only=True):
@@ -119,6 +144,44 @@ class Bye(msgspec.Struct, kw_only=True):
     reason: str = ""
 
 
+class Offsets(msgspec.Struct, kw_only=True):
+    """A log reader asks for the positions of its application."""
+
+
+class Positions(msgspec.Struct, kw_only=True):
+    first: int
+    """The oldest retained seq of the publisher log."""
+    end: int
+    """The seq after the last update in the log."""
+    datamarkers: dict[int, int]
+    """The application's stored datamarkers, by shard."""
+    shards: int
+    datastore: str = ""
+
+
+class Read(msgspec.Struct, kw_only=True):
+    shard: int
+    start: int = msgspec.field(name="from")
+    end: int = msgspec.field(name="to")
+
+
+class ReadEnd(msgspec.Struct, kw_only=True):
+    shard: int
+    start: int = msgspec.field(name="from")
+    end: int = msgspec.field(name="to")
+    updates: int
+    """How many updates of the shard the range held (the ``batch`` frames sent for it)."""
+
+
+class Commit(msgspec.Struct, kw_only=True):
+    datamarkers: dict[int, int]
+
+
+class Committed(msgspec.Struct, kw_only=True):
+    datamarkers: dict[int, int]
+    """The application's datamarkers once stored (a datamarker never moves back)."""
+
+
 BODY_TYPES: dict[int, type[Any]] = {
     HELLO: Hello,
     WELCOME: Welcome,
@@ -128,6 +191,12 @@ BODY_TYPES: dict[int, type[Any]] = {
     BATCH: BatchFrame,
     ACK: Ack,
     BYE: Bye,
+    OFFSETS: Offsets,
+    POSITIONS: Positions,
+    READ: Read,
+    READ_END: ReadEnd,
+    COMMIT: Commit,
+    COMMITTED: Committed,
 }
 _decoders = {kind: msgspec.json.Decoder(t) for kind, t in BODY_TYPES.items()}
 _encode = msgspec.json.Encoder().encode
@@ -208,8 +277,8 @@ def encode_batches(
     ]
 
 
-def preamble() -> bytes:
-    return PREAMBLE + struct.pack(">H", VERSION)
+def preamble(version: int = SUBSCRIBE_VERSION) -> bytes:
+    return PREAMBLE + struct.pack(">H", version)
 
 
 def read_exactly(

@@ -345,6 +345,8 @@ class TcpTransport:
         self.listener: socket.socket | None = None
         self.address = ""
         self.sessions: set[TcpSession] = set()
+        self.readers: set[Any] = set()
+        """Log readers' sessions (:class:`wormhole.connectors.tcp.ranges.ReaderSession`)."""
         self.sessions_lock = threading.Lock()
         self.stopping = threading.Event()
         self.tls: ssl.SSLContext | None = None
@@ -413,12 +415,12 @@ class TcpTransport:
             if self.tls is not None:
                 sock = self.tls.wrap_socket(raw, server_side=True)
             version = p.read_preamble(sock, deadline)
-            if version != p.VERSION:
+            if version not in p.VERSIONS:
                 self._refuse(
                     sock,
                     peer,
                     f"protocol version {version} is not supported; this "
-                    f"publisher speaks version {p.VERSION}",
+                    f"publisher speaks versions {', '.join(map(str, p.VERSIONS))}",
                 )
                 return
             kind, hello = p.read_frame(sock, 1 << 16, deadline)
@@ -436,7 +438,12 @@ class TcpTransport:
             if token and not hmac.compare_digest(hello.token.encode(), token.encode()):
                 self._refuse(sock, peer, "authentication failed: wrong token")
                 return
-            if hello.application not in self.hub.applications:
+            reader = hello.mode == "read"
+            problem = self._check_mode(hello) if reader or hello.mode != "subscribe" else None
+            if problem:
+                self._refuse(sock, peer, problem)
+                return
+            if not reader and hello.application not in self.hub.applications:
                 known = ", ".join(sorted(self.hub.applications))
                 self._refuse(
                     sock,
@@ -448,7 +455,7 @@ class TcpTransport:
                 p.encode(
                     p.WELCOME,
                     p.Welcome(
-                        version=p.VERSION,
+                        version=version,
                         publisher=self.publisher_id,
                         pipeline=self.hub.pipeline.name,
                         shards=self.hub.shards,
@@ -475,6 +482,21 @@ class TcpTransport:
             log.warning("closing connection from %s: %s", peer, exc)
             p.close_socket(sock)
             return
+        if reader:
+            from wormhole.connectors.tcp.ranges import ReaderSession
+
+            reader_session = ReaderSession(self, sock, peer, hello)
+            with self.sessions_lock:
+                if self.stopping.is_set():
+                    p.close_socket(sock)
+                    return
+                self.readers.add(reader_session)
+            try:
+                reader_session.run()
+            finally:
+                with self.sessions_lock:
+                    self.readers.discard(reader_session)
+            return
         session = TcpSession(self, sock, peer, hello)
         with self.sessions_lock:
             if self.stopping.is_set():
@@ -483,6 +505,29 @@ class TcpTransport:
             self.sessions.add(session)
         self.hub.attach(hello.application, session)
         session.start()
+
+    def _check_mode(self, hello: p.Hello) -> str | None:
+        """Why a hello of another mode than ``subscribe`` is refused (None: it is not)."""
+        if hello.mode != "read":
+            return f"bad hello: unknown mode {hello.mode!r} (subscribe or read)"
+        if hello.version < p.READ_VERSION:
+            return f"bad hello: mode 'read' needs protocol version {p.READ_VERSION}"
+        pipeline = self.hub.pipeline
+        app = pipeline.applications.get(hello.application)
+        if app is None or not app.external:
+            external = sorted(n for n, a in pipeline.applications.items() if a.external)
+            what = "unknown application" if app is None else "not an external application"
+            return (
+                f"{what} {hello.application!r}: only external applications are read by range "
+                f"(external ones here: {', '.join(external) or 'none'}); declare it with "
+                f"'external: true' so the publisher keeps the log for it"
+            )
+        if pipeline.mode == "multiple-copy":
+            return (
+                "range reads are not served in multiple-copy delivery: copies number their "
+                "logs differently, so a reader's positions would not carry over"
+            )
+        return None
 
     def _refuse(self, sock: socket.socket, peer: str, reason: str) -> None:
         log.warning("refusing subscriber at %s: %s", peer, reason)
@@ -548,6 +593,10 @@ class TcpTransport:
             sessions = list(self.sessions)
         for session in sessions:
             session.bye("publisher stopping")
+        with self.sessions_lock:
+            readers = list(self.readers)
+        for reader in readers:
+            p.close_socket(reader.sock)
         if self.listener is not None:
             self.listener.close()
         with contextlib.suppress(FileNotFoundError, AttributeError):

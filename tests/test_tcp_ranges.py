@@ -1,0 +1,188 @@
+"""Log readers (protocol version 2) against a real ``wormhole publish`` process: an
+external application's positions, one flow's range [from, to), commits through the
+publisher, and the refusals a reader can meet."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from tcp_support import Process
+
+from wormhole.connectors.tcp import protocol as p
+from wormhole.connectors.tcp.ranges import TcpRemoteLog
+from wormhole.plugins.components import RemoteLogError, RemoteLogRequest
+from wormhole.testing import run_cli, wait_until, write_pipeline
+from wormhole.testing.helpers import free_port
+
+
+def _write(path: Path, keys: int, rounds: range) -> None:
+    with open(path, "a") as f:
+        for n in rounds:
+            for k in range(keys):
+                row = {"id": k, "n": n}
+                f.write(json.dumps({"op": "u", "key": {"id": k}, "after": row}) + "\n")
+
+
+def _remote(port: int, app: str = "lake", **options: str) -> TcpRemoteLog:
+    return TcpRemoteLog(RemoteLogRequest(f"127.0.0.1:{port}", app, dict(options)))
+
+
+class _Publisher:
+    def __init__(self, tmp_path: Path, token: str = "", audit: bool = True, **extra: Any) -> None:
+        self.port = free_port()
+        (tmp_path / "data").mkdir(exist_ok=True)
+        self.data = tmp_path / "data" / "items.jsonl"
+        self.pipeline = write_pipeline(
+            tmp_path / "ranges.yml",
+            {
+                "pipeline": "ranges",
+                "state_dir": str(tmp_path / "state"),
+                "source": {
+                    "type": "filelog",
+                    "path": str(tmp_path / "data"),
+                    "poll_interval_ms": 20,
+                },
+                "transport": {"type": "tcp", "listen": f"127.0.0.1:{self.port}", "token": token},
+                "delivery": {"datamarker_interval_ms": 50},
+                "applications": {
+                    "lake": {"external": True},
+                    # Not external; it has no subscriber here, so it holds the log back.
+                    **({"audit": {"sink": {"type": "null"}}} if audit else {}),
+                },
+                **extra,
+            },
+        )
+        self.tmp = tmp_path
+        self.process = Process("publish", str(self.pipeline), "-q", cwd=tmp_path)
+
+    def wait_for(self, end: int, **options: str) -> None:
+        def there() -> bool:
+            try:
+                return _remote(self.port, **options).positions().end >= end
+            except RemoteLogError:
+                return False
+
+        wait_until(there, 60, f"the publisher log to reach {end}")
+
+    def status(self) -> dict[str, Any]:
+        result = run_cli("status", str(self.pipeline), "--json", cwd=self.tmp)
+        assert result.returncode == 0, result
+        return dict(json.loads(result.stdout))
+
+    def stop(self) -> None:
+        assert self.process.stop() == 0, self.process.stderr
+
+
+@pytest.fixture
+def publisher(tmp_path: Path) -> Any:
+    pub = _Publisher(tmp_path, token="s3cret")
+    try:
+        yield pub
+    finally:
+        pub.stop()
+
+
+def test_a_reader_reads_each_flow_by_range_and_commits_through_the_publisher(
+    publisher: _Publisher,
+) -> None:
+    _write(publisher.data, 50, range(0, 40))
+    publisher.wait_for(2000, token="s3cret")
+    remote = _remote(publisher.port, token="s3cret")
+    positions = remote.positions()
+    assert (positions.first, positions.end, positions.shards) == (0, 2000, 16)
+    assert positions.datastore == "ranges"
+    assert set(positions.datamarkers.values()) <= {0}
+
+    # Every flow's range, read separately, adds up to the log: each update once, in order.
+    seen: dict[int, list[int]] = {}
+    total = 0
+    for shard in range(16):
+        updates = list(remote.read(shard, 0, 2000))
+        seqs = [seq for seq, _ in updates]
+        assert seqs == sorted(seqs) and len(set(seqs)) == len(seqs)
+        for _, update in updates:
+            assert update.shard == shard
+            seen.setdefault(update.key["id"], []).append(json.loads(bytes(update.after))["n"])
+        total += len(updates)
+    assert total == 2000
+    assert seen == {k: list(range(40)) for k in range(50)}
+
+    # A part of a range: exactly the updates of the shard with from <= seq < to.
+    part = [seq for seq, _ in remote.read(3, 500, 900)]
+    assert part == [seq for seq, u in remote.read(3, 0, 2000) if 500 <= seq < 900]
+    assert list(remote.read(3, 700, 700)) == []
+
+    # Commits are the application's datamarkers: stored, shown by status, never moved back.
+    assert remote.commit({s: 1000 for s in range(16)}) == {s: 1000 for s in range(16)}
+    assert remote.commit({0: 400, 1: 1500}) == {**{s: 1000 for s in range(16)}, 1: 1500}
+    assert remote.positions().datamarkers[1] == 1500
+    flows = {
+        f["shard"]: f["datamarker"]
+        for f in publisher.status()["flows"]
+        if f["application"] == "lake"
+    }
+    assert flows == {**{s: 1000 for s in range(16)}, 1: 1500}
+
+
+def test_a_reader_is_refused_with_a_reason_it_can_act_on(publisher: _Publisher) -> None:
+    _write(publisher.data, 10, range(0, 2))
+    publisher.wait_for(20, token="s3cret")
+    with pytest.raises(RemoteLogError, match="authentication failed: wrong token"):
+        _remote(publisher.port, token="nope").positions()
+    with pytest.raises(
+        RemoteLogError, match=r"not an external application 'audit'.*external: true"
+    ):
+        _remote(publisher.port, app="audit", token="s3cret").positions()
+    with pytest.raises(
+        RemoteLogError, match=r"unknown application 'nobody'.*external ones here: lake"
+    ):
+        _remote(publisher.port, app="nobody", token="s3cret").positions()
+    remote = _remote(publisher.port, token="s3cret")
+    with pytest.raises(RemoteLogError, match=r"point past the end of the publisher log \(20\)"):
+        remote.commit({0: 5000})
+    with pytest.raises(RemoteLogError, match=r"bad read: shard 99"):
+        list(remote.read(99, 0, 10))
+    with pytest.raises(RemoteLogError, match=r"updates 20 to 39 are not in the publisher log"):
+        list(remote.read(0, 0, 40))
+    # Nothing was committed by the refused requests.
+    assert remote.positions().datamarkers == {s: 0 for s in range(16)}
+
+
+def test_an_unreachable_publisher_is_named() -> None:
+    port = free_port()
+    with pytest.raises(RemoteLogError, match=rf"cannot reach the publisher at 127.0.0.1:{port}"):
+        _remote(port).positions()
+
+
+def test_a_range_no_longer_retained_names_the_missing_positions(tmp_path: Path) -> None:
+    # Small segments: once the reader commits, the publisher collects those behind it.
+    pub = _Publisher(tmp_path, audit=False, log={"roll_size": 4096})
+    try:
+        _write(pub.data, 100, range(0, 5))
+        pub.wait_for(500)
+        _write(pub.data, 100, range(5, 10))  # in a segment of its own
+        pub.wait_for(1000)
+        remote = _remote(pub.port)
+        assert remote.positions().first == 0
+        remote.commit({s: 500 for s in range(16)})
+        wait_until(lambda: remote.positions().first > 0, 60, "the log to be collected")
+        first = remote.positions().first
+        assert first <= 500
+        with pytest.raises(
+            RemoteLogError,
+            match=rf"shard 2: updates 0 to {first - 1} are no longer retained "
+            rf"\(the publisher log starts at {first}\).*new checkpoint",
+        ):
+            list(remote.read(2, 0, 500))
+        # What is retained still reads.
+        assert all(u.shard == 2 for _, u in remote.read(2, first, 500))
+    finally:
+        pub.stop()
+
+
+def test_subscribers_still_speak_version_1_and_readers_version_2(publisher: _Publisher) -> None:
+    assert p.SUBSCRIBE_VERSION == 1 and p.READ_VERSION == 2 and p.VERSIONS == (1, 2)
+    assert p.preamble() == b"WORMHOLE\x00\x01"

@@ -1,0 +1,439 @@
+"""Log readers (protocol version 2): an external application's flows read by range.
+
+A reader connects like a subscriber, says ``hello`` with ``mode: "read"``, and then asks,
+one request at a time:
+
+- ``offsets`` -> ``positions``: the log's extent and the application's stored datamarkers;
+- ``read {shard, from, to}`` -> ``batch`` frames with that shard's updates of ``[from, to)``
+  (each with the ``seqs`` of its updates), then ``read-end``;
+- ``commit {datamarkers}`` -> ``committed``: the application's datamarkers, stored durably
+  at the publisher, which keeps its log from them on.
+
+Publisher side: :class:`ReaderSession`. Reader side: :class:`TcpRemoteLog`, the ``tcp``
+transport's ``remote_log`` (the Spark source's network mode uses it on executors).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import socket
+import ssl
+import time
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
+
+import msgspec
+
+from wormhole.connectors.tcp import protocol as p
+from wormhole.core.update import Update
+from wormhole.plugins.components import (
+    Datamarker,
+    LogPositions,
+    RemoteLogError,
+    RemoteLogRequest,
+)
+
+if TYPE_CHECKING:
+    from wormhole.connectors.tcp.server import TcpTransport
+
+log = logging.getLogger("wormhole.tcp")
+
+WAIT_FOR_RANGE_S = 10.0
+"""How long a read waits for the end of its range to be in the log (a reader that saw
+positions from a publisher a moment ago asks for nothing later than that)."""
+READ_SEND_TIMEOUT_S = 60.0
+"""A reader that takes no byte of its range for this long is closed."""
+FRAME_UPDATES = 2000
+"""Updates per ``batch`` frame of a read, at most (and at most ``max_batch_frame`` bytes)."""
+
+
+class ReadBatch(msgspec.Struct, kw_only=True):
+    """A ``batch`` frame of a read: ``seqs[i]`` is the publisher-log seq of ``updates[i]``."""
+
+    id: int
+    first: int
+    end: int
+    appended_ns: int = 0
+    datamarkers: dict[int, int] = {}
+    seqs: list[int]
+    updates: list[Update]
+
+
+_decode_read_batch = msgspec.json.Decoder(ReadBatch).decode
+
+
+class ReaderSession:
+    """The publisher's end of one log reader's connection, served on its own thread."""
+
+    def __init__(self, server: TcpTransport, sock: socket.socket, peer: str, hello: Any) -> None:
+        self.server = server
+        self.hub = server.hub
+        self.sock = sock
+        self.application = hello.application
+        self.name = f"{hello.application}/{hello.instance}@{peer} (reader)"
+        self.next_frame_id = 1
+
+    def run(self) -> None:
+        max_frame = int(self.server.options.max_frame)
+        try:
+            while not self.server.stopping.is_set():
+                try:
+                    kind, body = p.read_frame(self.sock, max_frame)
+                except TimeoutError:
+                    return  # an idle reader: it connects again for its next request
+                if kind == p.OFFSETS:
+                    self._send(p.encode(p.POSITIONS, self._positions()))
+                elif kind == p.READ:
+                    self._read(body)
+                elif kind == p.COMMIT:
+                    self._send(p.encode(p.COMMITTED, p.Committed(datamarkers=self._commit(body))))
+                elif kind == p.HEARTBEAT:
+                    continue
+                elif kind == p.BYE:
+                    return
+                else:
+                    raise p.ProtocolError(f"unexpected {p.NAMES.get(kind, kind)} frame")
+        except _Refused as exc:
+            log.warning("%s: %s", self.name, exc)
+            self._refuse(str(exc), fatal=True)
+        except p.PeerClosed:
+            pass
+        except p.ProtocolError as exc:
+            log.warning("%s: %s; closing the connection", self.name, exc)
+            self._refuse(str(exc), fatal=False)
+        except OSError as exc:
+            log.info("%s: connection lost: %s", self.name, exc)
+        finally:
+            p.close_socket(self.sock)
+
+    # ----------------------------------------------------------- requests
+    def _positions(self) -> p.Positions:
+        first, end = self.hub.log_range()
+        stored = self.hub.stored_datamarkers()
+        shards = self.hub.shards
+        return p.Positions(
+            first=first,
+            end=end,
+            datamarkers={
+                shard: stored[(self.application, shard)].position
+                for shard in range(shards)
+                if (self.application, shard) in stored
+            },
+            shards=shards,
+            datastore=self.hub.pipeline.datastore,
+        )
+
+    def _read(self, request: p.Read) -> None:
+        shard, start, end = request.shard, request.start, request.end
+        if not 0 <= shard < self.hub.shards or not 0 <= start <= end:
+            raise _Refused(
+                f"bad read: shard {shard} (0 to {self.hub.shards - 1}), range [{start}, {end})"
+            )
+        first, log_end = self.hub.log_range()
+        if start < first and start < end:
+            raise _Refused(
+                f"shard {shard}: updates {start} to {min(end, first) - 1} are no longer "
+                f"retained (the publisher log starts at {first}); the reader's positions are "
+                f"older than the log: start it from a new checkpoint, or keep the log for it "
+                f"(an external application's datamarkers hold the log back)"
+            )
+        if end > log_end and not self.hub.wait_for_log(end - 1, WAIT_FOR_RANGE_S):
+            _, log_end = self.hub.log_range()
+            raise _Refused(
+                f"shard {shard}: updates {log_end} to {end - 1} are not in the publisher log "
+                f"(it ends at {log_end}): the reader's positions come from another log"
+            )
+        self.sock.settimeout(READ_SEND_TIMEOUT_S)
+        limit = int(self.server.options.max_batch_frame)
+        count = 0
+        seqs: list[int] = []
+        updates: list[Update] = []
+        size = 0
+        first_of_frame = start
+        cursor = self.hub.read_log(start)
+        try:
+            while cursor.position < end:
+                try:
+                    batch = cursor.read()
+                except LookupError as exc:
+                    raise _Refused(f"shard {shard}: {exc}") from None
+                if batch is None:
+                    raise _Refused(
+                        f"shard {shard}: the publisher log ends at {cursor.position}, before "
+                        f"the end of the range {end}"
+                    )
+                seq = batch.first_seq
+                for update in batch.updates:
+                    if seq >= end:
+                        break
+                    if update.shard == shard and seq >= start:
+                        seqs.append(seq)
+                        updates.append(update)
+                        size += len(update.before) + len(update.after) + 200
+                        if len(updates) >= FRAME_UPDATES or size >= limit // 2:
+                            self._send_updates(first_of_frame, seq + 1, seqs, updates, limit)
+                            count += len(updates)
+                            first_of_frame = seq + 1
+                            seqs, updates, size = [], [], 0
+                    seq += 1
+        finally:
+            cursor.close()
+        if updates:
+            self._send_updates(first_of_frame, end, seqs, updates, limit)
+            count += len(updates)
+        done = p.ReadEnd(shard=shard, start=start, end=end, updates=count)
+        self._send(p.encode(p.READ_END, done))
+        self.sock.settimeout(self.server.options.heartbeat_timeout_ms / 1000.0)
+
+    def _send_updates(
+        self, first: int, end: int, seqs: list[int], updates: list[Update], limit: int
+    ) -> None:
+        body = ReadBatch(id=self.next_frame_id, first=first, end=end, seqs=seqs, updates=updates)
+        frame = p.encode(p.BATCH, body)
+        if len(frame) > limit and len(updates) > 1:
+            half = len(updates) // 2
+            self._send_updates(first, seqs[half], seqs[:half], updates[:half], limit)
+            self._send_updates(seqs[half], end, seqs[half:], updates[half:], limit)
+            return
+        self.next_frame_id += 1
+        self._send(frame)
+
+    def _commit(self, request: p.Commit) -> dict[int, int]:
+        shards = self.hub.shards
+        bad = [s for s in request.datamarkers if not 0 <= s < shards]
+        if bad:
+            raise _Refused(f"bad commit: shards {bad} (this pipeline has 0 to {shards - 1})")
+        _, log_end = self.hub.log_range()
+        past = {s: v for s, v in request.datamarkers.items() if v > log_end}
+        if past:
+            raise _Refused(
+                f"bad commit: datamarkers {past} point past the end of the publisher log "
+                f"({log_end}): the reader's positions come from another log"
+            )
+        stored = self.hub.stored_datamarkers()
+        merged: dict[int, int] = {}
+        changed: list[Datamarker] = []
+        for shard in range(shards):
+            old = stored.get((self.application, shard))
+            value = request.datamarkers.get(shard)
+            current = old.position if old is not None else None
+            if value is not None and (current is None or value > current):
+                changed.append(Datamarker(self.application, shard, value))
+                current = value
+            if current is not None:
+                merged[shard] = current
+        if changed:
+            self.hub.store_datamarkers(changed)
+        return merged
+
+    # ------------------------------------------------------------ sending
+    def _send(self, data: bytes) -> None:
+        p.send_all(self.sock, data)
+
+    def _refuse(self, reason: str, fatal: bool) -> None:
+        with contextlib.suppress(OSError):
+            self._send(p.encode(p.REFUSE, p.Refuse(reason=reason, fatal=fatal)))
+
+
+class _Refused(Exception):
+    """A request the reader cannot have: refuse it (fatal) and close."""
+
+
+# --------------------------------------------------------------- reader side
+class TcpRemoteLog:
+    """A publisher's log over TCP, for one external application (``remote_log``).
+
+    Each request opens its own connection (a Spark task reads one range; the driver asks
+    for positions and commits once per micro-batch), so nothing idles between them.
+    """
+
+    def __init__(self, request: RemoteLogRequest) -> None:
+        self.address = request.address
+        self.application = request.application
+        options = request.options
+        host, _ = p.parse_address(self.address)
+        self.host = host
+        self.token = options.get("token", "")
+        self.timeout = int(options.get("timeoutMs", "30000")) / 1000.0
+        self.instance = options.get("instance") or f"{socket.gethostname()}-reader"
+        self.tls: ssl.SSLContext | None = None
+        self.server_name = options.get("tls.serverName") or None
+        if any(key.startswith("tls.") for key in options):
+            try:
+                context = ssl.create_default_context(
+                    ssl.Purpose.SERVER_AUTH, cafile=options.get("tls.ca") or None
+                )
+                context.minimum_version = ssl.TLSVersion.TLSv1_2
+                if options.get("tls.cert"):
+                    context.load_cert_chain(options["tls.cert"], options.get("tls.key") or None)
+            except (OSError, ssl.SSLError) as exc:
+                raise RemoteLogError(
+                    f"wormhole source: cannot load the TLS files of options tls.ca / tls.cert / "
+                    f"tls.key ({exc}); check the paths on every machine of the job"
+                ) from exc
+            self.tls = context
+
+    def close(self) -> None:
+        pass
+
+    def _connect(self) -> socket.socket | ssl.SSLSocket:
+        host, port = p.parse_address(self.address)
+        try:
+            raw = socket.create_connection((host, port), timeout=self.timeout)
+        except OSError as exc:
+            raise RemoteLogError(
+                f"cannot reach the publisher at {self.address} from {socket.gethostname()} "
+                f"({exc.strerror or exc}): check that it runs, that this address (option "
+                f"publishers, or the address it registered) is reachable from here, and that "
+                f"the port is open"
+            ) from exc
+        raw.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        sock: socket.socket | ssl.SSLSocket = raw
+        try:
+            if self.tls is not None:
+                sock = self.tls.wrap_socket(raw, server_hostname=self.server_name or host)
+            sock.sendall(p.preamble(p.READ_VERSION))
+            sock.sendall(
+                p.encode(
+                    p.HELLO,
+                    p.Hello(
+                        version=p.READ_VERSION,
+                        application=self.application,
+                        instance=self.instance,
+                        token=self.token,
+                        mode="read",
+                    ),
+                )
+            )
+            kind, _ = self._frame(sock)
+            if kind != p.WELCOME:
+                raise p.ProtocolError(f"expected welcome, got {p.NAMES.get(kind, kind)}")
+        except BaseException:
+            p.close_socket(sock)
+            raise
+        return sock
+
+    def _frame(self, sock: socket.socket | ssl.SSLSocket) -> tuple[int, Any]:
+        try:
+            kind, body = p.read_frame(sock, 1 << 30)
+        except (p.PeerClosed, TimeoutError, OSError, p.ProtocolError) as exc:
+            raise RemoteLogError(
+                f"publisher {self.address}: connection lost ({exc or type(exc).__name__})"
+            ) from exc
+        if kind == p.REFUSE:
+            reason = body.reason
+            if "protocol version" in reason and "not supported" in reason:
+                reason += (
+                    f"; reading by range needs protocol version {p.READ_VERSION}: upgrade the "
+                    f"publisher"
+                )
+            raise RemoteLogError(f"publisher {self.address} refused {self.application}: {reason}")
+        return kind, body
+
+    @contextlib.contextmanager
+    def _session(self) -> Iterator[socket.socket | ssl.SSLSocket]:
+        sock = self._connect()
+        try:
+            yield sock
+            with contextlib.suppress(OSError):
+                sock.sendall(p.encode(p.BYE, p.Bye(reason="done")))
+        finally:
+            p.close_socket(sock)
+
+    def _request(self, kind: int, body: Any, answer: int) -> Any:
+        with self._session() as sock:
+            sock.sendall(p.encode(kind, body))
+            got, reply = self._frame(sock)
+            if got != answer:
+                raise RemoteLogError(
+                    f"publisher {self.address}: expected {p.NAMES[answer]}, got "
+                    f"{p.NAMES.get(got, got)}"
+                )
+            return reply
+
+    def positions(self) -> LogPositions:
+        body: p.Positions = self._request(p.OFFSETS, p.Offsets(), p.POSITIONS)
+        return LogPositions(
+            first=body.first,
+            end=body.end,
+            datamarkers=dict(body.datamarkers),
+            shards=body.shards,
+            datastore=body.datastore,
+        )
+
+    def commit(self, datamarkers: dict[int, int]) -> dict[int, int]:
+        body: p.Committed = self._request(p.COMMIT, p.Commit(datamarkers=datamarkers), p.COMMITTED)
+        return dict(body.datamarkers)
+
+    def read(self, shard: int, start: int, end: int) -> Iterator[tuple[int, Update]]:
+        if start >= end:
+            return
+        with self._session() as sock:
+            sock.sendall(p.encode(p.READ, p.Read(shard=shard, start=start, end=end)))
+            count = 0
+            last = start - 1
+            while True:
+                kind, body = self._read_frame(sock)
+                if kind == p.BATCH:
+                    for seq, update in zip(body.seqs, body.updates, strict=True):
+                        if not last < seq < end:
+                            raise RemoteLogError(
+                                f"publisher {self.address}: shard {shard}: seq {seq} out of "
+                                f"order in the range [{start}, {end})"
+                            )
+                        last = seq
+                        yield seq, update
+                    count += len(body.updates)
+                elif kind == p.READ_END:
+                    if body.updates != count:
+                        raise RemoteLogError(
+                            f"publisher {self.address}: shard {shard}: the range [{start}, "
+                            f"{end}) held {body.updates} updates, {count} arrived"
+                        )
+                    return
+                elif kind != p.HEARTBEAT:
+                    raise RemoteLogError(
+                        f"publisher {self.address}: unexpected {p.NAMES.get(kind, kind)} frame "
+                        f"during a read"
+                    )
+
+    def _read_frame(self, sock: socket.socket | ssl.SSLSocket) -> tuple[int, Any]:
+        started = time.monotonic()
+        try:
+            header = p.read_exactly(sock, 5)
+        except (p.PeerClosed, TimeoutError, OSError) as exc:
+            raise RemoteLogError(
+                f"publisher {self.address}: connection lost during a read after "
+                f"{time.monotonic() - started:.1f} s ({exc or type(exc).__name__})"
+            ) from exc
+        length, kind = p._LENGTH.unpack(header)
+        if length < 1:
+            raise RemoteLogError(f"publisher {self.address}: frame of length 0")
+        try:
+            payload = p.read_exactly(sock, length - 1) if length > 1 else b""
+        except (p.PeerClosed, TimeoutError, OSError) as exc:
+            raise RemoteLogError(
+                f"publisher {self.address}: connection lost during a read ({exc})"
+            ) from exc
+        if kind == p.BATCH:
+            try:
+                return kind, _decode_read_batch(payload)
+            except msgspec.DecodeError as exc:
+                raise RemoteLogError(f"publisher {self.address}: malformed batch: {exc}") from exc
+        if kind == p.REFUSE:
+            refuse = msgspec.json.decode(payload, type=p.Refuse)
+            raise RemoteLogError(
+                f"publisher {self.address} refused the read of {self.application}: {refuse.reason}"
+            )
+        decoder = p._decoders.get(kind)
+        if decoder is None and kind != p.HEARTBEAT:
+            raise RemoteLogError(f"publisher {self.address}: unknown frame type {kind}")
+        return kind, (decoder.decode(payload) if decoder is not None else None)
+
+
+def open_remote_log(request: RemoteLogRequest) -> TcpRemoteLog:
+    return TcpRemoteLog(request)
+
+
+__all__ = ["ReaderSession", "TcpRemoteLog", "open_remote_log"]
