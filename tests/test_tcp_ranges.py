@@ -183,6 +183,6 @@ def test_a_range_no_longer_retained_names_the_missing_positions(tmp_path: Path) 
         pub.stop()
 
 
-def test_subscribers_still_speak_version_1_and_readers_version_2(publisher: _Publisher) -> None:
+def test_subscribers_still_speak_version_1_and_readers_version_2() -> None:
     assert p.SUBSCRIBE_VERSION == 1 and p.READ_VERSION == 2 and p.VERSIONS == (1, 2)
     assert p.preamble() == b"WORMHOLE\x00\x01"
