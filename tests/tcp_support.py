@@ -139,7 +139,9 @@ class RawSubscriber:
         host, port = p.parse_address(address)
         self.sock = socket.create_connection((host, port), timeout=30)
         self.sock.sendall(p.preamble())
-        hello = p.Hello(version=p.SUBSCRIBE_VERSION, application=app, instance="raw", credits=credits)
+        hello = p.Hello(
+            version=p.SUBSCRIBE_VERSION, application=app, instance="raw", credits=credits
+        )
         self.sock.sendall(p.encode(p.HELLO, hello))
         kind, _ = p.read_frame(self.sock, 1 << 30)
         assert kind == p.WELCOME, p.NAMES.get(kind, kind)

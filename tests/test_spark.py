@@ -276,3 +276,100 @@ def test_the_example_pipeline_runs(tmp_path: Path, spark: Any) -> None:
     assert result.returncode == 0, result
     current = _rows(spark, tmp_path / "lake" / "current" / "orders")
     assert len(current) == 50 - len(range(0, 50, 7)) and current[1]["n"] == 3
+
+
+def _network_pipeline(tmp_path: Path, data: Path, port: int) -> Path:
+    return write_pipeline(
+        tmp_path / "network.yml",
+        {
+            "pipeline": "network",
+            "state_dir": str(tmp_path / "state"),
+            "source": {"type": "filelog", "path": str(data), "poll_interval_ms": 20},
+            "transport": {"type": "tcp", "listen": f"127.0.0.1:{port}", "token": "s3cret"},
+            "applications": {
+                "analytics": {"external": True},
+                "audit": {"sink": {"type": "null"}},
+            },
+        },
+    )
+
+
+def _stream_network(
+    spark: Any,
+    port: int,
+    out: Path,
+    checkpoint: Path,
+    application: str = "analytics",
+    **options: str,
+) -> None:
+    reader = (
+        spark.readStream.format("wormhole")
+        .option("publishers", f"127.0.0.1:{port}")
+        .option("application", application)
+        .option("token", "s3cret")
+    )
+    for key, value in options.items():
+        reader = reader.option(key, value)
+    writer = (
+        reader.load()
+        .writeStream.format("parquet")
+        .option("path", str(out))
+        .option("checkpointLocation", str(checkpoint))
+    )
+    writer.trigger(availableNow=True).start().awaitTermination()
+
+
+def test_read_stream_over_the_network_commits_datamarkers_through_the_publisher(
+    tmp_path: Path, spark: Any
+) -> None:
+    import pytest
+
+    from wormhole.testing.helpers import free_port
+
+    register(spark)
+    data = tmp_path / "data" / "events"
+    data.mkdir(parents=True)
+    port = free_port()
+    pipeline = _network_pipeline(tmp_path, data, port)
+    publisher = start_cli("publish", str(pipeline), "-q", cwd=tmp_path)
+    try:
+        _workload(data / "0001.jsonl", 100, range(0, 30))
+        wait_until(lambda: _status(pipeline, tmp_path)["log"]["end"] >= 3000, 60, "3000 updates")
+        out, checkpoint = tmp_path / "out", tmp_path / "checkpoint"
+        _stream_network(spark, port, out, checkpoint)
+        rows = spark.read.parquet(str(out))
+        assert rows.count() == 3000
+        assert rows.select("seq").distinct().count() == 3000
+        assert rows.select("shard").distinct().count() == 16  # partitions are flows
+        assert {r["datastore"] for r in rows.select("datastore").distinct().collect()} == {
+            "network"
+        }
+
+        _workload(data / "0002.jsonl", 100, range(30, 60))
+        wait_until(lambda: _status(pipeline, tmp_path)["log"]["end"] >= 6000, 60, "6000 updates")
+        # At most 1000 updates a micro-batch: several batches, the same rows in the end.
+        _stream_network(spark, port, out, checkpoint, maxUpdatesPerTrigger="1000")
+        rows = spark.read.parquet(str(out))
+        assert rows.count() == 6000 and rows.select("seq").distinct().count() == 6000
+        key = [r["after"] for r in rows.where("key = '{\"id\":3}'").orderBy("seq").collect()]
+        assert [json.loads(a)["n"] for a in key] == list(range(60))
+        batches = {p.name for p in (checkpoint / "commits").iterdir() if p.name.isdigit()}
+        assert len(batches) >= 4, batches
+        # Spark commits a micro-batch's end when it plans the next one, through the
+        # publisher: the status shows those datamarkers, at a batch boundary of this run.
+        markers = {
+            f["datamarker"]
+            for f in _status(pipeline, tmp_path)["flows"]
+            if f["application"] == "analytics"
+        }
+        assert len(markers) == 1 and 4000 <= min(markers) <= 6000, markers
+
+        # Bad input: the query fails naming the cause.
+        with pytest.raises(Exception, match="authentication failed: wrong token"):
+            _stream_network(spark, port, tmp_path / "o2", tmp_path / "c2", token="wrong")
+        with pytest.raises(Exception, match=r"not an external application 'audit'"):
+            _stream_network(spark, port, tmp_path / "o3", tmp_path / "c3", application="audit")
+    finally:
+        publisher.terminate()
+        publisher.communicate(timeout=60)
+    assert publisher.returncode == 0

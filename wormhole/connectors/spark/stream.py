@@ -24,8 +24,9 @@ Two modes:
   ``publishers`` (``host:port,...``) or ``registry`` (``zookeeper://HOSTS/ROOT``) with
   ``dataset``; ``application`` (required); ``token``; ``tls.ca``, ``tls.serverName``,
   ``tls.cert``, ``tls.key``; ``timeoutMs``; ``transport`` (default ``tcp``);
-  ``maxUpdatesPerTrigger`` (a micro-batch takes at most about this many updates per
-  datastore).
+  ``maxUpdatesPerTrigger`` (a micro-batch takes at most this many log positions of each
+  datastore, with every trigger: ``Trigger.AvailableNow`` then runs several batches up to
+  the log's end as it was when the query started).
 - **file** (``pipeline``): tasks read the publisher log files themselves, so every
   executor must see the publisher's ``state_dir``. Offsets are ``{"<shard>": seq}``.
   Options: ``pipeline`` (path of the pipeline file), ``application``, ``stateDir``
@@ -45,6 +46,7 @@ from pyspark.sql.datasource import (
     DataSourceStreamReader,
     InputPartition,
 )
+from pyspark.sql.streaming.datasource import SupportsTriggerAvailableNow
 
 SCHEMA = (
     "seq LONG, shard INT, op STRING, `table` STRING, key STRING, before STRING, after STRING, "
@@ -281,6 +283,8 @@ class _NetworkFlows:
         self.limit = int(limit) if limit else None
         self.addresses: dict[str, str] = {}
         """Each datastore's publisher, as last seen (driver only)."""
+        self.target: dict[str, int] | None = None
+        """Trigger.AvailableNow: each datastore's log end when the query started."""
         self._registry: Any = None
 
     def __getstate__(self) -> dict[str, Any]:
@@ -347,13 +351,25 @@ class _NetworkFlows:
     def stored(self) -> dict[str, dict[str, int]]:
         return {ds: _stored(pos) for ds, pos in self.positions().items()}
 
-    def latest(self, start: dict[str, dict[str, int]] | None) -> dict[str, dict[str, int]]:
+    def prepare_available_now(self) -> None:
+        """Trigger.AvailableNow: read up to the end of each log as it is now, no further."""
+        self.target = {ds: pos.end for ds, pos in self.positions().items()}
+
+    def latest(
+        self, start: dict[str, dict[str, int]] | None, limit: int | None = None
+    ) -> dict[str, dict[str, int]]:
+        """The end of the next micro-batch: each flow up to the end of its log (or of the
+        Trigger.AvailableNow target), at most ``limit`` positions past the lowest of its
+        datastore's flows."""
         out: dict[str, dict[str, int]] = {}
         for datastore, pos in self.positions().items():
             base = (start or {}).get(datastore) or _stored(pos)
             end = pos.end
-            if self.limit is not None:
-                end = min(end, min(int(v) for v in base.values()) + self.limit)
+            if self.target is not None:
+                end = min(end, self.target.get(datastore, 0))
+            for cap in (limit, self.limit):
+                if cap is not None:
+                    end = min(end, min(int(v) for v in base.values()) + cap)
             out[datastore] = {shard: max(int(v), end) for shard, v in base.items()}
         # A datastore whose publisher is away keeps its offsets: nothing new from it.
         for datastore, flows in (start or {}).items():
@@ -430,9 +446,17 @@ def _flows(options: dict[str, str]) -> _Flows | _NetworkFlows:
     return _Flows(options)
 
 
-class WormholeStreamReader(DataSourceStreamReader):
+class WormholeStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def __init__(self, options: dict[str, str]) -> None:
         self.flows = _flows(options)
+        self.target: int | None = None
+        """File mode, Trigger.AvailableNow: the log's end when the query started."""
+
+    def prepareForTriggerAvailableNow(self) -> None:
+        if isinstance(self.flows, _NetworkFlows):
+            self.flows.prepare_available_now()
+        else:
+            self.target = self.flows.end()
 
     def initialOffset(self) -> dict[str, Any]:
         return self.flows.stored()
@@ -441,8 +465,9 @@ class WormholeStreamReader(DataSourceStreamReader):
         self, start: dict[str, Any] | None = None, limit: Any = None
     ) -> dict[str, Any]:
         if isinstance(self.flows, _NetworkFlows):
-            return self.flows.latest(start)
-        end = self.flows.end()
+            # A ReadMaxRows limit of Spark's applies as well as maxUpdatesPerTrigger.
+            return self.flows.latest(start, getattr(limit, "max_rows", None))
+        end = self.flows.end() if self.target is None else self.target
         base = start or self.flows.stored()
         return {shard: max(int(position), end) for shard, position in base.items()}
 
@@ -484,6 +509,19 @@ class WormholeBatchReader(DataSourceReader):
         return _read(partition)
 
 
+class _Options(dict[str, str]):
+    """The source's options, by name in any case (Spark hands them over lower-cased)."""
+
+    def __init__(self, options: Any) -> None:
+        super().__init__((str(k).lower(), str(v)) for k, v in dict(options).items())
+
+    def get(self, key: str, default: Any = None) -> Any:
+        return super().get(key.lower(), default)
+
+    def __getitem__(self, key: str) -> str:
+        return super().__getitem__(key.lower())
+
+
 class WormholeDataSource(DataSource):
     """The ``wormhole`` format."""
 
@@ -495,10 +533,10 @@ class WormholeDataSource(DataSource):
         return SCHEMA
 
     def streamReader(self, schema: Any) -> WormholeStreamReader:
-        return WormholeStreamReader(dict(self.options))
+        return WormholeStreamReader(_Options(self.options))
 
     def reader(self, schema: Any) -> WormholeBatchReader:
-        return WormholeBatchReader(dict(self.options))
+        return WormholeBatchReader(_Options(self.options))
 
 
 def register(spark: Any) -> None:
