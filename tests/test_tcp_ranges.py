@@ -26,6 +26,14 @@ def _write(path: Path, keys: int, rounds: range) -> None:
                 f.write(json.dumps({"op": "u", "key": {"id": k}, "after": row}) + "\n")
 
 
+def _flat(remote: TcpRemoteLog, shard: int, start: int, end: int) -> list[tuple[int, Any]]:
+    return [
+        (seq, update)
+        for seqs, updates in remote.read(shard, start, end)
+        for seq, update in zip(seqs, updates, strict=True)
+    ]
+
+
 def _remote(port: int, app: str = "lake", **options: str) -> TcpRemoteLog:
     return TcpRemoteLog(RemoteLogRequest(f"127.0.0.1:{port}", app, dict(options)))
 
@@ -100,7 +108,7 @@ def test_a_reader_reads_each_flow_by_range_and_commits_through_the_publisher(
     seen: dict[int, list[int]] = {}
     total = 0
     for shard in range(16):
-        updates = list(remote.read(shard, 0, 2000))
+        updates = list(_flat(remote, shard, 0, 2000))
         seqs = [seq for seq, _ in updates]
         assert seqs == sorted(seqs) and len(set(seqs)) == len(seqs)
         for _, update in updates:
@@ -111,9 +119,9 @@ def test_a_reader_reads_each_flow_by_range_and_commits_through_the_publisher(
     assert seen == {k: list(range(40)) for k in range(50)}
 
     # A part of a range: exactly the updates of the shard with from <= seq < to.
-    part = [seq for seq, _ in remote.read(3, 500, 900)]
-    assert part == [seq for seq, u in remote.read(3, 0, 2000) if 500 <= seq < 900]
-    assert list(remote.read(3, 700, 700)) == []
+    part = [seq for seq, _ in _flat(remote, 3, 500, 900)]
+    assert part == [seq for seq, u in _flat(remote, 3, 0, 2000) if 500 <= seq < 900]
+    assert list(_flat(remote, 3, 700, 700)) == []
 
     # Commits are the application's datamarkers: stored, shown by status, never moved back.
     assert remote.commit({s: 1000 for s in range(16)}) == {s: 1000 for s in range(16)}
@@ -144,9 +152,9 @@ def test_a_reader_is_refused_with_a_reason_it_can_act_on(publisher: _Publisher) 
     with pytest.raises(RemoteLogError, match=r"point past the end of the publisher log \(20\)"):
         remote.commit({0: 5000})
     with pytest.raises(RemoteLogError, match=r"bad read: shard 99"):
-        list(remote.read(99, 0, 10))
+        list(_flat(remote, 99, 0, 10))
     with pytest.raises(RemoteLogError, match=r"updates 20 to 39 are not in the publisher log"):
-        list(remote.read(0, 0, 40))
+        list(_flat(remote, 0, 0, 40))
     # Nothing was committed by the refused requests.
     assert remote.positions().datamarkers == {s: 0 for s in range(16)}
 
@@ -176,9 +184,9 @@ def test_a_range_no_longer_retained_names_the_missing_positions(tmp_path: Path) 
             match=rf"shard 2: updates 0 to {first - 1} are no longer retained "
             rf"\(the publisher log starts at {first}\).*new checkpoint",
         ):
-            list(remote.read(2, 0, 500))
+            list(_flat(remote, 2, 0, 500))
         # What is retained still reads.
-        assert all(u.shard == 2 for _, u in remote.read(2, first, 500))
+        assert all(u.shard == 2 for _, u in _flat(remote, 2, first, 500))
     finally:
         pub.stop()
 

@@ -135,9 +135,10 @@ class RemoteLog(Protocol):
 
     def positions(self) -> LogPositions: ...
 
-    def read(self, shard: int, start: int, end: int) -> Iterator[tuple[int, Update]]:
-        """``(seq, update)`` of every update of ``shard`` with ``start <= seq < end``, in
-        order. A range no longer retained raises :class:`RemoteLogError` naming it."""
+    def read(self, shard: int, start: int, end: int) -> Iterator[tuple[list[int], list[Update]]]:
+        """Every update of ``shard`` with ``start <= seq < end``, in order, in chunks as they
+        arrive: ``(seqs, updates)``, ``seqs[i]`` the seq of ``updates[i]``. A range no
+        longer retained raises :class:`RemoteLogError` naming it."""
 
     def commit(self, datamarkers: dict[int, int]) -> dict[int, int]:
         """Store the application's datamarkers durably at the publisher (it keeps the log

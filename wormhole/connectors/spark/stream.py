@@ -91,42 +91,98 @@ class FlowRange(InputPartition):
         self.end = end
 
 
-def _row(seq: int, shard: int, u: Any, datastore: str) -> tuple[Any, ...]:
-    before = bytes(u.before)
-    after = bytes(u.after)
-    return (
-        seq,
-        shard,
-        u.op,
-        u.table,
-        _json(u.key),
-        None if before == b"null" else before.decode(),
-        None if after == b"null" else after.decode(),
-        u.position,
-        u.logical,
-        u.ts_ms,
-        datastore,
+ARROW_ROWS = 8192
+"""Rows per Arrow record batch a task hands to Spark (columns, not one tuple per row)."""
+
+
+def _batches(
+    chunks: Iterator[tuple[list[int], list[Any]]], shard: int, datastore: str
+) -> Iterator[Any]:
+    """One flow's updates, in chunks of ``(seqs, updates)``, as Arrow record batches of the
+    source's schema (a column at a time: no Python tuple per row)."""
+    import msgspec
+    import pyarrow as pa
+
+    encode = msgspec.json.encode
+    schema = _arrow_schema()
+    string = pa.string()
+    for seqs, updates in chunks:
+        if not updates:
+            continue
+        n = len(updates)
+        arrays = [
+            pa.array(seqs, pa.int64()),
+            pa.array([shard] * n, pa.int32()),
+            pa.array([u.op for u in updates], string),
+            pa.array([u.table for u in updates], string),
+            pa.array([encode(u.key) for u in updates], string),
+            pa.array([None if (b := bytes(u.before)) == b"null" else b for u in updates], string),
+            pa.array([None if (a := bytes(u.after)) == b"null" else a for u in updates], string),
+            pa.array([u.position for u in updates], string),
+            pa.array([u.logical for u in updates], string),
+            pa.array([u.ts_ms for u in updates], pa.int64()),
+            pa.array([datastore] * n, string),
+        ]
+        yield pa.RecordBatch.from_arrays(arrays, schema=schema)
+
+
+def _chunked(
+    pairs: Iterator[tuple[int, Any]], size: int = ARROW_ROWS
+) -> Iterator[tuple[list[int], list[Any]]]:
+    seqs: list[int] = []
+    updates: list[Any] = []
+    for seq, update in pairs:
+        seqs.append(seq)
+        updates.append(update)
+        if len(seqs) >= size:
+            yield seqs, updates
+            seqs, updates = [], []
+    if seqs:
+        yield seqs, updates
+
+
+def _arrow_schema() -> Any:
+    import pyarrow as pa
+
+    return pa.schema(
+        [
+            ("seq", pa.int64()),
+            ("shard", pa.int32()),
+            ("op", pa.string()),
+            ("table", pa.string()),
+            ("key", pa.string()),
+            ("before", pa.string()),
+            ("after", pa.string()),
+            ("position", pa.string()),
+            ("logical", pa.string()),
+            ("ts_ms", pa.int64()),
+            ("datastore", pa.string()),
+        ]
     )
 
 
-def _read_shard(partition: ShardRange) -> Iterator[tuple[Any, ...]]:
+def _read_shard(partition: ShardRange) -> Iterator[Any]:
     from wormhole.core.publisher_log import read_log_range
 
     shard = partition.shard
-    datastore = getattr(partition, "datastore", "")
-    for seq, u in read_log_range(partition.log_dir, partition.start, partition.end):
-        if u.shard != shard:
-            continue
-        yield _row(seq, shard, u, datastore)
+    updates = (
+        (seq, u)
+        for seq, u in read_log_range(partition.log_dir, partition.start, partition.end)
+        if u.shard == shard
+    )
+    return _batches(_chunked(updates), shard, getattr(partition, "datastore", ""))
 
 
-def _read_flow(partition: FlowRange) -> Iterator[tuple[Any, ...]]:
+def _read_flow(partition: FlowRange) -> Iterator[Any]:
     remote = _remote_log(
         partition.transport, partition.address, partition.application, partition.options
     )
     try:
-        for seq, u in remote.read(partition.shard, partition.start, partition.end):
-            yield _row(seq, partition.shard, u, partition.datastore)
+        yield from _batches(
+            remote.read(partition.shard, partition.start, partition.end),
+            partition.shard,
+            partition.datastore,
+        )
     finally:
         remote.close()
 
@@ -148,17 +204,11 @@ def _remote_log(transport: str, address: str, application: str, options: dict[st
     return spec.remote_log(RemoteLogRequest(address, application, options))
 
 
-def _read(partition: InputPartition) -> Iterator[tuple[Any, ...]]:
+def _read(partition: InputPartition) -> Iterator[Any]:
     if isinstance(partition, FlowRange):
         return _read_flow(partition)
     assert isinstance(partition, ShardRange)
     return _read_shard(partition)
-
-
-def _json(value: Any) -> str:
-    import msgspec
-
-    return msgspec.json.encode(value).decode()
 
 
 class _Flows:

@@ -366,7 +366,7 @@ class TcpRemoteLog:
         body: p.Committed = self._request(p.COMMIT, p.Commit(datamarkers=datamarkers), p.COMMITTED)
         return dict(body.datamarkers)
 
-    def read(self, shard: int, start: int, end: int) -> Iterator[tuple[int, Update]]:
+    def read(self, shard: int, start: int, end: int) -> Iterator[tuple[list[int], list[Update]]]:
         if start >= end:
             return
         with self._session() as sock:
@@ -376,14 +376,22 @@ class TcpRemoteLog:
             while True:
                 kind, body = self._read_frame(sock)
                 if kind == p.BATCH:
-                    for seq, update in zip(body.seqs, body.updates, strict=True):
-                        if not last < seq < end:
+                    seqs: list[int] = body.seqs
+                    if len(seqs) != len(body.updates) or any(
+                        u.shard != shard for u in body.updates
+                    ):
+                        raise RemoteLogError(
+                            f"publisher {self.address}: shard {shard}: a batch of the range "
+                            f"[{start}, {end}) does not match its seqs or shard"
+                        )
+                    if seqs:
+                        if not (last < seqs[0] and seqs[-1] < end and seqs == sorted(seqs)):
                             raise RemoteLogError(
-                                f"publisher {self.address}: shard {shard}: seq {seq} out of "
-                                f"order in the range [{start}, {end})"
+                                f"publisher {self.address}: shard {shard}: seqs out of order "
+                                f"in the range [{start}, {end})"
                             )
-                        last = seq
-                        yield seq, update
+                        last = seqs[-1]
+                        yield seqs, body.updates
                     count += len(body.updates)
                 elif kind == p.READ_END:
                     if body.updates != count:
