@@ -12,6 +12,8 @@ import errno
 import logging
 import queue
 import threading
+from collections import _count_elements  # type: ignore[attr-defined]
+from operator import attrgetter
 from typing import Any
 
 from wormhole.core.backoff import Backoff
@@ -21,6 +23,8 @@ from wormhole.core.shard import assign_shards
 from wormhole.plugins.components import Source, SourceBatch
 
 log = logging.getLogger("wormhole.publisher")
+
+_table_op = attrgetter("table", "op")
 
 TRANSIENT_WRITE_ERRORS = (errno.ENOSPC, errno.EDQUOT, errno.EIO, errno.EAGAIN)
 
@@ -39,6 +43,7 @@ class Tailer:
         end: Any = None,
         once: bool = False,
         on_failure: Any = None,
+        count_tables: bool = False,
     ) -> None:
         self.source = source
         self.publisher_log = publisher_log
@@ -52,6 +57,9 @@ class Tailer:
         self.failure: BaseException | None = None
         self.updates = 0
         """Updates appended to the publisher log (and confirmed to the source)."""
+        self.count_tables = count_tables
+        self.read_counts: dict[tuple[str, str], int] = {}
+        """With ``count_tables`` (metrics on): updates appended, by (table, op)."""
         self._appender_alive = True
         self._prepared: queue.Queue[PreparedBatch | None] = queue.Queue(maxsize=2)
         self.thread = threading.Thread(target=self._run, name="tailer", daemon=True)
@@ -113,11 +121,15 @@ class Tailer:
                 return
 
     def _append_loop(self) -> None:
+        counts = self.read_counts if self.count_tables else None
         try:
             while (item := self._prepared.get()) is not None:
                 if not self._commit(item):
                     break
                 self.updates += len(item.updates)
+                if counts is not None:
+                    # One pass in C over the batch (a dict of counts read at scrape time).
+                    _count_elements(counts, map(_table_op, item.updates))
                 self.source.confirm(item.checkpoint)
         except BaseException as exc:
             self._failed(exc)
