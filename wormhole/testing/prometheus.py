@@ -50,6 +50,13 @@ def check_rules(path: str | Path) -> subprocess.CompletedProcess[str]:
     )
 
 
+def check_config(path: str | Path) -> subprocess.CompletedProcess[str]:
+    """``promtool check config FILE`` (the rule files it names are checked too)."""
+    return subprocess.run(
+        [promtool(), "check", "config", str(path)], capture_output=True, text=True, timeout=60
+    )
+
+
 def scrape(address: str, timeout: float = 10) -> str:
     """The exposition a ``/metrics`` endpoint at ``host:port`` serves now."""
     with urllib.request.urlopen(f"http://{address}/metrics", timeout=timeout) as response:

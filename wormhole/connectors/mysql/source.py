@@ -145,7 +145,9 @@ class MySQLSource(DatabaseSource):
         # For lag(): what the publisher log holds, and the stream's position when it last
         # waited with nothing left to read (after the emitted checkpoint).
         self.confirmed: tuple[str, int] | None = None
-        self.read_ts_ms = 0
+        self.read_ts_ms = int(time.time() * 1000)
+        """When the last transaction read was written (until one is read: when this source
+        was created, which makes ``lag_seconds`` a lower bound after a restart)."""
         self.idle: tuple[tuple[str, int], str, int, float] | None = None
         self.lag_conn: Any = None
         self.lag_lock = threading.Lock()
