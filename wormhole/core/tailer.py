@@ -75,7 +75,7 @@ class Tailer:
         """Updates appended to the publisher log (and confirmed to the source)."""
         self.count_tables = count_tables
         self.read_counts: dict[tuple[str, str], int] = {}
-        """With ``count_tables`` (metrics on): updates appended, by (table, op)."""
+        """With ``count_tables`` (metrics on): updates read from the source, by (table, op)."""
         self._appender_alive = True
         self._prepared: queue.Queue[PreparedBatch | None] = queue.Queue(maxsize=2)
         self.thread = threading.Thread(target=self._run, name="tailer", daemon=True)
@@ -122,6 +122,7 @@ class Tailer:
 
     def _read_loop(self) -> None:
         source, publisher_log, shards = self.source, self.publisher_log, self.shards
+        counts = self.read_counts if self.count_tables else None
         if self._finished():
             return
         while not self.stop.is_set() and self._appender_alive:
@@ -131,20 +132,20 @@ class Tailer:
                     return
                 continue
             batch.updates = assign_shards(batch.updates, shards)
+            if counts is not None:
+                # While the batch is hot in the cache (assign_shards just went through it).
+                count_tables(counts, batch.updates)
             if not self._put(publisher_log.prepare(batch.updates, batch.checkpoint)):
                 return
             if self._finished():
                 return
 
     def _append_loop(self) -> None:
-        counts = self.read_counts if self.count_tables else None
         try:
             while (item := self._prepared.get()) is not None:
                 if not self._commit(item):
                     break
                 self.updates += len(item.updates)
-                if counts is not None:
-                    count_tables(counts, item.updates)
                 self.source.confirm(item.checkpoint)
         except BaseException as exc:
             self._failed(exc)
