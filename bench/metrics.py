@@ -128,9 +128,7 @@ def main() -> int:
         )
         if args.json:
             print(
-                json.dumps(
-                    {"off": off, "on": on, "ratio": on / off, "runs": rates, "cpu_us": cpus}
-                )
+                json.dumps({"off": off, "on": on, "ratio": on / off, "runs": rates, "cpu_us": cpus})
             )
     finally:
         shutil.rmtree(work, ignore_errors=True)

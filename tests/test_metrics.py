@@ -53,8 +53,12 @@ def _write_rows(path: Path, first: int, count: int) -> None:
         for i in range(first, first + count):
             f.write(
                 json.dumps(
-                    {"table": "riders", "op": "u" if i % 3 else "c", "key": {"id": i % 97},
-                     "after": {"id": i % 97, "n": i}}  # fmt: skip
+                    {
+                        "table": "riders",
+                        "op": "u" if i % 3 else "c",
+                        "key": {"id": i % 97},
+                        "after": {"id": i % 97, "n": i},
+                    }
                 )
                 + "\n"
             )
@@ -244,6 +248,70 @@ def test_flow_series_can_be_turned_off(
     assert sample(text, "wormhole_application_lag_updates", application="out") == 0
     # In-process subscribers: the sink's figures are the publisher's process's.
     assert sample(text, "wormhole_sink_updates_total", application="out") == 20
+
+
+def test_a_failed_application_and_its_error_are_counted(
+    tmp_path: Path, running: list[subprocess.Popen[str]]
+) -> None:
+    port = free_port()
+    pipeline = _pipeline(tmp_path, {"type": "inprocess"}, metrics={"listen": f"127.0.0.1:{port}"})
+    raw = yaml.safe_load(pipeline.read_text())
+    raw["applications"]["broken"] = {
+        "filter": {"where": "nosuch = 1"},
+        "sink": {"type": "jsonl", "path": str(tmp_path / "broken.jsonl")},
+    }
+    write_pipeline(pipeline, raw)
+    _write_rows(tmp_path / "data" / "riders" / "0001.jsonl", 0, 10)
+    proc = start_cli("run", str(pipeline), cwd=tmp_path)
+    running.append(proc)
+    address = f"127.0.0.1:{port}"
+    _scraped(address)
+
+    def failed() -> bool:
+        text = scrape(address)
+        return sample(text, "wormhole_application_failed", application="broken") == 1
+
+    wait_until(failed, 60, "application broken reported failed")
+    text = scrape(address)
+    assert sample(text, "wormhole_application_failed", application="out") == 0
+    assert (sample(text, "wormhole_errors_total", logger="wormhole.hub") or 0) >= 1
+
+
+def test_a_subscriber_counts_its_reconnects(
+    tmp_path: Path, running: list[subprocess.Popen[str]]
+) -> None:
+    tcp_port, sub_metrics = free_port(), free_port()
+    pipeline = _pipeline(tmp_path, {"type": "tcp", "listen": f"127.0.0.1:{tcp_port}"})
+    _write_rows(tmp_path / "data" / "riders" / "0001.jsonl", 0, 10)
+    publisher = start_cli("publish", str(pipeline), cwd=tmp_path)
+    subscriber = start_cli(
+        "subscribe", str(pipeline), "--app", "out", "--metrics", f"127.0.0.1:{sub_metrics}",
+        cwd=tmp_path,
+    )  # fmt: skip
+    running.extend([publisher, subscriber])
+    address = f"127.0.0.1:{sub_metrics}"
+    wait_until(
+        lambda: sample(_scraped(address), "wormhole_sink_updates_total", application="out") == 10,
+        60,
+        "10 updates written by the subscriber",
+    )
+    assert not sample(scrape(address), "wormhole_reconnects_total", logger="wormhole.subscriber")
+    assert _stop(publisher) is not None and publisher.returncode == 0
+
+    def reconnects() -> float:
+        found = sample(scrape(address), "wormhole_reconnects_total", logger="wormhole.subscriber")
+        return found or 0
+
+    wait_until(lambda: reconnects() >= 1, 60, "the subscriber counting a reconnect")
+    retries = sample(scrape(address), "wormhole_retries_total", logger="wormhole.subscriber")
+    assert (retries or 0) >= 1
+    running.append(start_cli("publish", str(pipeline), cwd=tmp_path))
+    _write_rows(tmp_path / "data" / "riders" / "0001.jsonl", 10, 5)
+    wait_until(
+        lambda: sample(scrape(address), "wormhole_sink_updates_total", application="out") == 15,
+        60,
+        "the 5 new updates written after the reconnect",
+    )
 
 
 def test_a_metrics_port_in_use_is_a_clear_error_naming_the_option(tmp_path: Path) -> None:
@@ -460,9 +528,7 @@ def test_every_metric_served_is_documented(tmp_path: Path) -> None:
     )
     # Names the module builds from parts: every family it yields.
     families = {n for n in served if not n.endswith("_")} - {"wormhole_source_"}
-    missing = {
-        n for n in families if n not in documented and f"{n}_total" not in documented
-    }
+    missing = {n for n in families if n not in documented and f"{n}_total" not in documented}
     assert not missing, f"metrics missing from docs/operations.md: {sorted(missing)}"
 
 

@@ -15,7 +15,7 @@ from types import FrameType
 from typing import Any
 
 from wormhole.core.errors import ConfigError, WormholeError
-from wormhole.core.metrics import parse_listen, serve
+from wormhole.core.metrics import count_errors, parse_listen, serve
 from wormhole.core.pipeline import MetricsSettings, Pipeline, load_pipeline
 from wormhole.core.publisher import Publisher, RunSummary, tune_gc
 from wormhole.core.publisher_log import inspect_log
@@ -773,6 +773,7 @@ def main(argv: list[str] | None = None) -> int:
     else:
         handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
     logging.basicConfig(level=getattr(logging, level.upper()), handlers=[handler])
+    count_errors()
     try:
         code: int = args.func(args)
         return code

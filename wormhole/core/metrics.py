@@ -10,7 +10,8 @@ except, with metrics on, one count per batch of updates by table and op.
 
 Events that leave no state behind are counters here, incremented where they happen, once
 per event or per batch: retries (every :class:`wormhole.core.backoff.Backoff` wait),
-reconnects, errors (log records at ERROR and above), dead letters, and the sink's write
+reconnects, errors (log records at ERROR and above, in processes the ``wormhole`` command
+runs), dead letters, and the sink's write
 latency on the subscriber side.
 
 This module sits below the plugin contract, like the data model: it imports nothing of the
@@ -125,7 +126,16 @@ class _ErrorCounter(logging.Handler):
 
 
 _error_counter = _ErrorCounter()
-logging.getLogger("wormhole").addHandler(_error_counter)
+
+
+def count_errors() -> None:
+    """Count the ``wormhole`` loggers' ERROR records in ``wormhole_errors_total``. Called by
+    the command line once logging is set up: a handler added where none is configured would
+    stop Python's last-resort handler from printing warnings in a program that uses Wormhole
+    as a library."""
+    logger = logging.getLogger("wormhole")
+    if _error_counter not in logger.handlers:
+        logger.addHandler(_error_counter)
 
 
 # ------------------------------------------------------------------ serving
@@ -502,6 +512,7 @@ __all__ = [
     "MetricsServer",
     "PublisherCollector",
     "SubscriberPorts",
+    "count_errors",
     "dead_lettered",
     "parse_listen",
     "reconnecting",

@@ -42,6 +42,7 @@ def count_tables(counts: dict[tuple[str, str], int], updates: list[Update]) -> N
     else:
         _count_elements(counts, map(_table_op, updates))
 
+
 TRANSIENT_WRITE_ERRORS = (errno.ENOSPC, errno.EDQUOT, errno.EIO, errno.EAGAIN)
 
 
