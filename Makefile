@@ -34,6 +34,7 @@ test: $(STAMP) services lint
 
 bench: $(STAMP)
 	$(BIN)/python bench/filelog_throughput.py
+	$(BIN)/python bench/metrics.py
 	$(BIN)/python bench/tcp_delivery.py
 	$(BIN)/python bench/postgres_throughput.py
 	$(BIN)/python bench/mysql_throughput.py
