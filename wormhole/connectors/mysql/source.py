@@ -531,6 +531,8 @@ class MySQLSource(DatabaseSource):
                 self._table_map(event)
             elif kind is XidEvent:
                 self._commit()
+                if not updates:
+                    self._nothing_pending()  # a transaction with nothing of ours
                 if len(updates) >= limit or time.monotonic() >= deadline:
                     return SourceBatch(updates, self._checkpoint()) if updates else None
             elif kind is MariadbGtidEvent or kind is GtidEvent:
@@ -556,6 +558,8 @@ class MySQLSource(DatabaseSource):
                         append(truncate)
                     if self.in_txn:
                         self._commit()
+                if not updates and not self.in_txn:
+                    self._nothing_pending()
                 if len(updates) >= limit or time.monotonic() >= deadline:
                     return SourceBatch(updates, self._checkpoint()) if updates else None
             elif kind is RotateEvent:
@@ -565,13 +569,18 @@ class MySQLSource(DatabaseSource):
                     raise EOFError("the binlog stream restarted inside a transaction")
             elif kind is HeartbeatLogEvent:
                 if not self.in_txn and not updates:
-                    # Caught up: nothing of ours between the emitted checkpoint and here.
-                    emitted = (str(self.emitted.get("file", "")), int(self.emitted.get("pos", 0)))
-                    self.idle = (emitted, str(stream.log_file), int(stream.log_pos), time.time())
+                    self._nothing_pending()
                 if not self.in_txn and time.monotonic() >= deadline:
                     return SourceBatch(updates, self._checkpoint()) if updates else None
             elif time.monotonic() >= deadline and not self.in_txn:
                 return SourceBatch(updates, self._checkpoint()) if updates else None
+
+    def _nothing_pending(self) -> None:
+        """Between transactions, with nothing read since the emitted checkpoint: the binlog
+        up to the stream's position holds nothing more for the publisher log (for lag())."""
+        emitted = (str(self.emitted.get("file", "")), int(self.emitted.get("pos", 0)))
+        stream = self.stream
+        self.idle = (emitted, str(stream.log_file), int(stream.log_pos), time.time())
 
     def _begin(self, event: Any) -> None:
         if isinstance(event, MariadbGtidEvent):
