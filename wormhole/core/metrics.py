@@ -5,14 +5,14 @@ HTTP by :func:`serve` when ``metrics.listen`` (or ``--metrics HOST:PORT``) is se
 figures are read from the state the process keeps anyway, at scrape time, by
 :class:`PublisherCollector`: the hub's flows, the caravans, the publisher log, the tailer's
 counts and the source's own lag (its optional ``lag()`` method, see
-:class:`wormhole.plugins.components.Source`). Nothing is added to the path of an update
+:class:`wormhole.plugins.components.SourceLag`). Nothing is added to the path of an update
 except, with metrics on, one count per batch of updates by table and op.
 
 Events that leave no state behind are counters here, incremented where they happen, once
 per event or per batch: retries (every :class:`wormhole.core.backoff.Backoff` wait),
 reconnects, errors (log records at ERROR and above, in processes the ``wormhole`` command
-runs), dead letters, and the sink's write
-latency on the subscriber side.
+runs), dead letters (:func:`dead_lettered`), and the sink's write latency on the subscriber
+side (one observation per batch).
 
 This module sits below the plugin contract, like the data model: it imports nothing of the
 engine, so sources and transports may record events on it. The collector reads the
