@@ -21,7 +21,7 @@ run: $(STAMP)
 
 ## System services the tests need (Debian packages, installed where missing).
 services:
-	bash scripts/install-services.sh postgresql mariadb-server memcached zookeeper
+	bash scripts/install-services.sh postgresql mariadb-server memcached zookeeper prometheus
 
 lint: $(STAMP)
 	$(BIN)/ruff check wormhole tests bench
@@ -34,6 +34,7 @@ test: $(STAMP) services lint
 
 bench: $(STAMP)
 	$(BIN)/python bench/filelog_throughput.py
+	$(BIN)/python bench/metrics.py
 	$(BIN)/python bench/tcp_delivery.py
 	$(BIN)/python bench/postgres_throughput.py
 	$(BIN)/python bench/mysql_throughput.py

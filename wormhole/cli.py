@@ -15,7 +15,8 @@ from types import FrameType
 from typing import Any
 
 from wormhole.core.errors import ConfigError, WormholeError
-from wormhole.core.pipeline import Pipeline, load_pipeline
+from wormhole.core.metrics import count_errors, parse_listen, serve
+from wormhole.core.pipeline import MetricsSettings, Pipeline, load_pipeline
 from wormhole.core.publisher import Publisher, RunSummary, tune_gc
 from wormhole.core.publisher_log import inspect_log
 from wormhole.core.status import read_live_status
@@ -52,8 +53,17 @@ def _print_summary(summary: RunSummary, out: Any = sys.stdout) -> None:
         print(f"  garbage-collected: {', '.join(summary.removed_segments)}", file=out)
 
 
+def _metrics_option(pipeline: Pipeline, address: str | None) -> None:
+    """``--metrics HOST:PORT``: serve metrics there (over the file's ``metrics.listen``)."""
+    if address is None:
+        return
+    flows = pipeline.metrics.flows if pipeline.metrics is not None else True
+    pipeline.metrics = MetricsSettings(parse_listen(address, "--metrics"), flows)
+
+
 def cmd_run(args: argparse.Namespace) -> int:
     pipeline = _load(args.pipeline)
+    _metrics_option(pipeline, args.metrics)
     publisher = Publisher(pipeline, once=args.once, local_subscribers=args.command == "run")
     signals = {"count": 0}
 
@@ -128,6 +138,9 @@ def cmd_subscribe(args: argparse.Namespace) -> int:
     if args.exit_with_parent:
         _exit_with_parent(args.exit_with_parent)
     pipeline = _load(args.pipeline)
+    if args.metrics is not None:
+        # For the life of the process (a daemon thread): the sink's figures, retries, ...
+        serve(parse_listen(args.metrics, "--metrics"))
     tune_gc()  # a subscriber decodes many short-lived objects too
     subscribe = pipeline.transport.registered.spec.subscribe
     if subscribe is None:
@@ -581,6 +594,28 @@ def cmd_forget(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+class JsonFormatter(logging.Formatter):
+    """``--log-format json``: one JSON object a line with ``time`` (UTC, ISO 8601),
+    ``level``, ``logger``, ``message`` and, for an exception, ``exception``."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        import datetime
+
+        entry: dict[str, Any] = {
+            "time": datetime.datetime.fromtimestamp(record.created, datetime.UTC).isoformat(
+                timespec="milliseconds"
+            ),
+            "level": record.levelname.lower(),
+            "logger": record.name,
+            "message": record.getMessage(),
+        }
+        if record.exc_info:
+            entry["exception"] = self.formatException(record.exc_info)
+        if record.stack_info:
+            entry["stack"] = self.formatStack(record.stack_info)
+        return json.dumps(entry, default=str)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="wormhole",
@@ -594,6 +629,13 @@ def build_parser() -> argparse.ArgumentParser:
         choices=["debug", "info", "warning", "error"],
         help="log level (default: $WORMHOLE_LOG_LEVEL or info); subscribers started by "
         "`run` inherit it",
+    )
+    parser.add_argument(
+        "--log-format",
+        default=os.environ.get("WORMHOLE_LOG_FORMAT", "text"),
+        choices=["text", "json"],
+        help="log lines as text, or as one JSON object a line (time, level, logger, message); "
+        "default: $WORMHOLE_LOG_FORMAT or text; subscribers started by `run` inherit it",
     )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
@@ -614,6 +656,12 @@ def build_parser() -> argparse.ArgumentParser:
         command.add_argument("--once", action="store_true", help=once_help)
         command.add_argument("-q", "--quiet", action="store_true", help="no summary")
         command.add_argument("--json", action="store_true", help="print the summary as JSON")
+        command.add_argument(
+            "--metrics",
+            metavar="HOST:PORT",
+            help="serve Prometheus metrics here (instead of the file's metrics.listen; "
+            "subscriber processes `run` starts use the ports after it)",
+        )
         command.set_defaults(func=cmd_run)
 
     subscribe = sub.add_parser(
@@ -629,6 +677,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     subscribe.add_argument(
         "--instance", type=int, default=0, help="this subscriber's number (the sink's {subscriber})"
+    )
+    subscribe.add_argument(
+        "--metrics",
+        metavar="HOST:PORT",
+        help="serve this subscriber's Prometheus metrics here (sink latency, retries, ...)",
     )
     subscribe.add_argument("--exit-with-parent", type=int, metavar="PID", help=argparse.SUPPRESS)
     subscribe.set_defaults(func=cmd_subscribe)
@@ -713,11 +766,14 @@ def main(argv: list[str] | None = None) -> int:
         faulthandler.register(signal.SIGUSR1, all_threads=True)
     level = "debug" if args.verbose else args.log_level
     os.environ["WORMHOLE_LOG_LEVEL"] = level  # for subscriber processes we start
-    logging.basicConfig(
-        level=getattr(logging, level.upper()),
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-        stream=sys.stderr,
-    )
+    os.environ["WORMHOLE_LOG_FORMAT"] = args.log_format
+    handler = logging.StreamHandler(sys.stderr)
+    if args.log_format == "json":
+        handler.setFormatter(JsonFormatter())
+    else:
+        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    logging.basicConfig(level=getattr(logging, level.upper()), handlers=[handler])
+    count_errors()
     try:
         code: int = args.func(args)
         return code

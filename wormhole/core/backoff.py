@@ -20,6 +20,8 @@ from __future__ import annotations
 import logging
 import threading
 
+from wormhole.core.metrics import retried
+
 
 class Backoff:
     """Waits that start at ``first`` seconds and double up to ``cap``.
@@ -54,6 +56,7 @@ class Backoff:
         """
         delay = self.delay
         self.log.log(self.level, message, *args, delay)
+        retried(self.log.name)
         if self.stop.wait(delay):
             return False
         self.delay = min(delay * 2, self.cap)

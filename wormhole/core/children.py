@@ -29,6 +29,7 @@ from typing import Any
 
 from wormhole.core.backoff import Backoff
 from wormhole.core.errors import WormholeError
+from wormhole.core.metrics import SubscriberPorts
 
 log = logging.getLogger("wormhole.subscriber")
 
@@ -46,6 +47,9 @@ class SubscriberProcesses:
         self.stopping = threading.Event()
         self.stopped = threading.Event()
         self.thread: threading.Thread | None = None
+        metrics = getattr(hub.pipeline, "metrics", None)
+        self.metrics_ports = SubscriberPorts(metrics.listen) if metrics is not None else None
+        """With metrics: each subscriber serves on a port after the publisher's."""
 
     def spawn(self, application: str, index: int) -> None:
         command = [
@@ -59,6 +63,11 @@ class SubscriberProcesses:
             "--instance",
             str(index),
             *self.extra_args(),
+            *(
+                ["--metrics", self.metrics_ports.address(application, index)]
+                if self.metrics_ports is not None
+                else []
+            ),
             "--exit-with-parent",
             str(os.getpid()),
         ]

@@ -21,6 +21,7 @@ import yaml
 from pydantic import BaseModel, ByteSize, Field, ValidationError, field_validator, model_validator
 
 from wormhole.core.errors import ConfigError
+from wormhole.core.metrics import DEFAULT_LISTEN, Listen, parse_listen
 from wormhole.plugins.components import Kind, Options, Registered
 
 if typing.TYPE_CHECKING:
@@ -55,6 +56,28 @@ class LogConfig(Options):
     def _roll_size_floor(cls, value: ByteSize) -> ByteSize:
         if value < 4096:
             raise ValueError("must be at least 4KiB")
+        return value
+
+
+class MetricsConfig(Options):
+    """Prometheus metrics (see docs/operations.md)."""
+
+    listen: str = Field(
+        DEFAULT_LISTEN,
+        description="HOST:PORT of the publisher's /metrics endpoint (port 0: any free port); "
+        "subscriber processes that `wormhole run` starts serve on the ports after it",
+    )
+    flows: bool = Field(
+        True, description="per-flow (per-shard) series; false keeps only per-application ones"
+    )
+
+    @field_validator("listen")
+    @classmethod
+    def _host_port(cls, value: str) -> str:
+        try:
+            parse_listen(value)
+        except ConfigError as exc:
+            raise ValueError(str(exc).removeprefix("metrics.listen: ")) from None
         return value
 
 
@@ -252,6 +275,9 @@ class PipelineModel(Options):
         description="multiple-copy: which copy of the datastore this publisher reads",
     )
     applications: dict[str, ApplicationConfig] = Field(min_length=1)
+    metrics: MetricsConfig | None = Field(
+        None, description="serve Prometheus metrics: {listen: HOST:PORT, flows: true}"
+    )
 
     @field_validator("applications")
     @classmethod
@@ -300,6 +326,14 @@ class CaravanConfig:
     slow_flow_s: float = 2.0
 
 
+@dataclass(frozen=True)
+class MetricsSettings:
+    """Where this process serves metrics, and whether with per-flow series."""
+
+    listen: Listen
+    flows: bool = True
+
+
 @dataclass
 class Pipeline:
     """A validated pipeline, its components resolved through the plugin registry."""
@@ -325,6 +359,8 @@ class Pipeline:
     catch_up_s: float = 30.0
     caravans: CaravanConfig = field(default_factory=CaravanConfig)
     raw: dict[str, Any] = field(default_factory=dict)
+    metrics: MetricsSettings | None = None
+    """The ``metrics`` key (``--metrics`` replaces its address): None serves none."""
 
 
 # ---------------------------------------------------------------- interpolation
@@ -560,6 +596,11 @@ def parse_pipeline(
         copy=model.copy_ or "",
         catch_up_s=model.delivery.catch_up_ms / 1000.0,
         raw=data,
+        metrics=(
+            MetricsSettings(parse_listen(model.metrics.listen), model.metrics.flows)
+            if model.metrics is not None
+            else None
+        ),
     )
 
 

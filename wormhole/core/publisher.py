@@ -25,13 +25,20 @@ from wormhole.core.copies import CopyCoordinator
 from wormhole.core.errors import ConfigError, StateError, WormholeError
 from wormhole.core.flows import application_filter, start_flows
 from wormhole.core.hub import ApplicationRuntime, Hub
+from wormhole.core.metrics import REGISTRY, MetricsServer, PublisherCollector, serve
 from wormhole.core.pipeline import Application, Pipeline, load_pipeline
 from wormhole.core.publisher_log import PublisherLog
 from wormhole.core.registry import PublisherMembership
 from wormhole.core.retention import Retention
 from wormhole.core.status import LiveStatus
 from wormhole.core.tailer import Tailer
-from wormhole.plugins.components import Datamarker, DatamarkerStore, SourceContext, Transport
+from wormhole.plugins.components import (
+    Datamarker,
+    DatamarkerStore,
+    Source,
+    SourceContext,
+    Transport,
+)
 
 log = logging.getLogger("wormhole.publisher")
 
@@ -87,6 +94,9 @@ class Publisher:
         self.membership: PublisherMembership | None = None
         self.copies: CopyCoordinator | None = None
         """Multiple-copy delivery: this publisher as one copy of its datastore."""
+        self.source: Source | None = None
+        self.metrics_server: MetricsServer | None = None
+        """The metrics endpoint (``metrics.listen``), while running."""
 
     def request_reload(self) -> None:
         """Re-read the pipeline file (SIGHUP): add and remove applications."""
@@ -101,6 +111,7 @@ class Publisher:
         pipeline = self.pipeline
         started = time.monotonic()
         with contextlib.ExitStack() as cleanup:
+            self._serve_metrics(cleanup)
             store = self._open_state(cleanup)
             self._check_meta(store)
             self._join_registry(cleanup)
@@ -112,7 +123,7 @@ class Publisher:
             )
             recovery = publisher_log.open()
             cleanup.callback(publisher_log.close)
-            source = pipeline.source.create()
+            source = self.source = pipeline.source.create()
             source.open(self._source_context(), recovery.checkpoint)
             cleanup.callback(source.close)
             end = source.capture_end() if self.once else None
@@ -125,6 +136,7 @@ class Publisher:
                 end=end,
                 once=self.once,
                 on_failure=self.stop_requested.set,
+                count_tables=pipeline.metrics is not None,
             )
             tailer.start()
             cleanup.callback(tailer.join, 10)
@@ -139,6 +151,17 @@ class Publisher:
             pipeline.registry.pm.hook.wormhole_pipeline_stopped(pipeline=pipeline, summary=summary)
             return summary
         raise AssertionError("unreachable")  # pragma: no cover - mypy: the with returns
+
+    def _serve_metrics(self, cleanup: contextlib.ExitStack) -> None:
+        """With ``metrics``: this publisher's figures in the process's registry, served."""
+        config = self.pipeline.metrics
+        if config is None:
+            return
+        collector = PublisherCollector(self, flows=config.flows)
+        REGISTRY.register(collector)
+        cleanup.callback(REGISTRY.unregister, collector)
+        server = self.metrics_server = serve(config.listen)
+        cleanup.callback(server.close)
 
     def _open_state(self, cleanup: contextlib.ExitStack) -> DatamarkerStore:
         """Create and lock the state dir, open the datamarker store."""

@@ -56,6 +56,7 @@ from wormhole.core.framing import (
     scan_headers,
 )
 from wormhole.core.framing import frame as make_frame
+from wormhole.core.metrics import AppendTimes
 from wormhole.core.update import Update
 
 log = logging.getLogger("wormhole.publisher_log")
@@ -181,6 +182,8 @@ class PublisherLog:
         self._tail: deque[Batch] = deque()
         self._tail_starts: deque[int] = deque()
         self._tail_count = 0
+        self.append_times = AppendTimes()
+        """When positions were appended (for lag in seconds, see :meth:`appended_at`)."""
         self.closed = False
 
     # ------------------------------------------------------------------ open
@@ -507,6 +510,7 @@ class PublisherLog:
                 segment.size += len(record)
                 self.bytes_written += len(record)
             self.next_seq = batch.end_seq
+            self.append_times.mark(first, batch.appended_ns)
             self.checkpoint = prepared.checkpoint
             self._checkpoint_raw = prepared.checkpoint_raw
             if updates:
@@ -572,6 +576,18 @@ class PublisherLog:
             return None  # a checkpoint-only gap; read the index instead
         return batch
 
+    def appended_at(self, position: int) -> int:
+        """When the update at ``position`` was appended (CLOCK_MONOTONIC ns): exact for the
+        batches kept in memory, else to within a second or so (see :class:`AppendTimes`)."""
+        with self._lock:
+            tail, starts = self._tail, self._tail_starts
+            if tail and position >= starts[0]:
+                i = bisect.bisect_right(starts, position) - 1
+                if position < tail[i].end_seq or i + 1 == len(tail):
+                    return tail[i].appended_ns
+                return tail[i + 1].appended_ns  # a checkpoint-only gap: the next batch
+            return self.append_times.at(position)
+
     def _segment_for(self, position: int) -> Segment:
         # Caller holds the lock. Empty segments share their first_seq with the next
         # one; the last segment starting at or before the position is the one.
@@ -593,6 +609,8 @@ class PublisherLog:
                 done = done[: max(0, len(done) - keep)]
             for segment in done:
                 self.segments.remove(segment)
+            if done:
+                self.append_times.forget_before(self.segments[0].first_seq)
         removed = []
         for segment in done:
             try:

@@ -13,6 +13,7 @@ from typing import Any
 from wormhole.core.backoff import Backoff
 from wormhole.core.errors import WormholeError
 from wormhole.core.flows import Flow
+from wormhole.core.metrics import timed_sink
 from wormhole.core.update import Update
 from wormhole.plugins.components import Frame, PublisherView, Sink, SinkContext
 
@@ -63,6 +64,7 @@ class LocalSubscriber:
         self.frames: queue.Queue[Frame | _Revoke | None] = queue.Queue()
         self.abort = threading.Event()
         self.written = 0
+        self.write = timed_sink(application, sink.write)
         self.thread = threading.Thread(
             target=self._run, name=f"subscriber {self.name}", daemon=True
         )
@@ -124,7 +126,7 @@ class LocalSubscriber:
         backoff = Backoff(log, first=0.05, cap=MAX_BACKOFF, stop=self.abort)
         while True:
             try:
-                self.sink.write(frame.updates)
+                self.write(frame.updates)
                 self.written += len(frame.updates)
                 return True
             except WormholeError as exc:
@@ -304,7 +306,7 @@ class Handlers:
         import signal
 
         sink = open_sink(sink_component, pipeline, app, instance)
-        self.on_batch(sink.write)
+        self.on_batch(timed_sink(app.name, sink.write))
 
         def on_signal(signum: int, frame: Any) -> None:
             self.stop()

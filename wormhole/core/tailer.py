@@ -12,15 +12,36 @@ import errno
 import logging
 import queue
 import threading
+from collections import _count_elements  # type: ignore[attr-defined]
+from operator import attrgetter
 from typing import Any
 
 from wormhole.core.backoff import Backoff
 from wormhole.core.errors import SourceStopped, StateError
 from wormhole.core.publisher_log import PreparedBatch, PublisherLog
 from wormhole.core.shard import assign_shards
+from wormhole.core.update import Update
 from wormhole.plugins.components import Source, SourceBatch
 
 log = logging.getLogger("wormhole.publisher")
+
+_table_op = attrgetter("table", "op")
+_table = attrgetter("table")
+_op = attrgetter("op")
+
+
+def count_tables(counts: dict[tuple[str, str], int], updates: list[Update]) -> None:
+    """Add a batch's updates to ``counts`` by (table, op), in C: a batch of one table and
+    one op (most are) costs two set-building passes, others one counting pass more."""
+    if not updates:
+        return
+    if len(set(map(_table, updates))) == 1 and len(set(map(_op, updates))) == 1:
+        first = updates[0]
+        key = (first.table, first.op)
+        counts[key] = counts.get(key, 0) + len(updates)
+    else:
+        _count_elements(counts, map(_table_op, updates))
+
 
 TRANSIENT_WRITE_ERRORS = (errno.ENOSPC, errno.EDQUOT, errno.EIO, errno.EAGAIN)
 
@@ -39,6 +60,7 @@ class Tailer:
         end: Any = None,
         once: bool = False,
         on_failure: Any = None,
+        count_tables: bool = False,
     ) -> None:
         self.source = source
         self.publisher_log = publisher_log
@@ -52,6 +74,9 @@ class Tailer:
         self.failure: BaseException | None = None
         self.updates = 0
         """Updates appended to the publisher log (and confirmed to the source)."""
+        self.count_tables = count_tables
+        self.read_counts: dict[tuple[str, str], int] = {}
+        """With ``count_tables`` (metrics on): updates read from the source, by (table, op)."""
         self._appender_alive = True
         self._prepared: queue.Queue[PreparedBatch | None] = queue.Queue(maxsize=2)
         self.thread = threading.Thread(target=self._run, name="tailer", daemon=True)
@@ -98,6 +123,7 @@ class Tailer:
 
     def _read_loop(self) -> None:
         source, publisher_log, shards = self.source, self.publisher_log, self.shards
+        counts = self.read_counts if self.count_tables else None
         if self._finished():
             return
         while not self.stop.is_set() and self._appender_alive:
@@ -107,6 +133,9 @@ class Tailer:
                     return
                 continue
             batch.updates = assign_shards(batch.updates, shards)
+            if counts is not None:
+                # While the batch is hot in the cache (assign_shards just went through it).
+                count_tables(counts, batch.updates)
             if not self._put(publisher_log.prepare(batch.updates, batch.checkpoint)):
                 return
             if self._finished():

@@ -193,7 +193,11 @@ class SourceBatch:
 
 @runtime_checkable
 class Source(Protocol):
-    """A tailer: the one reader of a datastore log."""
+    """A tailer: the one reader of a datastore log.
+
+    Optionally, a source also reports how far behind its datastore it is (see
+    :class:`SourceLag`): ``lag()``, which metrics read at scrape time.
+    """
 
     def open(self, context: SourceContext, checkpoint: Any) -> None:
         """Prepare to read after ``checkpoint`` (None: from the source's beginning)."""
@@ -221,6 +225,23 @@ class Source(Protocol):
 
     def close(self) -> None:
         """Release connections and files."""
+
+
+@runtime_checkable
+class SourceLag(Protocol):
+    """The optional ``lag()`` of a source, read by the metrics endpoint at scrape time."""
+
+    def lag(self) -> dict[str, float]:
+        """Named gauges of how far the source is behind its datastore, measured against what
+        the publisher log holds (the positions given to :meth:`Source.confirm`).
+
+        Each name becomes the gauge ``wormhole_source_<name>{source="<type>"}`` and must
+        match ``[a-z][a-z0-9_]*_(bytes|seconds|updates)`` (a unit last): ``lag_bytes``,
+        ``lag_seconds``, ``retained_bytes``. Return ``{}`` when there is nothing to tell
+        yet. It is called from another thread than ``read``: use a connection of its own
+        (not the reading one) and keep it short; an exception leaves the gauges out of that
+        scrape.
+        """
 
 
 # ----------------------------------------------------------------------- sinks

@@ -30,6 +30,7 @@ import msgspec
 
 from wormhole.core.backoff import Backoff
 from wormhole.core.errors import SourceError, SourceStopped
+from wormhole.core.metrics import reconnecting
 from wormhole.core.update import NULL, Update, snapshot_read
 from wormhole.plugins.components import SourceBatch, SourceContext
 
@@ -280,6 +281,7 @@ class DatabaseSource(ABC):
         )
         while reason is not None:
             self._disconnect()
+            reconnecting(self.logger.name)
             if not backoff.wait("lost %s (%s); reconnecting in %.1fs", self.stream_name, reason):
                 # Asked to stop while the server is away: nothing is lost (the source
                 # resumes from its checkpoint), so the run ends as a graceful stop does.

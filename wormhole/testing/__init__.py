@@ -12,7 +12,7 @@ available in any project that installs Wormhole:
   link slow, stall it or cut it (fault injection).
 
 Fixtures that start real services (PostgreSQL, MariaDB, ZooKeeper, memcached,
-a Kafka-protocol broker) live here as connectors arrive. When a service cannot
+a Kafka-protocol broker, Prometheus) live here as connectors arrive. When a service cannot
 be started, :func:`require` skips the test, except under ``CI=true``, where it fails.
 """
 

@@ -129,3 +129,13 @@ def tansu_s3() -> Iterator[Any]:
     from wormhole.testing.kafka import start_tansu
 
     yield from start_tansu(storage="s3")
+
+
+@pytest.fixture(scope="session")
+def prometheus_server() -> Iterator[Any]:
+    """A throwaway Prometheus server on a free loopback port for the test session, scraping
+    every second whatever ``scrape(HOST:PORT, ...)`` names; ``query(EXPR)`` asks its HTTP API
+    (see :class:`wormhole.testing.prometheus.PrometheusServer`)."""
+    from wormhole.testing.prometheus import start_prometheus
+
+    yield from start_prometheus()

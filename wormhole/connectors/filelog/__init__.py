@@ -179,6 +179,8 @@ class FilelogSource:
         self._rr = 0
         self._warned_tail: set[str] = set()
         self.context: SourceContext | None = None
+        self.confirmed: dict[str, Any] = {}
+        """What the publisher log holds: stream id -> [file, offset] (for :meth:`lag`)."""
 
     # ------------------------------------------------------------------ open
     def open(self, context: SourceContext, checkpoint: Any) -> None:
@@ -204,6 +206,7 @@ class FilelogSource:
                         f"{offset}) but is gone; restore it, or remove the state_dir to start over"
                     )
             self.seen = {str(k): int(v) for k, v in checkpoint.get("seen", {}).items()}
+            self.confirmed = dict(checkpoint.get("streams", {}))
 
     def _add_stream(self, stream_id: str) -> Stream:
         if self.root.is_file():
@@ -645,7 +648,38 @@ class FilelogSource:
         return True
 
     def confirm(self, checkpoint: Any) -> None:
-        """Files are the producer's: nothing to release."""
+        """Files are the producer's: nothing to release; the position is kept for
+        :meth:`lag`."""
+        self.confirmed = checkpoint.get("streams", {})
+
+    def lag(self) -> dict[str, float]:
+        """For metrics (called at scrape time, from another thread): ``lag_bytes``, bytes
+        of the files not yet in the publisher log."""
+        confirmed = self.confirmed
+        unread = 0
+        for stream in list(self.streams.values()):
+            file, offset = confirmed.get(stream.id) or (None, 0)
+            key = natural_key(file) if file is not None else None
+            if stream.only_file is not None:
+                names = [stream.only_file]
+            else:
+                try:
+                    names = [e.name for e in os.scandir(stream.directory) if e.is_file()]
+                except OSError:
+                    continue
+            for name in names:
+                if name.startswith(".") and stream.only_file is None:
+                    continue
+                try:
+                    size = (stream.directory / name).stat().st_size
+                except OSError:
+                    continue
+                here = natural_key(name)
+                if key is None or here > key:
+                    unread += size
+                elif here == key:
+                    unread += max(0, size - int(offset))
+        return {"lag_bytes": float(unread)}
 
     def close(self) -> None:
         for stream in self.streams.values():

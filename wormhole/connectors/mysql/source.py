@@ -27,6 +27,7 @@ import contextlib
 import fnmatch
 import logging
 import re
+import threading
 import time
 import zlib
 from typing import Any
@@ -141,6 +142,15 @@ class MySQLSource(DatabaseSource):
         self.included: dict[tuple[str, str], bool] = {}
         self.snapshot_conn: Any = None
         self.emitted: dict[str, Any] = {}
+        # For lag(): what the publisher log holds, and the stream's position when it last
+        # waited with nothing left to read (after the emitted checkpoint).
+        self.confirmed: tuple[str, int] | None = None
+        self.read_ts_ms = int(time.time() * 1000)
+        """When the last transaction read was written (until one is read: when this source
+        was created, which makes ``lag_seconds`` a lower bound after a restart)."""
+        self.idle: tuple[tuple[str, int], str, int, float] | None = None
+        self.lag_conn: Any = None
+        self.lag_lock = threading.Lock()
 
     # ------------------------------------------------------------------ open
     def _connect_and_check(self, context: SourceContext) -> None:
@@ -521,6 +531,8 @@ class MySQLSource(DatabaseSource):
                 self._table_map(event)
             elif kind is XidEvent:
                 self._commit()
+                if not updates:
+                    self._nothing_pending()  # a transaction with nothing of ours
                 if len(updates) >= limit or time.monotonic() >= deadline:
                     return SourceBatch(updates, self._checkpoint()) if updates else None
             elif kind is MariadbGtidEvent or kind is GtidEvent:
@@ -546,6 +558,8 @@ class MySQLSource(DatabaseSource):
                         append(truncate)
                     if self.in_txn:
                         self._commit()
+                if not updates and not self.in_txn:
+                    self._nothing_pending()
                 if len(updates) >= limit or time.monotonic() >= deadline:
                     return SourceBatch(updates, self._checkpoint()) if updates else None
             elif kind is RotateEvent:
@@ -554,10 +568,19 @@ class MySQLSource(DatabaseSource):
                     # resends from where it started): resume properly from what was emitted.
                     raise EOFError("the binlog stream restarted inside a transaction")
             elif kind is HeartbeatLogEvent:
+                if not self.in_txn and not updates:
+                    self._nothing_pending()
                 if not self.in_txn and time.monotonic() >= deadline:
                     return SourceBatch(updates, self._checkpoint()) if updates else None
             elif time.monotonic() >= deadline and not self.in_txn:
                 return SourceBatch(updates, self._checkpoint()) if updates else None
+
+    def _nothing_pending(self) -> None:
+        """Between transactions, with nothing read since the emitted checkpoint: the binlog
+        up to the stream's position holds nothing more for the publisher log (for lag())."""
+        emitted = (str(self.emitted.get("file", "")), int(self.emitted.get("pos", 0)))
+        stream = self.stream
+        self.idle = (emitted, str(stream.log_file), int(stream.log_pos), time.time())
 
     def _begin(self, event: Any) -> None:
         if isinstance(event, MariadbGtidEvent):
@@ -588,6 +611,7 @@ class MySQLSource(DatabaseSource):
 
     def _commit(self) -> None:
         self.in_txn = False
+        self.read_ts_ms = self.txn_ts
         self.file, self.pos = self.stream.log_file, self.stream.log_pos
         self.pos_server = self.server_id
         if self.skip_txn:
@@ -665,7 +689,49 @@ class MySQLSource(DatabaseSource):
         return here >= (_file_number(file), int(pos))
 
     def confirm(self, checkpoint: Any) -> None:
-        """Nothing to confirm: the server keeps the binlog by its own retention settings."""
+        """Nothing to tell the server, which keeps the binlog by its own retention settings;
+        the position is kept for :meth:`lag`."""
+        if checkpoint.get("phase") == "stream":
+            self.confirmed = (str(checkpoint["file"]), int(checkpoint["pos"]))
+
+    def lag(self) -> dict[str, float]:
+        """For metrics (called at scrape time, from another thread): ``lag_bytes``, binlog
+        between what the publisher log holds and the server's binlog end; ``lag_seconds``,
+        how long ago the last transaction read was written, while behind (else 0)."""
+        confirmed = self.confirmed
+        if confirmed is None:
+            return {}  # still in the initial snapshot
+        file, pos = confirmed
+        idle = self.idle
+        if idle is not None and idle[0] == confirmed:
+            file, pos = idle[1], idle[2]
+        with self.lag_lock:
+            try:
+                if self.lag_conn is None:
+                    self.lag_conn = pymysql.connect(
+                        **{**self.settings, "read_timeout": 5, "connect_timeout": 5},
+                        autocommit=True,
+                    )
+                with self.lag_conn.cursor() as cur:
+                    cur.execute("SHOW BINARY LOGS")
+                    logs = [(str(r[0]), int(r[1])) for r in cur.fetchall()]
+            except pymysql.err.Error:
+                close_quietly(self.lag_conn)
+                self.lag_conn = None
+                raise
+        here = _file_number(file)
+        behind = 0
+        for name, size in logs:
+            number = _file_number(name)
+            if number > here:
+                behind += size
+            elif number == here:
+                behind += max(0, size - pos)
+        seconds = 0.0
+        if behind:
+            since = max(self.read_ts_ms / 1000.0, idle[3] if idle is not None else 0.0)
+            seconds = max(0.0, time.time() - since) if since else 0.0
+        return {"lag_bytes": float(behind), "lag_seconds": seconds}
 
     def _close_stream(self) -> None:
         if self.stream is not None:
@@ -677,3 +743,6 @@ class MySQLSource(DatabaseSource):
         self._close_stream()
         snapshot_cursor = self.snapshot.cursor if self.snapshot is not None else None
         close_quietly(snapshot_cursor, self.snapshot_conn, self.conn)
+        with self.lag_lock:
+            close_quietly(self.lag_conn)
+            self.lag_conn = None

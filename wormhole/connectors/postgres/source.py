@@ -20,6 +20,7 @@ import contextlib
 import logging
 import re
 import select
+import threading
 import time
 from typing import Any, NamedTuple
 
@@ -125,6 +126,8 @@ class PostgresSource(DatabaseSource):
         self.seen_lsn = 0
         self.last_heartbeat = 0.0
         self.heartbeat_conn: Any = None
+        self.lag_conn: Any = None
+        self.lag_lock = threading.Lock()
 
     # ------------------------------------------------------------------ open
     def _connect_and_check(self, context: SourceContext) -> None:
@@ -787,6 +790,39 @@ class PostgresSource(DatabaseSource):
             # Read by the tailer thread, which owns the replication connection.
             self.confirmed = max(self.confirmed, pg.parse_lsn(checkpoint["flush"]))
 
+    # ------------------------------------------------------------------ lag
+    def lag(self) -> dict[str, float]:
+        """For metrics (called at scrape time, from another thread): ``lag_bytes``, WAL
+        between the server's current position and what the publisher log holds (confirmed);
+        ``retained_bytes``, WAL the slot keeps on the server (from its ``restart_lsn``)."""
+        with self.lag_lock:
+            try:
+                if self.lag_conn is None:
+                    self.lag_conn = psycopg2.connect(
+                        self.options.dsn, connect_timeout=5, options="-c statement_timeout=5000"
+                    )
+                    self.lag_conn.autocommit = True
+                with self.lag_conn.cursor() as cur:
+                    cur.execute(
+                        "SELECT pg_current_wal_lsn()::text, confirmed_flush_lsn::text, "
+                        "restart_lsn::text FROM pg_replication_slots WHERE slot_name = %s",
+                        (self.slot,),
+                    )
+                    row = cur.fetchone()
+            except psycopg2.Error:
+                close_quietly(self.lag_conn)
+                self.lag_conn = None
+                raise
+        if row is None:
+            return {}
+        current = pg.parse_lsn(row[0])
+        confirmed = max(self.confirmed, pg.parse_lsn(row[1]) if row[1] else 0)
+        restart = pg.parse_lsn(row[2]) if row[2] else current
+        return {
+            "lag_bytes": float(max(0, current - confirmed)),
+            "retained_bytes": float(max(0, current - restart)),
+        }
+
     # ------------------------------------------------------------ heartbeat
     def _heartbeat(self) -> None:
         heartbeat = self.options.heartbeat
@@ -821,4 +857,6 @@ class PostgresSource(DatabaseSource):
             # Status updates go out every status_interval; the last one must not wait.
             with contextlib.suppress(Exception):
                 self.cursor.send_feedback(flush_lsn=self.confirmed, force=True)
-        close_quietly(self.repl, self.conn, self.heartbeat_conn)
+        with self.lag_lock:
+            close_quietly(self.repl, self.conn, self.heartbeat_conn, self.lag_conn)
+            self.lag_conn = None

@@ -52,6 +52,7 @@ from wormhole.connectors.tcp import protocol as p
 from wormhole.core.backoff import Backoff
 from wormhole.core.errors import WormholeError
 from wormhole.core.flows import Flow
+from wormhole.core.metrics import reconnecting
 from wormhole.core.subscriber import Handlers, run_handlers
 
 log = logging.getLogger("wormhole.subscriber")
@@ -335,6 +336,7 @@ class _Link:
                     raise
                 if self._connected:
                     backoff.reset()  # it worked until now: retry soon
+                reconnecting(log.name)
                 if not backoff.wait("publisher %s: %s; reconnecting in %.1fs", address, exc):
                     return
 
