@@ -270,6 +270,7 @@ class Subscriber(Handlers):
             self._stop,
             self._stopped_while_retrying,
             self.handler_max_backoff,
+            self.handler_first_backoff,
         )
 
     def _stopped_while_retrying(self, exc: Exception) -> BaseException:
