@@ -48,9 +48,7 @@ class Picky:
 
 
 def guarded(tmp_path: Path, sink: Picky, policy: str = "dead_letter", retries: int = 1) -> Any:
-    return dl.GuardedSink(
-        sink, "app", policy, retries, 0.001, 0.001, tmp_path, threading.Event()
-    )
+    return dl.GuardedSink(sink, "app", policy, retries, 0.001, 0.001, tmp_path, threading.Event())
 
 
 def test_bisection_isolates_the_rejected_updates_and_delivers_the_rest_in_order(
@@ -62,7 +60,9 @@ def test_bisection_isolates_the_rejected_updates_and_delivers_the_rest_in_order(
     batch = [update(rng.randrange(16), n) for n in range(200)]
     guard.write(batch)
     dead = dl.read_dead_letters(tmp_path, "app")
-    expected_dead = [(u.key["id"], (u.after_row() or {})["n"]) for u in batch if u.key["id"] in (3, 11)]
+    expected_dead = [
+        (u.key["id"], (u.after_row() or {})["n"]) for u in batch if u.key["id"] in (3, 11)
+    ]
     assert [(e.key["id"], (e.update.after_row() or {})["n"]) for e in dead.entries.values()] == (
         expected_dead
     )

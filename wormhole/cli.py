@@ -808,8 +808,11 @@ def build_parser() -> argparse.ArgumentParser:
     for action, help_text in (
         ("list", "the application's dead letters, oldest first"),
         ("show", "one dead letter in full: error, position, flow, time and the update"),
-        ("replay", "deliver them again through the application's sink, in order per key; "
-         "removes what it takes"),
+        (
+            "replay",
+            "deliver them again through the application's sink, in order per key; "
+            "removes what it takes",
+        ),
         ("purge", "remove dead letters without delivering them (--id ID or --yes for all)"),
     ):
         command = dead_sub.add_parser(action, help=help_text)

@@ -148,8 +148,7 @@ class OnErrorConfig(Options):
         None,
         ge=0,
         le=1_000_000,
-        description="dead_letter and stop: attempts after the first before giving up "
-        "(default 3)",
+        description="dead_letter and stop: attempts after the first before giving up (default 3)",
     )
     backoff_ms: int = Field(
         50, ge=1, le=3_600_000, description="the first wait between attempts; it doubles"
