@@ -183,7 +183,7 @@ def test_retries_are_counted_and_a_passing_retry_keeps_the_batch(tmp_path: Path)
     sink = Flaky(set())
     guarded(tmp_path, sink, retries=2).write([update(1, 0), update(2, 0)])
     assert sink.written == [(1, 0), (2, 0)]
-    assert not dl.log_path(tmp_path, "app").exists()
+    assert dl.read_dead_letters(tmp_path, "app").entries == {}
 
 
 def test_on_error_keys_are_validated() -> None:
@@ -207,3 +207,17 @@ def test_every_dead_letter_reaches_the_hook(tmp_path: Path) -> None:
     finally:
         dl.dead_letter_hooks.remove(hook)
     assert seen == [("app", 1), ("app", 2)]
+
+
+def test_a_subscriber_taking_over_a_flow_sees_the_keys_its_last_owner_parked(
+    tmp_path: Path,
+) -> None:
+    first = Picky({1})
+    second = Picky(set())
+    old_owner = guarded(tmp_path, first)
+    new_owner = guarded(tmp_path, second)  # started before the dead letter existed
+    old_owner.write([update(1, 0), update(2, 0)])
+    new_owner.write([update(1, 1), update(2, 1)])
+    assert second.written == [(2, 1)]
+    dead = dl.read_dead_letters(tmp_path, "app")
+    assert [(e.key["id"], e.parked_behind) for e in dead.entries.values()] == [(1, 0), (1, 1)]

@@ -243,24 +243,33 @@ class DeadLetterLog:
         elif kind == KIND_START:
             self.next_id = max(self.next_id, _start_decoder.decode(payload).next_id)
 
-    def refresh(self, wait: bool = True) -> None:
-        """Read what other processes appended. With ``wait`` False, a log another process
-        is changing right now is left as last read: parked keys then only ever include
-        more than the truth (a replay removes entries; only a flow's owner adds them)."""
+    def refresh(self) -> None:
+        """Read what other processes appended (waiting while one is changing the log)."""
         with self._lock:
-            if not self._flock(False, fcntl.LOCK_SH | (0 if wait else fcntl.LOCK_NB)):
+            if not self._flock(False, fcntl.LOCK_SH):
                 return
             try:
                 self._read_new()
             finally:
                 fcntl.flock(self._fd, fcntl.LOCK_UN)
 
+    def watch(self) -> None:
+        """Create the file if needed and keep it open, so that :meth:`changed` is one fstat."""
+        with self._lock:
+            self._open(create=True)
+
     def changed(self) -> bool:
-        """Whether the file changed since it was last read (one stat)."""
+        """Whether the file changed since it was last read: one fstat of the open file (a
+        file replaced by a log that started over has no links left), else one stat."""
+        fd = self._fd
         try:
-            st = os.stat(self.path)
+            st = os.fstat(fd) if fd >= 0 else os.stat(self.path)
         except FileNotFoundError:
             return False
+        except OSError:
+            return True  # closed meanwhile: read again
+        if st.st_nlink == 0:
+            return True
         return self._seen != (st.st_ino, st.st_size, st.st_mtime_ns)
 
     # ------------------------------------------------------------- writing
@@ -308,12 +317,13 @@ class DeadLetterLog:
         now = int(time.time() * 1000)
         records = []
         added = []
-        parked = {k: list(v) for k, v in self.parked.items()}
-        identities = set(self._identities)
+        first_of: dict[KeyId, int] = {}  # keys this call parks that had no entry
+        identities: set[tuple[int, bytes]] = set()
         next_id = self.next_id
         for update, error in rejected:
             key = key_of(update)
-            ahead = parked.get(key)
+            ahead = self.parked.get(key)
+            behind = ahead[0] if ahead else first_of.get(key, 0)
             entry = Entry(
                 id=next_id,
                 application=self.application,
@@ -324,14 +334,14 @@ class DeadLetterLog:
                 logical=update.logical,
                 error=error,
                 ts_ms=now,
-                parked_behind=ahead[0] if ahead else 0,
+                parked_behind=behind,
                 update=update,
             )
             identity = identity_of(entry)
-            if identity in identities:
+            if identity in self._identities or identity in identities:
                 continue  # already recorded (delivered again after a crash)
             identities.add(identity)
-            parked.setdefault(key, []).append(next_id)
+            first_of.setdefault(key, next_id)
             next_id += 1
             records.append(frame(KIND_ENTRY, entry.id, 1, _encode(entry)))
             added.append(entry)
@@ -434,6 +444,7 @@ class GuardedSink:
             DeadLetterLog(state_dir, application) if policy == "dead_letter" else None
         )
         if self.dead_letters is not None:
+            self.dead_letters.watch()
             self.dead_letters.refresh()
 
     # The sink's other methods pass through (``open``/``close``), so this can stand in for it.
@@ -451,7 +462,9 @@ class GuardedSink:
         dead = self.dead_letters
         if dead is not None:
             if dead.changed():
-                dead.refresh(wait=False)
+                # Entries another subscriber of the application added for a flow this one
+                # took over, or removed by a replay: waits for a replay of one key at most.
+                dead.refresh()
             updates = self._park(updates)
         if not updates:
             return
@@ -484,7 +497,7 @@ class GuardedSink:
 
     def _attempt(self, updates: list[Update], retries: int) -> Exception | None:
         """Write, retrying ``retries`` times; the last error, or None once written."""
-        backoff = Backoff(log, first=self.first_backoff, cap=self.max_backoff, stop=self.stop)
+        backoff = None
         attempt = 0
         while True:
             try:
@@ -496,6 +509,10 @@ class GuardedSink:
                 if attempt >= retries:
                     return exc
                 attempt += 1
+                if backoff is None:
+                    backoff = Backoff(
+                        log, first=self.first_backoff, cap=self.max_backoff, stop=self.stop
+                    )
                 if not backoff.wait(
                     "%s: sink failed to write %d updates (%s: %s); retry %d of %d in %.2fs",
                     self.application,
@@ -578,26 +595,28 @@ def replay(dead: DeadLetterLog, sink: Any, ids: set[int] | None = None) -> Repla
 
     ``ids``: only the keys of these entries (each key from its first entry: a key's later
     updates never go before its earlier ones). A key whose entry the sink rejects again stays
-    parked from that entry on; the other keys go on. The log is held exclusively throughout,
-    so a running subscriber parks new updates of a key being replayed behind it (or, once the
-    key is free, writes them to its sink after the replayed ones).
+    parked from that entry on; the other keys go on. The log is held exclusively while a key
+    is replayed, so a running subscriber parks new updates of that key behind it (or, once
+    the key is free, writes them to its sink after the replayed ones).
     """
     result = ReplayResult([], [])
-    with dead.locked():
-        keys = sorted(dead.parked.items(), key=lambda item: item[1][0])
-        for key, key_ids in keys:
-            if ids is not None and not ids.intersection(key_ids):
-                continue
-            pending = [dead.entries[i] for i in key_ids]
+    dead.refresh()
+    keys = [key for key, key_ids in dead.parked.items() if ids is None or ids.intersection(key_ids)]
+    for key in keys:
+        # One key at a time under the lock: subscribers wait for one key's replay at most.
+        with dead.locked():
+            pending = [dead.entries[i] for i in dead.parked.get(key, [])]
+            if not pending:
+                continue  # purged meanwhile
+            error: tuple[int, str] | None = None
             try:
                 sink.write([e.update for e in pending])
                 done = pending
-                error: tuple[int, str] | None = None
             except WormholeError:
                 raise
             except Exception:
                 # One at a time, to free what the sink takes up to the one it rejects.
-                done, error = [], None
+                done = []
                 for entry in pending:
                     try:
                         sink.write([entry.update])
