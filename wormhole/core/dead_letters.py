@@ -482,7 +482,8 @@ class GuardedSink:
         if not any(key_of(u) in parked for u in updates):
             return updates
         with dead.locked():  # parked keys as of now: a replay may just have freed some
-            keep, park = [], []
+            keep: list[Update] = []
+            park: list[Update] = []
             for u in updates:
                 (park if key_of(u) in dead.parked else keep).append(u)
             if park:
