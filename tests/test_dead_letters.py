@@ -17,8 +17,8 @@ from typing import Any
 
 from tcp_support import Process, tcp_pipeline
 
-from wormhole.testing import free_port, read_envelopes, run_cli, wait_until
-from wormhole.testing.helpers import subscriber_pids
+from wormhole.testing import free_port, read_envelopes, run_cli, wait_until, write_pipeline
+from wormhole.testing.helpers import start_cli, subscriber_pids
 
 KEYS = 12
 
@@ -305,3 +305,95 @@ def test_policy_retry_holds_the_flow_until_the_sink_takes_it(
     finally:
         code = run.stop()
     assert code == 0, run.stderr
+
+
+def inprocess_pipeline(tmp_path: Path, on_error: dict[str, Any], poison: set[int]) -> Path:
+    (tmp_path / "data").mkdir()
+    (tmp_path / "reject.txt").write_text("".join(f"{k}\n" for k in sorted(poison)))
+    sink = {
+        "type": "picky",
+        "path": str(tmp_path / "out.jsonl"),
+        "reject": str(tmp_path / "reject.txt"),
+    }
+    return write_pipeline(
+        tmp_path / "inprocess.yml",
+        {
+            "pipeline": "inprocess",
+            "state_dir": str(tmp_path / "state"),
+            "source": {"type": "filelog", "path": str(tmp_path / "data")},
+            "transport": {"type": "inprocess"},
+            "applications": {"app": {"sink": sink, "subscribers": 2, "on_error": on_error}},
+        },
+    )
+
+
+def test_dead_letters_of_subscribers_in_the_publisher_process(
+    tmp_path: Path, support_env: dict[str, str]
+) -> None:
+    pipeline = inprocess_pipeline(tmp_path, {"policy": "dead_letter", "retries": 0}, {1, 6})
+    append_rounds(tmp_path / "data" / "events.jsonl", 0, 10)
+    result = run_cli("run", str(pipeline), "--once", cwd=tmp_path, env=support_env)
+    assert result.returncode == 0, result
+    out = tmp_path / "out.jsonl"
+    seen = delivered(out)
+    assert set(seen) == set(range(KEYS)) - {1, 6}
+    assert all(in_order(ns, 10) for ns in seen.values())
+    # Both subscriber threads share the application's one log.
+    assert parked_rounds(dead_letters(pipeline, tmp_path, support_env)) == {
+        1: list(range(10)),
+        6: list(range(10)),
+    }
+    (tmp_path / "reject.txt").unlink()
+    replayed = run_cli(
+        "dead-letters", "replay", str(pipeline), "--app", "app", cwd=tmp_path, env=support_env
+    )
+    assert replayed.returncode == 0 and "replayed 20 dead letters" in replayed.stdout, replayed
+    assert delivered(out)[1] == delivered(out)[6] == list(range(10))
+
+
+def test_policy_stop_of_a_subscriber_in_the_publisher_process_fails_the_run(
+    tmp_path: Path, support_env: dict[str, str]
+) -> None:
+    pipeline = inprocess_pipeline(tmp_path, {"policy": "stop", "retries": 0}, {3})
+    append_rounds(tmp_path / "data" / "events.jsonl", 0, 2)
+    result = run_cli("run", str(pipeline), "--once", cwd=tmp_path, env=support_env)
+    assert result.returncode == 2, result
+    assert "application app: the sink rejected the update of table" in result.stderr
+    assert 'key {"id":3}' in result.stderr
+    assert 3 not in delivered(tmp_path / "out.jsonl")
+
+
+def test_a_replay_killed_half_way_loses_nothing_and_keeps_each_key_in_order(
+    tmp_path: Path, support_env: dict[str, str]
+) -> None:
+    poison = {0, 2, 4, 6, 8, 10}
+    pipeline, out, reject = setup(tmp_path, {"policy": "dead_letter", "retries": 0}, poison)
+    append_rounds(tmp_path / "data" / "events.jsonl", 0, 10)
+    result = run_cli("run", str(pipeline), "--once", cwd=tmp_path, env=support_env)
+    assert result.returncode == 0, result
+    assert len(dead_letters(pipeline, tmp_path, support_env)) == 60
+    # The sink is fixed but slow (300 ms a write): the replay is killed after two keys.
+    reject.unlink()
+    slow = pipeline.read_text().replace(
+        f"reject: {reject}", f"reject: {reject}\n      write_ms: 300"
+    )
+    assert slow != pipeline.read_text()
+    pipeline.write_text(slow)
+    replay = start_cli(
+        "dead-letters", "replay", str(pipeline), "--app", "app", cwd=tmp_path, env=support_env
+    )
+    try:
+        wait_until(lambda: len(poison & set(delivered(out))) >= 2, 60, "two keys replayed")
+    finally:
+        replay.kill()
+        replay.wait(30)
+    left = dead_letters(pipeline, tmp_path, support_env)
+    assert 0 < len(left) < 60
+    again = run_cli(
+        "dead-letters", "replay", str(pipeline), "--app", "app", cwd=tmp_path, env=support_env
+    )
+    assert again.returncode == 0, again
+    seen = delivered(out)
+    # Each key once in order, or (the one cut by the kill) again from its first entry.
+    assert all(in_order(seen[k], 10) for k in range(KEYS)), seen
+    assert dead_letters(pipeline, tmp_path, support_env) == []

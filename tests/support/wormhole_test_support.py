@@ -7,7 +7,8 @@
 * ``broken``: raises SinkError on open (a fatal sink problem).
 * ``picky``: writes like jsonl, but rejects (OSError) every batch holding an update whose
   key ``id`` is listed in the file ``reject`` (one id a line; no file: takes everything),
-  so a test can make one update poison and later "fix" the sink.
+  so a test can make one update poison and later "fix" the sink; each write takes at
+  least ``write_ms``.
 * ``closing``: writes like jsonl; its ``close`` computes for ``busy_s`` seconds (a long
   final refresh), or waits ``idle_s`` seconds doing nothing (a hung close), or fails
   (``fail``), and then appends ``closed <pid>`` to ``marker``.
@@ -100,12 +101,14 @@ class ClosingSink(JsonlSink):
 
 class PickyOptions(JsonlOptions):
     reject: str
+    write_ms: int = 0
 
 
 class PickySink(JsonlSink):
     def __init__(self, options: PickyOptions) -> None:
         super().__init__(options)
         self.reject = options.reject
+        self.write_s = options.write_ms / 1000
 
     def write(self, updates: list[Update]) -> None:
         try:
@@ -117,6 +120,7 @@ class PickySink(JsonlSink):
             if u.key.get("id") in rejected:
                 raise OSError(f"the sink refuses key id {u.key['id']}")
         super().write(updates)
+        time.sleep(self.write_s)  # a slow sink: each write takes this long
 
 
 @hookimpl
