@@ -5,7 +5,7 @@ Run: ``make bench`` (or ``python bench/tcp_delivery.py``).
 * throughput: ``wormhole run --once`` semantics on a prewritten file log, one
   application with 2 subscribers and the null sink, once over TCP (2 subscriber
   processes on loopback) and once in-process (2 subscriber threads), same run,
-  same file; the ratio is TCP / in-process;
+  same file, the runs of the setups interleaved; the ratio is TCP / in-process;
 * the same over TCP with ``on_error: {policy: dead_letter}`` and nothing rejected: the
   cost of checking the dead-letter log for every batch, as a ratio to the default policy;
 * latency: a producer appends 10,000 updates/s (100 every 10 ms) to a LogWriter
@@ -156,16 +156,18 @@ def main() -> int:
             f"{args.updates:,} updates; one application, 2 subscribers, null sink; "
             f"median of {args.repeat} runs"
         )
-        rates = {}
         tcp_transport = '{type: tcp, listen: "127.0.0.1:0"}'
-        for label, transport, on_error in (
+        setups = (
             ("in-process (2 subscriber threads)", "{type: inprocess}", ""),
             ("TCP loopback (2 subscriber processes)", tcp_transport, ""),
             ("TCP loopback, on_error dead_letter", tcp_transport, "{policy: dead_letter}"),
-        ):
-            rates[label] = statistics.median(
-                throughput(source, work / "state", transport, on_error) for _ in range(args.repeat)
-            )
+        )
+        samples: dict[str, list[float]] = {label: [] for label, _, _ in setups}
+        # Interleaved, so that a change in the machine's load spreads over every setup.
+        for _ in range(args.repeat):
+            for label, transport, on_error in setups:
+                samples[label].append(throughput(source, work / "state", transport, on_error))
+        rates = {label: statistics.median(values) for label, values in samples.items()}
         base = rates["in-process (2 subscriber threads)"]
         width = max(map(len, rates))
         print(f"{'delivery':<{width}}  {'updates/s':>12}  {'ratio':>6}")
