@@ -312,9 +312,12 @@ class Handlers:
 
         from wormhole.core.dead_letters import guard_sink
 
-        sink = guard_sink(
-            open_sink(sink_component, pipeline, app, instance), app, pipeline.state_dir, self._stop
-        )
+        opened = open_sink(sink_component, pipeline, app, instance)
+        try:
+            sink = guard_sink(opened, app, pipeline.state_dir, self._stop)
+        except BaseException:
+            opened.close()  # the dead-letter log cannot be opened
+            raise
         self.handler_first_backoff = app.on_error.backoff_ms / 1000.0
         self.handler_max_backoff = app.on_error.max_backoff_ms / 1000.0
         self.on_batch(sink.write)
