@@ -11,6 +11,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from wormhole.core import dead_letters as dl
 from wormhole.core.errors import WormholeError
@@ -221,3 +223,44 @@ def test_a_subscriber_taking_over_a_flow_sees_the_keys_its_last_owner_parked(
     assert second.written == [(2, 1)]
     dead = dl.read_dead_letters(tmp_path, "app")
     assert [(e.key["id"], e.parked_behind) for e in dead.entries.values()] == [(1, 0), (1, 1)]
+
+
+@settings(
+    max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(
+    batches=st.lists(
+        st.lists(st.integers(min_value=0, max_value=9), min_size=1, max_size=40),
+        min_size=1,
+        max_size=5,
+    ),
+    poison=st.sets(st.integers(min_value=0, max_value=9), max_size=4),
+)
+def test_any_batches_any_poison_keys_split_exactly(
+    tmp_path_factory: pytest.TempPathFactory, batches: list[list[int]], poison: set[int]
+) -> None:
+    """Whatever the batches and the rejected keys: the sink gets every update of the other
+    keys exactly once, in order; the log holds every update of a rejected key from its first
+    rejected one on, in order, the first one failed and the rest parked behind it."""
+    state = tmp_path_factory.mktemp("dead")
+    sink = Picky(poison)
+    guard = guarded(state, sink, retries=0)
+    sent: list[tuple[int, int]] = []
+    for batch in batches:
+        updates = []
+        for key in batch:
+            updates.append(update(key, len(sent)))
+            sent.append((key, len(sent)))
+        guard.write(updates)
+    assert sink.written == [(k, n) for k, n in sent if k not in poison]
+    dead = dl.read_dead_letters(state, "app")
+    logged = [(e.key["id"], (e.update.after_row() or {})["n"]) for e in dead.entries.values()]
+    assert sorted(logged, key=lambda kn: kn[1]) == [(k, n) for k, n in sent if k in poison]
+    for key in poison:
+        entries = [e for e in dead.entries.values() if e.key["id"] == key]
+        if entries:
+            assert [(e.update.after_row() or {})["n"] for e in entries] == sorted(
+                (e.update.after_row() or {})["n"] for e in entries
+            )
+            assert entries[0].parked_behind == 0
+            assert all(e.parked_behind == entries[0].id for e in entries[1:])
