@@ -264,3 +264,23 @@ def test_any_batches_any_poison_keys_split_exactly(
             )
             assert entries[0].parked_behind == 0
             assert all(e.parked_behind == entries[0].id for e in entries[1:])
+
+
+def test_with_several_datastores_a_key_is_parked_in_its_own_flow_only(tmp_path: Path) -> None:
+    sink = Picky({1})
+    current = ["db1"]
+    guard = dl.GuardedSink(
+        sink, "app", "dead_letter", 0, 0.001, 0.001, tmp_path, threading.Event(), lambda: current[0]
+    )
+    guard.write([update(1, 0)])
+    sink.rejected.clear()
+    current[0] = "db2"
+    guard.write([update(1, 1)])  # the same key in another datastore: not parked
+    current[0] = "db1"
+    guard.write([update(1, 2)])  # parked behind db1's dead letter
+    assert sink.written == [(1, 1)]
+    dead = dl.read_dead_letters(tmp_path, "app")
+    assert [(e.datastore, e.parked_behind) for e in dead.entries.values()] == [
+        ("db1", 0),
+        ("db1", 1),
+    ]

@@ -599,6 +599,7 @@ def _dead_letter_row(entry: Any) -> dict[str, Any]:
 
     return {
         "id": entry.id,
+        "datastore": entry.datastore or None,
         "shard": entry.shard,
         "table": entry.table,
         "key": entry.key,
@@ -653,8 +654,9 @@ def cmd_dead_letters(args: argparse.Namespace) -> int:
             for e in entries:
                 why = f"parked behind {e.parked_behind}" if e.parked_behind else e.error
                 key = json.dumps(e.key, separators=(",", ":"))
+                flow = f"{e.datastore}/{e.shard}" if e.datastore else str(e.shard)
                 print(
-                    f"  {e.id:>6}  shard {e.shard:<4} {e.table} {key} at "
+                    f"  {e.id:>6}  shard {flow:<4} {e.table} {key} at "
                     f"{e.position or e.logical or '?'}: {why}"
                 )
             return EXIT_OK

@@ -7,18 +7,19 @@ application's dead-letter log, durably, before the batch is acknowledged; everyt
 else is written to the sink and the flow moves on.
 
 **Per-key order.** A key with a dead letter is *parked*: every later update of the same
-key (same table, same key columns) goes to the dead-letter log behind it instead of to
-the sink, until the key's dead letters are replayed or purged. The sink therefore never
-sees a newer update of a key before an older one; other keys flow on.
+key (same flow, same table, same key columns) goes to the dead-letter log behind it
+instead of to the sink, until the key's dead letters are replayed or purged. The sink
+therefore never sees a newer update of a key before an older one; other keys flow on.
 
 **The log** is ``<state_dir>/dead-letters/<application>.log``, on the machine where the
 application's sink runs. It is a sequence of length + CRC framed records
 (:mod:`wormhole.core.framing`), each payload one JSON object:
 
 * kind 6, ``ENTRY`` (header ``first`` = the entry's id): ``id``, ``application``,
-  ``shard``, ``table``, ``key``, ``position``, ``logical``, ``error``, ``ts_ms`` (when it
-  was recorded, Unix ms), ``parked_behind`` (0 for an update the sink rejected; else the id
-  of the dead letter of its key it waits behind) and ``update`` (the update itself);
+  ``datastore`` (with a registry), ``shard``, ``table``, ``key``, ``position``,
+  ``logical``, ``error``, ``ts_ms`` (when it was recorded, Unix ms), ``parked_behind`` (0
+  for an update the sink rejected; else the id of the dead letter of its key it waits
+  behind) and ``update`` (the update itself);
 * kind 7, ``REMOVED``: ``ids`` removed by a replay (``reason: replayed``) or a purge
   (``reason: purged``), with ``ts_ms``;
 * kind 8, ``START``: ``next_id``, written first when the log is emptied and started over,
@@ -28,7 +29,7 @@ Every change is appended under an exclusive ``flock`` of the file and fsynced be
 returns; readers take a shared lock. A torn last record (a writer killed mid-write) is cut
 off by the next writer. After a crash between recording a dead letter and acknowledging
 its batch, the batch is delivered again and the same update is recorded at most once: an
-entry identical to a live one (same shard, same update) is not appended again, and
+entry identical to a live one (same flow, same update) is not appended again, and
 readers drop any duplicate by that identity.
 """
 
@@ -65,6 +66,8 @@ class Entry(msgspec.Struct, kw_only=True):
 
     id: int
     application: str
+    datastore: str = ""
+    """With a registry: the datastore (publisher) whose flow it came from."""
     shard: int
     table: str
     key: dict[str, Any]
@@ -91,16 +94,17 @@ _entry_decoder = msgspec.json.Decoder(Entry)
 _removed_decoder = msgspec.json.Decoder(Removed)
 _start_decoder = msgspec.json.Decoder(Start)
 
-KeyId = tuple[int, str, bytes]
+KeyId = tuple[str, int, str, bytes]
 
 
-def key_of(update: Update) -> KeyId:
-    """What per-key order is about: the shard, the table and the key columns."""
-    return (update.shard, update.table, _encode(update.key))
+def key_of(update: Update, datastore: str = "") -> KeyId:
+    """What per-key order is about: the flow (datastore and shard), the table and the key
+    columns."""
+    return (datastore, update.shard, update.table, _encode(update.key))
 
 
-def identity_of(entry: Entry) -> tuple[int, bytes]:
-    return (entry.shard, _encode(entry.update))
+def identity_of(entry: Entry) -> tuple[str, int, bytes]:
+    return (entry.datastore, entry.shard, _encode(entry.update))
 
 
 # ------------------------------------------------------------------ the hook
@@ -135,7 +139,7 @@ class DeadLetterLog:
         """Live entries by id, in log order."""
         self.parked: dict[KeyId, list[int]] = {}
         """Keys with live entries, and their ids in order."""
-        self._identities: dict[tuple[int, bytes], int] = {}
+        self._identities: dict[tuple[str, int, bytes], int] = {}
         self.next_id = 1
         self._fd = -1
         self._writable = False
@@ -227,14 +231,14 @@ class DeadLetterLog:
                 return  # recorded again after a crash: the first one stands
             self.entries[entry.id] = entry
             self._identities[identity] = entry.id
-            self.parked.setdefault(key_of(entry.update), []).append(entry.id)
+            self.parked.setdefault(key_of(entry.update, entry.datastore), []).append(entry.id)
         elif kind == KIND_REMOVED:
             for entry_id in _removed_decoder.decode(payload).ids:
                 gone = self.entries.pop(entry_id, None)
                 if gone is None:
                     continue
                 self._identities.pop(identity_of(gone), None)
-                key = key_of(gone.update)
+                key = key_of(gone.update, gone.datastore)
                 ids = self.parked.get(key, [])
                 with contextlib.suppress(ValueError):
                     ids.remove(entry_id)
@@ -311,22 +315,23 @@ class DeadLetterLog:
             raise StateError(f"cannot write the dead-letter log {self.path}: {exc}") from exc
         self._read_new()
 
-    def add(self, rejected: list[tuple[Update, str]]) -> list[Entry]:
+    def add(self, rejected: list[tuple[Update, str]], datastore: str = "") -> list[Entry]:
         """Record updates (with why): each is parked behind the first live entry of its key,
         if there is one. Durable when this returns. Caller holds :meth:`locked`."""
         now = int(time.time() * 1000)
         records = []
         added = []
         first_of: dict[KeyId, int] = {}  # keys this call parks that had no entry
-        identities: set[tuple[int, bytes]] = set()
+        identities: set[tuple[str, int, bytes]] = set()
         next_id = self.next_id
         for update, error in rejected:
-            key = key_of(update)
+            key = key_of(update, datastore)
             ahead = self.parked.get(key)
             behind = ahead[0] if ahead else first_of.get(key, 0)
             entry = Entry(
                 id=next_id,
                 application=self.application,
+                datastore=datastore,
                 shard=update.shard,
                 table=update.table,
                 key=update.key,
@@ -432,8 +437,12 @@ class GuardedSink:
         max_backoff: float,
         state_dir: Path,
         stop: threading.Event,
+        datastore: Callable[[], str] | None = None,
     ) -> None:
         self.sink = sink
+        self.datastore = datastore
+        """With a registry: the datastore of the batch in hand (flows are per datastore)."""
+        self._in_hand = ""
         self.application = application
         self.policy = policy
         self.retries = retries
@@ -461,6 +470,7 @@ class GuardedSink:
     def write(self, updates: list[Update]) -> None:
         dead = self.dead_letters
         if dead is not None:
+            self._in_hand = self.datastore() if self.datastore is not None else ""
             if dead.changed():
                 # Entries another subscriber of the application added for a flow this one
                 # took over, or removed by a replay: waits for a replay of one key at most.
@@ -479,15 +489,16 @@ class GuardedSink:
         if dead is None or not dead.parked:
             return updates
         parked = dead.parked
-        if not any(key_of(u) in parked for u in updates):
+        datastore = self._in_hand
+        if not any(key_of(u, datastore) in parked for u in updates):
             return updates
         with dead.locked():  # parked keys as of now: a replay may just have freed some
             keep: list[Update] = []
             park: list[Update] = []
             for u in updates:
-                (park if key_of(u) in dead.parked else keep).append(u)
+                (park if key_of(u, datastore) in dead.parked else keep).append(u)
             if park:
-                dead.add([(u, "parked behind a dead letter of its key") for u in park])
+                dead.add([(u, "parked behind a dead letter of its key") for u in park], datastore)
                 log.info(
                     "%s: %d updates of keys with dead letters parked in %s",
                     self.application,
@@ -540,9 +551,10 @@ class GuardedSink:
 
     def _reject(self, update: Update, error: Exception) -> None:
         reason = f"{type(error).__name__}: {error}"
+        flow = f"datastore {self._in_hand} shard" if self._in_hand else "shard"
         where = (
             f"table {update.table} key {_encode(update.key).decode()} position "
-            f"{update.position or update.logical or '?'} (shard {update.shard})"
+            f"{update.position or update.logical or '?'} ({flow} {update.shard})"
         )
         if self.dead_letters is None:
             raise WormholeError(
@@ -552,7 +564,7 @@ class GuardedSink:
                 f"or set on_error.policy: dead_letter, and start it again"
             ) from error
         with self.dead_letters.locked():
-            added = self.dead_letters.add([(update, reason)])
+            added = self.dead_letters.add([(update, reason)], self._in_hand)
         log.warning(
             "%s: the sink rejected the update of %s after %d retries (%s); recorded as dead "
             "letter %s in %s, and its key is parked until it is replayed or purged",
@@ -565,7 +577,13 @@ class GuardedSink:
         )
 
 
-def guard_sink(sink: Any, app: Any, state_dir: Path, stop: threading.Event) -> Any:
+def guard_sink(
+    sink: Any,
+    app: Any,
+    state_dir: Path,
+    stop: threading.Event,
+    datastore: Callable[[], str] | None = None,
+) -> Any:
     """``sink``, or a :class:`GuardedSink` around it when ``app.on_error`` gives up on
     batches (policy ``dead_letter`` or ``stop``)."""
     on_error = app.on_error
@@ -580,6 +598,7 @@ def guard_sink(sink: Any, app: Any, state_dir: Path, stop: threading.Event) -> A
         on_error.max_backoff_ms / 1000.0,
         state_dir,
         stop,
+        datastore,
     )
 
 

@@ -246,6 +246,8 @@ class Handlers:
     """Longest wait between retries of a failing handler."""
     handler_first_backoff = 0.05
     """First wait before retrying a failing handler (it doubles)."""
+    batch_datastore = ""
+    """With a registry: the datastore of the batch being handled (its flows' datastore)."""
 
     def _stopped_while_retrying(self, exc: Exception) -> BaseException:
         """What ``_handle`` raises when the subscriber stops while a handler fails."""
@@ -314,7 +316,9 @@ class Handlers:
 
         opened = open_sink(sink_component, pipeline, app, instance)
         try:
-            sink = guard_sink(opened, app, pipeline.state_dir, self._stop)
+            sink = guard_sink(
+                opened, app, pipeline.state_dir, self._stop, lambda: self.batch_datastore
+            )
         except BaseException:
             opened.close()  # the dead-letter log cannot be opened
             raise

@@ -261,6 +261,7 @@ class Subscriber(Handlers):
         if datastore is None:
             self._handle(updates)
             return
+        self.batch_datastore = datastore
         run_handlers(
             self.app,
             updates,
