@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import pytest
 from tcp_support import Process, tcp_pipeline
 
 from wormhole.testing import free_port, read_envelopes, run_cli, wait_until, write_pipeline
@@ -32,7 +33,9 @@ def append_rounds(path: Path, first: int, last: int) -> None:
                 f.write("\n")
 
 
-def setup(tmp_path: Path, on_error: dict[str, Any], poison: set[int]) -> tuple[Path, Path, Path]:
+def setup(
+    tmp_path: Path, on_error: dict[str, Any], poison: set[int], subscribers: int = 1
+) -> tuple[Path, Path, Path]:
     (tmp_path / "data").mkdir()
     reject = tmp_path / "reject.txt"
     reject.write_text("".join(f"{k}\n" for k in sorted(poison)))
@@ -44,6 +47,7 @@ def setup(tmp_path: Path, on_error: dict[str, Any], poison: set[int]) -> tuple[P
             "app": {
                 "sink": {"type": "picky", "path": str(out), "reject": str(reject)},
                 "on_error": on_error,
+                "subscribers": subscribers,
             }
         },
     )
@@ -213,13 +217,16 @@ def test_purge_needs_an_id_or_yes(tmp_path: Path, support_env: dict[str, str]) -
     assert set(delivered(out)) == set(range(KEYS)) - {2, 5}
 
 
+@pytest.mark.parametrize("subscribers", [1, 2])
 def test_kill_9_in_the_middle_of_dead_lettering_loses_nothing(
-    tmp_path: Path, support_env: dict[str, str]
+    tmp_path: Path, support_env: dict[str, str], subscribers: int
 ) -> None:
-    rng = random.Random(20)
+    """With two subscriber processes, a killed one's flows move to the other while it is
+    started again: the new owner must see the keys the old one parked."""
+    rng = random.Random(20 + subscribers)
     poison = set(rng.sample(range(KEYS), 2))
     policy = {"policy": "dead_letter", "retries": 1, "backoff_ms": 5}
-    pipeline, out, reject = setup(tmp_path, policy, poison=poison)
+    pipeline, out, reject = setup(tmp_path, policy, poison=poison, subscribers=subscribers)
     source = tmp_path / "data" / "events.jsonl"
     others = [k for k in range(KEYS) if k not in poison]
     rounds = 0
