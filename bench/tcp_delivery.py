@@ -5,7 +5,9 @@ Run: ``make bench`` (or ``python bench/tcp_delivery.py``).
 * throughput: ``wormhole run --once`` semantics on a prewritten file log, one
   application with 2 subscribers and the null sink, once over TCP (2 subscriber
   processes on loopback) and once in-process (2 subscriber threads), same run,
-  same file; the ratio is TCP / in-process;
+  same file, the runs of the setups interleaved; the ratio is TCP / in-process;
+* the same over TCP with ``on_error: {policy: dead_letter}`` and nothing rejected: the
+  cost of checking the dead-letter log for every batch, as a ratio to the default policy;
 * latency: a producer appends 10,000 updates/s (100 every 10 ms) to a LogWriter
   log while the publisher runs; 2 subscriber processes record, for every batch,
   the time from its append to the publisher log to their callback (one monotonic
@@ -58,9 +60,9 @@ applications:
 """
 
 
-def throughput(source: Path, state: Path, transport: str) -> float:
+def throughput(source: Path, state: Path, transport: str, on_error: str = "") -> float:
     shutil.rmtree(state, ignore_errors=True)
-    app = 'sink: {type: "null"}, subscribers: 2'
+    app = 'sink: {type: "null"}, subscribers: 2' + (f", on_error: {on_error}" if on_error else "")
     text = pipeline_text(state, source, transport, "nulls: {" + app + "}")
     pipeline = parse_pipeline(text, str(state.parent / "bench.yml"), env={})
     (state.parent / "bench.yml").write_text(text)
@@ -154,19 +156,28 @@ def main() -> int:
             f"{args.updates:,} updates; one application, 2 subscribers, null sink; "
             f"median of {args.repeat} runs"
         )
-        rates = {}
-        for label, transport in (
-            ("in-process (2 subscriber threads)", "{type: inprocess}"),
-            ("TCP loopback (2 subscriber processes)", '{type: tcp, listen: "127.0.0.1:0"}'),
-        ):
-            rates[label] = statistics.median(
-                throughput(source, work / "state", transport) for _ in range(args.repeat)
-            )
+        tcp_transport = '{type: tcp, listen: "127.0.0.1:0"}'
+        setups = (
+            ("in-process (2 subscriber threads)", "{type: inprocess}", ""),
+            ("TCP loopback (2 subscriber processes)", tcp_transport, ""),
+            ("TCP loopback, on_error dead_letter", tcp_transport, "{policy: dead_letter}"),
+        )
+        samples: dict[str, list[float]] = {label: [] for label, _, _ in setups}
+        # Interleaved, so that a change in the machine's load spreads over every setup.
+        for _ in range(args.repeat):
+            for label, transport, on_error in setups:
+                samples[label].append(throughput(source, work / "state", transport, on_error))
+        rates = {label: statistics.median(values) for label, values in samples.items()}
         base = rates["in-process (2 subscriber threads)"]
         width = max(map(len, rates))
         print(f"{'delivery':<{width}}  {'updates/s':>12}  {'ratio':>6}")
         for label, rate in rates.items():
             print(f"{label:<{width}}  {rate:>12,.0f}  {rate / base:>6.2f}")
+        dead_letter = rates["TCP loopback, on_error dead_letter"]
+        print(
+            f"on_error dead_letter (nothing rejected) / default retry, over TCP: "
+            f"{dead_letter / rates['TCP loopback (2 subscriber processes)']:.2f}"
+        )
         p50, p99, n = latency(work, args.latency_seconds, 10_000)
         print(
             f"latency, publisher-log append -> subscriber callback, 10,000 updates/s for "

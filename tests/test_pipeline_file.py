@@ -144,3 +144,28 @@ def test_validate_command_exit_codes(
     result = wormhole_cli("validate", str(tmp_path / "missing.yml"))
     assert result.returncode == 2
     assert "file not found" in result.stderr
+
+
+def test_on_error_defaults_to_retry_and_bad_values_are_named_by_their_path() -> None:
+    app = parse_pipeline(MINIMAL, "p.yml", env={}).applications["history"]
+    assert (app.on_error.policy, app.on_error.backoff_ms, app.on_error.max_backoff_ms) == (
+        "retry",
+        50,
+        30_000,
+    )
+    chosen = MINIMAL + "    on_error: {policy: dead_letter, retries: 5, backoff_ms: 10}\n"
+    app = parse_pipeline(chosen, "p.yml", env={}).applications["history"]
+    assert (app.on_error.policy, app.on_error.attempts_after_first) == ("dead_letter", 5)
+    joined = "\n".join(problems(MINIMAL + "    on_error: {policy: skip, retries: -1}\n"))
+    assert "applications.history.on_error.policy: input should be 'retry', 'dead_letter' or" in (
+        joined
+    )
+    assert "applications.history.on_error.retries: input should be greater than or equal to 0" in (
+        joined
+    )
+    (problem,) = problems(MINIMAL + "    on_error: {retries: 2}\n")
+    assert problem.startswith("applications.history.on_error: ")
+    assert "policy retry retries until the sink takes the batch" in problem
+    library = MINIMAL.replace("    sink: {type: jsonl, path: out/history.jsonl}\n", "")
+    (problem,) = problems(library + "    on_error: {policy: stop}\n")
+    assert "on_error: applies to the application's sink, and it has none" in problem

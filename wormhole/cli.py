@@ -1,5 +1,5 @@
 """The ``wormhole`` command: run, publish, subscribe, validate, plugins, status, forget, apps,
-and the commands plugins add."""
+dead-letters, and the commands plugins add."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
+from wormhole.core.dead_letters import count_dead_letters
 from wormhole.core.errors import ConfigError, WormholeError
 from wormhole.core.metrics import count_errors, parse_listen, serve
 from wormhole.core.pipeline import MetricsSettings, Pipeline, load_pipeline
@@ -368,6 +369,10 @@ def cmd_status(args: argparse.Namespace) -> int:
         else (set(pipeline.applications), None)
     )
     removed = _removed_applications(names, markers, info.next_seq)
+    dead_letters = {
+        name: 0 for name, a in pipeline.applications.items() if a.on_error.policy == "dead_letter"
+    }
+    dead_letters.update(count_dead_letters(pipeline.state_dir))
     if args.json:
         print(
             json.dumps(
@@ -386,6 +391,7 @@ def cmd_status(args: argparse.Namespace) -> int:
                     },
                     "flows": flows,
                     "removed_applications": removed,
+                    "dead_letters": dead_letters,
                     "deployment": deployment,
                 }
             )
@@ -413,6 +419,11 @@ def cmd_status(args: argparse.Namespace) -> int:
         marker_text = "-" if flow["datamarker"] is None else f"{flow['datamarker']:,}"
         lag_text = "-" if flow["lag"] is None else f"{flow['lag']:,}"
         print(f"  {flow['application']:<16} {flow['shard']:>5} {marker_text:>12} {lag_text:>10}")
+    for app_name, count in dead_letters.items():
+        print(
+            f"  application {app_name}: {count:,} dead letters (wormhole dead-letters list "
+            f"{pipeline.file} --app {app_name})"
+        )
     for entry in removed:
         print(
             f"  warning: application {entry['application']} is not in "
@@ -616,6 +627,105 @@ class JsonFormatter(logging.Formatter):
         return json.dumps(entry, default=str)
 
 
+def _dead_letter_row(entry: Any) -> dict[str, Any]:
+    import datetime
+
+    from wormhole.core.update import envelope
+
+    return {
+        "id": entry.id,
+        "datastore": entry.datastore or None,
+        "shard": entry.shard,
+        "table": entry.table,
+        "key": entry.key,
+        "position": entry.position,
+        "logical": entry.logical,
+        "error": entry.error,
+        "parked_behind": entry.parked_behind or None,
+        "time": datetime.datetime.fromtimestamp(entry.ts_ms / 1000, datetime.UTC).isoformat(),
+        "update": json.loads(msgspec_json(envelope(entry.update))),
+    }
+
+
+def msgspec_json(value: Any) -> bytes:
+    import msgspec
+
+    return msgspec.json.encode(value)
+
+
+def cmd_dead_letters(args: argparse.Namespace) -> int:
+    from wormhole.core import dead_letters as dl
+
+    pipeline = _load(args.pipeline)
+    name = args.app
+    names, _ = _application_names(pipeline)
+    dead = dl.DeadLetterLog(pipeline.state_dir, name)
+    if name not in names and not dead.path.exists():
+        raise WormholeError(
+            f"application {name} is not in {pipeline.file} and has no dead-letter log in "
+            f"{pipeline.state_dir}; the applications are: {', '.join(sorted(names))}"
+        )
+    try:
+        if args.action in ("list", "show"):
+            dead.refresh()
+            entries = list(dead.entries.values())
+            if args.action == "show":
+                entry = dead.entries.get(args.id)
+                if entry is None:
+                    raise WormholeError(
+                        f"application {name} has no dead letter {args.id} in {dead.path} "
+                        f"(`wormhole dead-letters list {args.pipeline} --app {name}` lists them)"
+                    )
+                print(json.dumps(_dead_letter_row(entry), indent=2))
+                return EXIT_OK
+            if args.json:
+                print(json.dumps([_dead_letter_row(e) for e in entries]))
+                return EXIT_OK
+            parked = sum(1 for e in entries if e.parked_behind)
+            print(
+                f"application {name}: {len(entries)} dead letters ({parked} parked behind "
+                f"another of their key) in {dead.path}"
+            )
+            for e in entries:
+                why = f"parked behind {e.parked_behind}" if e.parked_behind else e.error
+                key = json.dumps(e.key, separators=(",", ":"))
+                flow = f"{e.datastore}/{e.shard}" if e.datastore else str(e.shard)
+                print(
+                    f"  {e.id:>6}  shard {flow:<4} {e.table} {key} at "
+                    f"{e.position or e.logical or '?'}: {why}"
+                )
+            return EXIT_OK
+        if args.action == "purge":
+            if not args.id and not args.yes:
+                raise WormholeError(
+                    "purge: name the dead letters to remove (--id ID, repeatable) or remove "
+                    "them all with --yes; what is purged is never delivered"
+                )
+            removed = dl.purge(dead, set(args.id) if args.id else None)
+            print(f"application {name}: purged {len(removed)} dead letters")
+            return EXIT_OK
+        # replay
+        from wormhole.core.registry import subscriber_application
+        from wormhole.core.subscriber import open_sink
+
+        app = subscriber_application(pipeline, name, "wormhole.Subscriber")
+        assert app.sink is not None
+        sink = open_sink(app.sink, pipeline, app, args.instance)
+        try:
+            result = dl.replay(dead, sink, set(args.id) if args.id else None)
+        finally:
+            sink.close()
+        print(
+            f"application {name}: replayed {len(result.replayed)} dead letters through its sink"
+            f"; {len(dead.entries)} left"
+        )
+        for entry_id, error in result.failed:
+            print(f"  dead letter {entry_id} rejected again (its key stays parked): {error}")
+        return EXIT_OK if not result.failed else 1
+    finally:
+        dead.close()
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="wormhole",
@@ -743,6 +853,44 @@ def build_parser() -> argparse.ArgumentParser:
     apps_move.add_argument("app", help="application name")
     apps_move.add_argument("copy", help="the copy to serve it from")
     apps.set_defaults(func=cmd_apps)
+
+    dead = sub.add_parser(
+        "dead-letters",
+        help="list, show, replay or purge the updates an application's sink rejected "
+        "(on_error: {policy: dead_letter})",
+    )
+    dead_sub = dead.add_subparsers(dest="action", required=True, metavar="ACTION")
+    for action, help_text in (
+        ("list", "the application's dead letters, oldest first"),
+        ("show", "one dead letter in full: error, position, flow, time and the update"),
+        (
+            "replay",
+            "deliver them again through the application's sink, in order per key; "
+            "removes what it takes",
+        ),
+        ("purge", "remove dead letters without delivering them (--id ID or --yes for all)"),
+    ):
+        command = dead_sub.add_parser(action, help=help_text)
+        command.add_argument("pipeline", help="pipeline file (YAML)")
+        command.add_argument("--app", required=True, help="the application")
+        if action == "show":
+            command.add_argument("id", type=int, help="the dead letter's id")
+        if action == "list":
+            command.add_argument("--json", action="store_true")
+        if action in ("replay", "purge"):
+            command.add_argument(
+                "--id",
+                type=int,
+                action="append",
+                help="only this dead letter (repeatable); replay takes its whole key",
+            )
+        if action == "purge":
+            command.add_argument("--yes", action="store_true", help="purge every dead letter")
+        if action == "replay":
+            command.add_argument(
+                "--instance", type=int, default=0, help="open the sink as this subscriber number"
+            )
+    dead.set_defaults(func=cmd_dead_letters)
 
     # Commands that plugins add (the search connector's `wormhole search`, say).
     from wormhole.plugins.manager import default_registry

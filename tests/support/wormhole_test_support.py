@@ -5,6 +5,10 @@
 * ``flaky``: fails its first ``failures`` writes with an OSError, then appends
   envelopes to ``path`` like jsonl (retry with backoff).
 * ``broken``: raises SinkError on open (a fatal sink problem).
+* ``picky``: writes like jsonl, but rejects (OSError) every batch holding an update whose
+  key ``id`` is listed in the file ``reject`` (one id a line; no file: takes everything),
+  so a test can make one update poison and later "fix" the sink; each write takes at
+  least ``write_ms``.
 * ``closing``: writes like jsonl; its ``close`` computes for ``busy_s`` seconds (a long
   final refresh), or waits ``idle_s`` seconds doing nothing (a hung close), or fails
   (``fail``), and then appends ``closed <pid>`` to ``marker``.
@@ -95,6 +99,30 @@ class ClosingSink(JsonlSink):
             f.write(f"closed {os.getpid()}\n")
 
 
+class PickyOptions(JsonlOptions):
+    reject: str
+    write_ms: int = 0
+
+
+class PickySink(JsonlSink):
+    def __init__(self, options: PickyOptions) -> None:
+        super().__init__(options)
+        self.reject = options.reject
+        self.write_s = options.write_ms / 1000
+
+    def write(self, updates: list[Update]) -> None:
+        try:
+            with open(self.reject) as f:
+                rejected = {int(line) for line in f if line.strip()}
+        except FileNotFoundError:
+            rejected = set()
+        for u in updates:
+            if u.key.get("id") in rejected:
+                raise OSError(f"the sink refuses key id {u.key['id']}")
+        super().write(updates)
+        time.sleep(self.write_s)  # a slow sink: each write takes this long
+
+
 @hookimpl
 def wormhole_sinks() -> list[ComponentSpec]:
     return [
@@ -103,5 +131,6 @@ def wormhole_sinks() -> list[ComponentSpec]:
         ),
         ComponentSpec("sink", "flaky", FlakySink, FlakyOptions, "fails its first writes"),
         ComponentSpec("sink", "broken", BrokenSink, Options, "fails to open"),
+        ComponentSpec("sink", "picky", PickySink, PickyOptions, "rejects listed keys"),
         ComponentSpec("sink", "closing", ClosingSink, ClosingOptions, "a slow or failing close"),
     ]

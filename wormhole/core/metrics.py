@@ -71,6 +71,12 @@ DEAD_LETTERS = Counter(
     ["application"],
     registry=REGISTRY,
 )
+PARKED = Counter(
+    "wormhole_dead_letters_parked",
+    "Updates parked in the application's dead-letter log behind a dead letter of their key.",
+    ["application"],
+    registry=REGISTRY,
+)
 SINK_WRITE_SECONDS = Histogram(
     "wormhole_sink_write_seconds",
     "Time a sink took to make one batch durable (successful writes), subscriber side.",
@@ -100,6 +106,11 @@ def reconnecting(logger: str) -> None:
 def dead_lettered(application: str, updates: int = 1) -> None:
     """``updates`` of ``application`` went to its dead-letter log."""
     DEAD_LETTERS.labels(application).inc(updates)
+
+
+def parked(application: str, updates: int = 1) -> None:
+    """``updates`` of ``application`` were parked behind a dead letter of their key."""
+    PARKED.labels(application).inc(updates)
 
 
 def timed_sink(application: str, write: Callable[[list[Any]], None]) -> Callable[[list[Any]], None]:

@@ -157,6 +157,45 @@ class MoveRequest(Options):
     requested: int = Field(ge=0, description="when the move was requested (Unix milliseconds)")
 
 
+class OnErrorConfig(Options):
+    """What a subscriber does with a batch its sink rejects (``applications.<app>.on_error``)."""
+
+    policy: Literal["retry", "dead_letter", "stop"] = Field(
+        "retry",
+        description="retry: until the sink takes the batch (the flow waits); dead_letter: "
+        "after `retries`, isolate the rejected updates, keep them in the application's "
+        "dead-letter log and move on; stop: after `retries`, stop the subscriber naming the "
+        "rejected update",
+    )
+    retries: int | None = Field(
+        None,
+        ge=0,
+        le=1_000_000,
+        description="dead_letter and stop: attempts after the first before giving up (default 3)",
+    )
+    backoff_ms: int = Field(
+        50, ge=1, le=3_600_000, description="the first wait between attempts; it doubles"
+    )
+    max_backoff_ms: int = Field(
+        30_000, ge=1, le=3_600_000, description="the longest wait between attempts"
+    )
+
+    @model_validator(mode="after")
+    def _retries(self) -> OnErrorConfig:
+        if self.policy == "retry" and self.retries is not None:
+            raise ValueError(
+                "retries: policy retry retries until the sink takes the batch; set policy "
+                "dead_letter or stop to give up after a number of retries"
+            )
+        if self.max_backoff_ms < self.backoff_ms:
+            raise ValueError("max_backoff_ms must be at least backoff_ms")
+        return self
+
+    @property
+    def attempts_after_first(self) -> int:
+        return 3 if self.retries is None else self.retries
+
+
 class ApplicationConfig(Options):
     """One application: its start point, filter, sink and number of subscribers."""
 
@@ -171,6 +210,11 @@ class ApplicationConfig(Options):
         "subscribers are programs using the subscriber library (tcp transport)",
     )
     subscribers: int = Field(1, ge=1, le=1024, description="subscriber instances")
+    on_error: OnErrorConfig = Field(
+        default_factory=OnErrorConfig,
+        description="what the subscribers do with a batch the sink rejects: "
+        "{policy: retry | dead_letter | stop, retries: N, backoff_ms: MS}",
+    )
     copies: list[str] | None = Field(
         None,
         description="multiple-copy: the copies to serve this application from, most "
@@ -200,6 +244,12 @@ class ApplicationConfig(Options):
                 raise ValueError("an external application has no sink (its reader is outside)")
             if self.filter != FilterConfig():
                 raise ValueError("an external application reads the whole log: it has no filter")
+        if self.sink is None and self.on_error != OnErrorConfig():
+            raise ValueError(
+                "on_error: applies to the application's sink, and it has none (its "
+                "subscribers are programs using the subscriber library, which handle "
+                "errors themselves); add a sink or remove on_error"
+            )
         return self
 
     @field_validator("start")
@@ -317,6 +367,7 @@ class Application:
     copies: list[str] | None = None
     failback: str = "auto"
     move: MoveRequest | None = None
+    on_error: OnErrorConfig = field(default_factory=OnErrorConfig)
 
 
 @dataclass(frozen=True)
@@ -658,6 +709,7 @@ def _applications(
                 copies=app.copies,
                 failback=app.failback,
                 move=app.move,
+                on_error=app.on_error,
             )
     return apps
 

@@ -65,11 +65,15 @@ class LocalSubscriber:
         self.abort = threading.Event()
         self.written = 0
         self.write = timed_sink(application, sink.write)
+        self.first_backoff = 0.05
+        self.max_backoff = MAX_BACKOFF
         self.thread = threading.Thread(
             target=self._run, name=f"subscriber {self.name}", daemon=True
         )
 
     def start(self) -> None:
+        # Timed around the sink as it is now: a transport may have wrapped it (dead letters).
+        self.write = timed_sink(self.application, self.sink.write)
         self.thread.start()
 
     # ----------------------------------------------------- SubscriberSession
@@ -123,7 +127,7 @@ class LocalSubscriber:
             self.hub.acknowledge(self.application, self, frame.datamarkers, len(frame.updates))
 
     def _write(self, frame: Frame) -> bool:
-        backoff = Backoff(log, first=0.05, cap=MAX_BACKOFF, stop=self.abort)
+        backoff = Backoff(log, first=self.first_backoff, cap=self.max_backoff, stop=self.abort)
         while True:
             try:
                 self.write(frame.updates)
@@ -180,12 +184,13 @@ def run_handlers(
     stop: threading.Event,
     stopped: Callable[[Exception], BaseException],
     max_backoff: float = 30.0,
+    first_backoff: float = 0.05,
 ) -> None:
     """Give a batch to a subscriber library's handlers: every ``on_batch`` handler, then
     every ``on_updates`` handler once per shard. A failure is retried with backoff until
     it passes (a WormholeError is fatal); ``stopped(exc)`` is raised if ``stop`` is set
     meanwhile."""
-    backoff = Backoff(log, first=0.05, cap=max_backoff, stop=stop)
+    backoff = Backoff(log, first=first_backoff, cap=max_backoff, stop=stop)
     while True:
         try:
             for batch_fn in batch_handlers:
@@ -243,6 +248,10 @@ class Handlers:
     _stop: threading.Event
     handler_max_backoff = 30.0
     """Longest wait between retries of a failing handler."""
+    handler_first_backoff = 0.05
+    """First wait before retrying a failing handler (it doubles)."""
+    batch_datastore = ""
+    """With a registry: the datastore of the batch being handled (its flows' datastore)."""
 
     def _stopped_while_retrying(self, exc: Exception) -> BaseException:
         """What ``_handle`` raises when the subscriber stops while a handler fails."""
@@ -259,6 +268,7 @@ class Handlers:
             self._stop,
             self._stopped_while_retrying,
             self.handler_max_backoff,
+            self.handler_first_backoff,
         )
 
     def _init_handlers(self) -> None:
@@ -302,10 +312,22 @@ class Handlers:
 
     def serve_sink(self, sink_component: Any, pipeline: Any, app: Any, instance: int) -> None:
         """``wormhole subscribe``: open ``app``'s sink as subscriber ``instance``, hand it
-        every batch, run until SIGINT or SIGTERM, close it."""
+        every batch under the application's ``on_error`` policy, run until SIGINT or
+        SIGTERM, close it."""
         import signal
 
-        sink = open_sink(sink_component, pipeline, app, instance)
+        from wormhole.core.dead_letters import guard_sink
+
+        opened = open_sink(sink_component, pipeline, app, instance)
+        try:
+            sink = guard_sink(
+                opened, app, pipeline.state_dir, self._stop, lambda: self.batch_datastore
+            )
+        except BaseException:
+            opened.close()  # the dead-letter log cannot be opened
+            raise
+        self.handler_first_backoff = app.on_error.backoff_ms / 1000.0
+        self.handler_max_backoff = app.on_error.max_backoff_ms / 1000.0
         self.on_batch(timed_sink(app.name, sink.write))
 
         def on_signal(signum: int, frame: Any) -> None:

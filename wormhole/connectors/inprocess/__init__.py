@@ -11,6 +11,7 @@ from typing import Any
 
 from pydantic import Field
 
+from wormhole.core.dead_letters import guard_sink
 from wormhole.core.errors import ConfigError
 from wormhole.core.subscriber import LocalSubscriber, open_sink
 from wormhole.plugins.components import ComponentSpec, Options, PublisherView
@@ -56,6 +57,12 @@ class InprocessTransport:
             subscriber = LocalSubscriber(
                 hub, app.name, index, sink, max_frames=self.options.queue_frames
             )
+            # The application's on_error policy: how long to wait between retries, and
+            # whether to give up on a batch (dead letters, or stop).
+            on_error = app.config.on_error
+            subscriber.sink = guard_sink(sink, app.config, pipeline.state_dir, subscriber.abort)
+            subscriber.first_backoff = on_error.backoff_ms / 1000.0
+            subscriber.max_backoff = on_error.max_backoff_ms / 1000.0
             self.subscribers.append(subscriber)
             hub.attach(app.name, subscriber)
             subscriber.start()

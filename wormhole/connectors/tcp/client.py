@@ -262,6 +262,7 @@ class Subscriber(Handlers):
         if datastore is None:
             self._handle(updates)
             return
+        self.batch_datastore = datastore
         run_handlers(
             self.app,
             updates,
@@ -271,6 +272,7 @@ class Subscriber(Handlers):
             self._stop,
             self._stopped_while_retrying,
             self.handler_max_backoff,
+            self.handler_first_backoff,
         )
 
     def _stopped_while_retrying(self, exc: Exception) -> BaseException:
