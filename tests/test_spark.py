@@ -373,3 +373,75 @@ def test_read_stream_over_the_network_commits_datamarkers_through_the_publisher(
         publisher.terminate()
         publisher.communicate(timeout=60)
     assert publisher.returncode == 0
+
+
+def test_read_stream_finds_every_publisher_of_a_dataset_through_the_registry(
+    tmp_path: Path, spark: Any, zookeeper_server: Any
+) -> None:
+    from tcp_support import Process
+
+    from wormhole.connectors.tcp.ranges import TcpRemoteLog
+    from wormhole.plugins.components import RemoteLogError, RemoteLogRequest
+    from wormhole.testing.helpers import free_port
+
+    register(spark)
+    root = "/spark-registry"
+    ports = {}
+    publishers = []
+    for datastore in ("db1", "db2"):
+        data = tmp_path / "data" / datastore
+        data.mkdir(parents=True)
+        ports[datastore] = free_port()
+        pipeline = write_pipeline(
+            tmp_path / f"{datastore}.yml",
+            {
+                "pipeline": "shop",
+                "registry": {"type": "zookeeper", "hosts": zookeeper_server.hosts, "root": root},
+                "datastore": datastore,
+                "state_dir": str(tmp_path / f"state-{datastore}"),
+                "dataset": {"shards": 4},
+                "source": {"type": "filelog", "path": str(data), "poll_interval_ms": 20},
+                "transport": {"type": "tcp", "listen": f"127.0.0.1:{ports[datastore]}"},
+                "applications": {"lake": {"external": True}},
+            },
+        )
+        _workload(data / "0001.jsonl", 50, range(0, 20))
+        publishers.append(Process("publish", str(pipeline), "-q", cwd=tmp_path))
+
+    def logged(datastore: str, end: int) -> bool:
+        remote = TcpRemoteLog(RemoteLogRequest(f"127.0.0.1:{ports[datastore]}", "lake"))
+        try:
+            return remote.positions().end >= end
+        except RemoteLogError:
+            return False
+
+    try:
+        for datastore in ports:
+            wait_until(lambda d=datastore: logged(d, 1000), 60, f"{datastore} to log 1000")
+        out, checkpoint = tmp_path / "out", tmp_path / "checkpoint"
+        query = (
+            spark.readStream.format("wormhole")
+            .option("registry", f"zookeeper://{zookeeper_server.hosts}{root}")
+            .option("dataset", "shop")
+            .option("application", "lake")
+            .load()
+            .writeStream.format("parquet")
+            .option("path", str(out))
+            .option("checkpointLocation", str(checkpoint))
+            .trigger(availableNow=True)
+            .start()
+        )
+        query.awaitTermination()
+        rows = spark.read.parquet(str(out))
+        assert rows.count() == 2000
+        assert rows.select("datastore", "seq").distinct().count() == 2000
+        per_store = {
+            r["datastore"]: r["count"] for r in rows.groupBy("datastore").count().collect()
+        }
+        assert per_store == {"db1": 1000, "db2": 1000}
+        # Offsets are per datastore: {"db1": {"0": ...}, "db2": {...}}.
+        offsets = json.loads((checkpoint / "offsets" / "0").read_text().splitlines()[-1])
+        assert set(offsets) == {"db1", "db2"} and all(len(v) == 4 for v in offsets.values())
+    finally:
+        for publisher in publishers:
+            assert publisher.stop() == 0, publisher.stderr
