@@ -11,6 +11,11 @@ the application's start to the end of the log into an empty Parquet directory, w
 checkpoint, timed from ``start()`` to its end (the SparkSession is started once, before).
 The modes alternate, ``--repeat`` times each. Figures: rows per second; the ratio is
 network / file (target: network >= 100,000 rows/s and >= 0.5 of file mode).
+
+Two ceilings, measured in the same run with the same number of rows, partitions and row shape,
+written to Parquet by a batch query: *memory*, a Python data source whose tasks yield prebuilt
+Arrow record batches (the most any Python source can reach here), and *jvm*, the same rows made
+by Spark SQL with no Python at all.
 """
 
 from __future__ import annotations
@@ -23,11 +28,13 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).parent))
 from filelog_throughput import write_jsonl
+from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
 
 from wormhole.connectors.spark import register
 from wormhole.connectors.tcp.ranges import TcpRemoteLog
@@ -51,6 +58,95 @@ def _query(spark: Any, options: dict[str, str], out: Path, checkpoint: Path) -> 
         .awaitTermination()
     )
     return time.perf_counter() - started
+
+
+class _MemoryReader(DataSourceReader):
+    def __init__(self, rows: int, partitions: int) -> None:
+        self.rows = rows
+        self.count = partitions
+
+    def partitions(self) -> list[InputPartition]:
+        return [InputPartition(i) for i in range(self.count)]
+
+    def read(self, partition: InputPartition) -> Iterator[Any]:
+        import pyarrow as pa
+
+        from wormhole.connectors.spark.stream import _arrow_schema
+
+        schema = _arrow_schema()
+        n = self.rows // self.count
+        after = '{"rider":%d,"lat":52.52,"lon":13.40,"seq":7,"ts_ms":1700000000000}'
+        batches = []
+        for start in range(0, n, 8192):
+            m = min(8192, n - start)
+            batches.append(
+                pa.RecordBatch.from_arrays(
+                    [
+                        pa.array(range(start, start + m), pa.int64()),
+                        pa.array([1] * m, pa.int32()),
+                        pa.array(["u"] * m),
+                        pa.array(["rider_location"] * m),
+                        pa.array([f'{{"rider":{i}}}' for i in range(m)]),
+                        pa.array([None] * m, pa.string()),
+                        pa.array([after % i for i in range(m)]),
+                        pa.array(["riders/riders.jsonl:1"] * m),
+                        pa.array(["bench:1"] * m),
+                        pa.array([0] * m, pa.int64()),
+                        pa.array(["bench"] * m),
+                    ],
+                    schema=schema,
+                )
+            )
+        yield from batches
+
+
+class _MemorySource(DataSource):
+    @classmethod
+    def name(cls) -> str:
+        return "wormhole_bench_memory"
+
+    def schema(self) -> str:
+        from wormhole.connectors.spark.stream import SCHEMA
+
+        return SCHEMA
+
+    def reader(self, schema: Any) -> DataSourceReader:
+        return _MemoryReader(int(self.options["rows"]), int(self.options["partitions"]))
+
+
+def _ceilings(spark: Any, rows: int, partitions: int, out: Path) -> dict[str, float]:
+    spark.dataSource.register(_MemorySource)
+    memory = (
+        spark.read.format("wormhole_bench_memory")
+        .option("rows", str(rows))
+        .option("partitions", str(partitions))
+        .load()
+    )
+    jvm = (
+        spark.range(rows)
+        .selectExpr(
+            "id AS seq",
+            "CAST(1 AS INT) AS shard",
+            "'u' AS op",
+            "'rider_location' AS table",
+            "concat('{\"rider\":', id, '}') AS key",
+            "CAST(NULL AS STRING) AS before",
+            'concat(\'{"rider":\', id, \',"lat":52.52,"lon":13.40,"seq":7,'
+            '"ts_ms":1700000000000}\') AS after',
+            "'riders/riders.jsonl:1' AS position",
+            "'bench:1' AS logical",
+            "0L AS ts_ms",
+            "'bench' AS datastore",
+        )
+        .repartition(partitions)
+    )
+    rates = {}
+    for name, frame in (("memory", memory), ("jvm", jvm)):
+        started = time.perf_counter()
+        frame.write.mode("overwrite").parquet(str(out / name))
+        rates[name] = rows / (time.perf_counter() - started)
+        shutil.rmtree(out / name)
+    return rates
 
 
 def main() -> None:
@@ -93,7 +189,7 @@ def main() -> None:
             "file": {"pipeline": str(pipeline), "application": "lake"},
             "network": {"publishers": f"127.0.0.1:{port}", "application": "lake"},
         }
-        rates: dict[str, list[float]] = {name: [] for name in modes}
+        rates: dict[str, list[float]] = {name: [] for name in [*modes, "memory", "jvm"]}
         spark_gen = start_spark("local[2]")
         spark = next(spark_gen)
         register(spark)
@@ -109,21 +205,32 @@ def main() -> None:
                     print(f"  {name:8} run {n + 1}: {rows / seconds:>10,.0f} rows/s", flush=True)
                     shutil.rmtree(out)
                     shutil.rmtree(checkpoint)
+                for name, rate in _ceilings(spark, args.updates, args.shards, root).items():
+                    rates[name].append(rate)
+                    print(f"  {name:8} run {n + 1}: {rate:>10,.0f} rows/s (ceiling)", flush=True)
         finally:
             spark_gen.close()
     finally:
         publisher.terminate()
         publisher.wait(60)
         shutil.rmtree(root, ignore_errors=True)
-    file_rate = statistics.median(rates["file"])
-    network_rate = statistics.median(rates["network"])
+    median = {name: statistics.median(values) for name, values in rates.items()}
+    labels = {
+        "file": "file (tasks read the log files)",
+        "network": "network (tasks read ranges over TCP)",
+        "memory": "ceiling: a Python source of prebuilt Arrow batches",
+        "jvm": "ceiling: the same rows from Spark SQL, no Python",
+    }
     print(
-        f"\n{args.updates:,} updates, {args.shards} shards, local[2], {os.cpu_count()} cores"
-        f"\n| mode | rows/s (median) | vs file |\n|---|---:|---:|"
-        f"\n| file (tasks read the log files) | {file_rate:,.0f} | 1.00 |"
-        f"\n| network (tasks read ranges over TCP) | {network_rate:,.0f} | "
-        f"{network_rate / file_rate:.2f} |"
+        f"\n{args.updates:,} updates, {args.shards} shards, local[2], {os.cpu_count()} cores, "
+        f"load average {os.getloadavg()[0]:.1f}"
+        f"\n| mode | rows/s (median) | vs file | vs Python ceiling |\n|---|---:|---:|---:|"
     )
+    for name, label in labels.items():
+        print(
+            f"| {label} | {median[name]:,.0f} | {median[name] / median['file']:.2f} | "
+            f"{median[name] / median['memory']:.2f} |"
+        )
 
 
 if __name__ == "__main__":
