@@ -105,7 +105,9 @@ class _Flows:
                 f"'external: true' so the publisher keeps the log for it"
             )
         self.pipeline = pipeline
-        self.state_dir = Path(options.get("stateDir") or pipeline.state_dir)
+        # Spark hands a data source its options with lower-cased names.
+        state_dir = options.get("stateDir") or options.get("statedir")
+        self.state_dir = Path(state_dir or pipeline.state_dir)
         self.log_dir = str(self.state_dir / "log")
         self.shards = pipeline.shards
 
@@ -191,7 +193,8 @@ class WormholeBatchReader(DataSourceReader):
         return list(self.ranges)
 
     def read(self, partition: InputPartition) -> Iterator[tuple[Any, ...]]:
-        assert isinstance(partition, ShardRange)
+        if not isinstance(partition, ShardRange):
+            return iter(())  # nothing to read: Spark reads one partition of its own
         return _read_shard(partition)
 
 
