@@ -35,11 +35,13 @@ def accept_metrics_in_command_streams(spark: Any) -> bool:
     if not type(spark).__module__.startswith("pyspark.sql.connect") or _release() not in _AFFECTED:
         return False
     client = spark.client
-    needed = ("_execute_plan_request_with_metadata", "_set_command_in_plan")
+    needed = (
+        "_execute_plan_request_with_metadata",
+        "_set_command_in_plan",
+        "_execute_and_fetch_as_iterator",
+    )
     if not all(hasattr(client, name) for name in needed):
-        return False
-    if not hasattr(client, "_execute_and_fetch_as_iterator"):
-        return False
+        return False  # not the client this works around
     if getattr(client, "_wormhole_metrics_accepted", False):
         return True
 
