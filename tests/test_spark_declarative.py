@@ -21,7 +21,7 @@ from wormhole.testing import run_cli
 EXAMPLE = REPO / "pipelines" / "spark-declarative"
 
 
-def _project(tmp_path: Path) -> Path:
+def _project(tmp_path: Path, spec_name: str = "spark-pipeline.yml") -> Path:
     """The example, copied with its changes replaced by the test's, its storage in tmp_path."""
     project = tmp_path / "project"
     shutil.copytree(
@@ -31,7 +31,7 @@ def _project(tmp_path: Path) -> Path:
     )
     for old in (project / "orders").iterdir():
         old.unlink()
-    spec_path = project / "spark-pipeline.yml"
+    spec_path = project / spec_name
     spec = yaml.safe_load(spec_path.read_text())
     spec["storage"] = (tmp_path / "storage").as_uri()
     spec_path.write_text(yaml.safe_dump(spec))
@@ -45,19 +45,23 @@ def _publish(project: Path, name: str, lines: list[dict[str, Any]]) -> None:
     assert result.returncode == 0, result
 
 
-def _spark_pipelines_run(project: Path, url: str) -> None:
+def _spark_pipelines(project: Path, url: str, *args: str) -> subprocess.CompletedProcess[str]:
     import pyspark
 
     command = Path(pyspark.__file__).parent / "bin" / "spark-pipelines"
     env = {**os.environ, "PYSPARK_PYTHON": sys.executable, "PYSPARK_DRIVER_PYTHON": sys.executable}
-    result = subprocess.run(
-        ["bash", str(command), "--remote", url, "run"],
+    return subprocess.run(
+        ["bash", str(command), "--remote", url, *args],
         cwd=project,
         env=env,
         capture_output=True,
         text=True,
         timeout=600,
     )
+
+
+def _spark_pipelines_run(project: Path, url: str) -> None:
+    result = _spark_pipelines(project, url, "run")
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-5000:]
     assert "Run is COMPLETED" in result.stdout + result.stderr
 
@@ -136,3 +140,25 @@ def test_spark_pipelines_run_the_example_into_a_streaming_table_and_a_materializ
     # Planning round 2 committed round 1's end: the application's datamarkers, which
     # `wormhole status` shows and the publisher's log collection respects.
     assert _markers(project) == {len(first)}
+
+
+def test_the_auto_cdc_variant_is_a_valid_graph_and_needs_a_table_format_with_merge(
+    tmp_path: Path, spark_connect: Any
+) -> None:
+    """Delta and Iceberg cannot be installed here: check what runs without them. The Auto CDC
+    flow's definition resolves against the source's schema (keys, sequence, deletes), and a run
+    stops only because Parquet has no MERGE."""
+    project = _project(tmp_path, "auto-cdc.yml")
+    spec_path = project / "auto-cdc.yml"
+    spec = yaml.safe_load(spec_path.read_text())
+    spec["configuration"]["spark.wormhole.table_format"] = "parquet"
+    spec_path.write_text(yaml.safe_dump(spec))
+    _publish(project, "0001.jsonl", [_upsert(1, 1), _delete(1)])
+
+    checked = _spark_pipelines(project, spark_connect.url, "dry-run", "--spec", "auto-cdc.yml")
+    assert checked.returncode == 0, checked.stdout[-3000:] + checked.stderr[-5000:]
+    assert "Run is COMPLETED" in checked.stdout + checked.stderr
+
+    run = _spark_pipelines(project, spark_connect.url, "run", "--spec", "auto-cdc.yml")
+    assert run.returncode != 0
+    assert "AUTOCDC_TARGET_DOES_NOT_SUPPORT_MERGE" in run.stdout + run.stderr
