@@ -243,6 +243,51 @@ def test_read_stream_names_a_wrong_application(tmp_path: Path, spark: Any) -> No
         _stream_once(spark, pipeline, "audit", tmp_path / "out", tmp_path / "checkpoint")
 
 
+def test_read_with_state_dir_finds_a_state_dir_the_pipeline_names_relatively(
+    tmp_path: Path, spark: Any
+) -> None:
+    """The ``stateDir`` option points the source at the state_dir when Spark's Python workers
+    run elsewhere (Spark hands the options over lower-cased)."""
+    register(spark)
+    data = tmp_path / "data" / "events"
+    data.mkdir(parents=True)
+    _workload(data / "0001.jsonl", 10, range(0, 2))
+    pipeline = write_pipeline(
+        tmp_path / "relative.yml",
+        {
+            "pipeline": "relative",
+            "state_dir": "state",  # relative to where `wormhole run` runs: tmp_path
+            "source": {"type": "filelog", "path": str(data)},
+            "transport": {"type": "inprocess"},
+            "applications": {"analytics": {"external": True}},
+        },
+    )
+    assert run_cli("run", str(pipeline), "--once", cwd=tmp_path).returncode == 0
+    rows = (
+        spark.read.format("wormhole")
+        .option("pipeline", str(pipeline))
+        .option("application", "analytics")
+        .option("stateDir", str(tmp_path / "state"))
+        .load()
+    )
+    assert rows.count() == 20
+
+
+def test_a_batch_read_with_nothing_to_read_is_empty(tmp_path: Path, spark: Any) -> None:
+    register(spark)
+    data = tmp_path / "data" / "events"
+    data.mkdir(parents=True)
+    pipeline = _external_pipeline(tmp_path, data)
+    assert run_cli("run", str(pipeline), "--once", cwd=tmp_path).returncode == 0
+    rows = (
+        spark.read.format("wormhole")
+        .option("pipeline", str(pipeline))
+        .option("application", "analytics")
+        .load()
+    )
+    assert rows.count() == 0
+
+
 def test_external_applications_validate(tmp_path: Path) -> None:
     bad = write_pipeline(
         tmp_path / "bad.yml",

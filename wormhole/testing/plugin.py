@@ -114,6 +114,17 @@ def spark_cluster() -> Iterator[Any]:
 
 
 @pytest.fixture(scope="session")
+def spark_connect() -> Iterator[Any]:
+    """A Spark Connect server (``local[2]`` inside) on a free loopback port for the test
+    session: ``url`` (``sc://127.0.0.1:PORT``) for ``spark-pipelines --remote``, and
+    ``warehouse``, where its tables land (see
+    :class:`wormhole.testing.spark.SparkConnectServer`)."""
+    from wormhole.testing.spark import start_spark_connect
+
+    yield from start_spark_connect()
+
+
+@pytest.fixture(scope="session")
 def tansu() -> Iterator[Any]:
     """A throwaway Kafka-protocol broker (Tansu) for the test session, behind a relay so a
     test can cut every client connection (disconnect()/reconnect()) without losing data."""

@@ -220,3 +220,91 @@ def start_spark_cluster(
         for daemon in reversed(daemons):
             daemon.stop(kill=True)
         shutil.rmtree(directory, ignore_errors=True)
+
+
+@dataclass
+class SparkConnectServer:
+    """A Spark Connect server on loopback (``local[2]`` inside), for clients such as
+    ``spark-pipelines --remote URL``. Its Python workers run this interpreter; tables of the
+    ``spark_catalog`` land under ``warehouse``."""
+
+    url: str  # sc://127.0.0.1:PORT
+    port: int
+    warehouse: Path
+    directory: Path
+    server: _Daemon
+
+
+def start_spark_connect(master: str = "local[2]") -> Iterator[SparkConnectServer]:
+    """Start a Spark Connect server from the ``pyspark`` wheel (``spark-submit --class
+    …SparkConnectServer``) on a free loopback port, its warehouse and logs in a temp dir; wait
+    until it accepts connections; stop it afterwards."""
+    require(shutil.which("java") is not None, "Java 17 (Spark runs on the JVM)")
+    try:
+        import pyspark
+    except ImportError:  # pragma: no cover - reported by require
+        require(False, "pyspark (pip install 'wormhole[spark]')")
+        raise
+    spark_home = Path(pyspark.__file__).parent
+    spark_submit = spark_home / "bin" / "spark-submit"
+    require(spark_submit.is_file(), f"{spark_submit} (from the pyspark wheel)")
+    connect_jars = list((spark_home / "jars").glob("spark-connect_*.jar"))
+    require(bool(connect_jars), f"the Spark Connect server jar in {spark_home / 'jars'}")
+    directory = Path(tempfile.mkdtemp(prefix="wormhole-spark-connect-"))
+    env = {
+        **_daemon_env(directory, spark_home),
+        "SPARK_CONNECT_MODE": "0",  # spark-submit starts a server, not a Connect client
+        # The launcher sizes a Connect server's JVM (the driver) with the daemon memory.
+        "SPARK_DAEMON_MEMORY": "1g",
+        "PYSPARK_DRIVER_PYTHON": sys.executable,
+    }
+    warehouse = directory / "warehouse"
+
+    def start(port: int) -> SparkConnectServer:
+        log = directory / f"server-{port}.log"
+        with open(log, "wb") as out:
+            process = subprocess.Popen(
+                [
+                    "bash",
+                    str(spark_submit),
+                    "--class",
+                    "org.apache.spark.sql.connect.service.SparkConnectServer",
+                    "--name",
+                    "wormhole-tests-connect",
+                    "--master",
+                    master,
+                    "--conf",
+                    "spark.connect.grpc.binding.address=127.0.0.1",
+                    "--conf",
+                    f"spark.connect.grpc.binding.port={port}",
+                    "--conf",
+                    "spark.ui.enabled=false",
+                    "--conf",
+                    "spark.sql.shuffle.partitions=4",
+                    "--conf",
+                    f"spark.sql.warehouse.dir={warehouse}",
+                    "--conf",
+                    f"spark.driver.extraJavaOptions=-Djava.io.tmpdir={directory}",
+                ],
+                env=env,
+                cwd=directory,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+            )
+        server = _Daemon(process, log)
+
+        def answers() -> bool:
+            return b"Spark Connect server started" in log.read_bytes()
+
+        server.wait_ready("Spark Connect server", port, answers, log, timeout=120)
+        return SparkConnectServer(f"sc://127.0.0.1:{port}", port, warehouse, directory, server)
+
+    try:
+        connect = start_on_free_port(start)
+        try:
+            yield connect
+        finally:
+            connect.server.stop()
+    finally:
+        shutil.rmtree(directory, ignore_errors=True)

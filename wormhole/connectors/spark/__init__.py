@@ -22,10 +22,12 @@ def _sink(options: SparkSinkOptions) -> Any:
 
 def register(spark: Any) -> None:
     """Make ``spark.readStream.format("wormhole")`` and ``spark.read.format("wormhole")``
-    available in this SparkSession."""
+    available in this SparkSession (classic, or Spark Connect as in ``spark-pipelines``)."""
+    from wormhole.connectors.spark.connect import accept_metrics_in_command_streams
     from wormhole.connectors.spark.stream import register as register_source
 
     register_source(spark)
+    accept_metrics_in_command_streams(spark)
 
 
 @hookimpl
