@@ -194,3 +194,15 @@ def test_a_range_no_longer_retained_names_the_missing_positions(tmp_path: Path) 
 def test_subscribers_still_speak_version_1_and_readers_version_2() -> None:
     assert p.SUBSCRIBE_VERSION == 1 and p.READ_VERSION == 2 and p.VERSIONS == (1, 2)
     assert p.preamble() == b"WORMHOLE\x00\x01"
+
+
+def test_the_range_cache_keeps_what_it_has_when_full_and_makes_room_from_old_entries() -> None:
+    from wormhole.connectors.tcp.ranges import RangeCache
+
+    cache = RangeCache(max_updates=10, seconds=3600)
+    cache.put(0, (6, {}), 6)
+    cache.put(6, (12, {}), 6)  # no room: not kept, and the older entry stays
+    assert cache.get(0) == (6, {}) and cache.get(6) is None
+    cache.seconds = 0.0  # every entry is now old enough to make room
+    cache.put(6, (12, {}), 6)
+    assert cache.get(0) is None and cache.get(6) == (12, {})

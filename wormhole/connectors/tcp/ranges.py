@@ -19,6 +19,7 @@ import contextlib
 import logging
 import socket
 import ssl
+import threading
 import time
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
@@ -151,34 +152,46 @@ class ReaderSession:
         updates: list[Update] = []
         size = 0
         first_of_frame = start
-        cursor = self.hub.read_log(start)
+        cache = _cache_of(self.server)
+        cursor: Any = None
+        position = start
         try:
-            while cursor.position < end:
-                try:
-                    batch = cursor.read()
-                except LookupError as exc:
-                    raise _Refused(f"shard {shard}: {exc}") from None
-                if batch is None:
-                    raise _Refused(
-                        f"shard {shard}: the publisher log ends at {cursor.position}, before "
-                        f"the end of the range {end}"
-                    )
-                seq = batch.first_seq
-                for update in batch.updates:
+            while position < end:
+                hit = cache.get(position)
+                if hit is None:
+                    if cursor is None:
+                        cursor = self.hub.read_log(position)
+                    cursor.position = position
+                    try:
+                        batch = cursor.read()
+                    except LookupError as exc:
+                        raise _Refused(f"shard {shard}: {exc}") from None
+                    if batch is None:
+                        raise _Refused(
+                            f"shard {shard}: the publisher log ends at {position}, before "
+                            f"the end of the range {end}"
+                        )
+                    hit = (batch.end_seq, _split(batch.first_seq, batch.updates))
+                    if position != start:  # a whole batch (the first may be cut at start)
+                        cache.put(position, hit, len(batch.updates))
+                end_seq, split = hit
+                for seq, update in zip(*split.get(shard, ((), ())), strict=True):
                     if seq >= end:
                         break
-                    if update.shard == shard and seq >= start:
-                        seqs.append(seq)
-                        updates.append(update)
-                        size += len(update.before) + len(update.after) + 200
-                        if len(updates) >= FRAME_UPDATES or size >= limit // 2:
-                            self._send_updates(first_of_frame, seq + 1, seqs, updates, limit)
-                            count += len(updates)
-                            first_of_frame = seq + 1
-                            seqs, updates, size = [], [], 0
-                    seq += 1
+                    if seq < start:
+                        continue
+                    seqs.append(seq)
+                    updates.append(update)
+                    size += len(update.before) + len(update.after) + 200
+                    if len(updates) >= FRAME_UPDATES or size >= limit // 2:
+                        self._send_updates(first_of_frame, seq + 1, seqs, updates, limit)
+                        count += len(updates)
+                        first_of_frame = seq + 1
+                        seqs, updates, size = [], [], 0
+                position = end_seq
         finally:
-            cursor.close()
+            if cursor is not None:
+                cursor.close()
         if updates:
             self._send_updates(first_of_frame, end, seqs, updates, limit)
             count += len(updates)
@@ -234,6 +247,75 @@ class ReaderSession:
     def _refuse(self, reason: str, fatal: bool) -> None:
         with contextlib.suppress(OSError):
             self._send(p.encode(p.REFUSE, p.Refuse(reason=reason, fatal=fatal)))
+
+
+CACHE_UPDATES = 1 << 18
+"""Updates the range cache holds at most (about 128 MiB of rows of 500 bytes)."""
+CACHE_SECONDS = 60.0
+"""A cached batch older than this makes room for a new one."""
+
+
+class RangeCache:
+    """Publisher-log batches split by shard, shared by the log readers of one publisher.
+
+    Readers of one micro-batch each read one flow of the same range: the first to read a
+    batch decodes and splits it, the others take their shard's part. When full, entries older
+    than ``CACHE_SECONDS`` make room; otherwise new batches are not kept (a range larger than
+    the cache is then partly cached for every reader, rather than evicted ahead of each).
+    """
+
+    def __init__(self, max_updates: int = CACHE_UPDATES, seconds: float = CACHE_SECONDS) -> None:
+        self.max_updates = max_updates
+        self.seconds = seconds
+        self.lock = threading.Lock()
+        self.entries: dict[int, tuple[float, int, tuple[int, _Split]]] = {}
+        self.updates = 0
+
+    def get(self, first: int) -> tuple[int, _Split] | None:
+        with self.lock:
+            entry = self.entries.get(first)
+        return None if entry is None else entry[2]
+
+    def put(self, first: int, value: tuple[int, _Split], updates: int) -> None:
+        now = time.monotonic()
+        with self.lock:
+            if first in self.entries:
+                return
+            if self.updates + updates > self.max_updates:
+                for key, (added, count, _) in list(self.entries.items()):
+                    if now - added > self.seconds:
+                        del self.entries[key]
+                        self.updates -= count
+            if self.updates + updates > self.max_updates:
+                return
+            self.entries[first] = (now, updates, value)
+            self.updates += updates
+
+
+_Split = dict[int, tuple[list[int], list[Update]]]
+
+
+def _split(first: int, batch: list[Update]) -> _Split:
+    """A batch's updates by shard, with their seqs."""
+    out: _Split = {}
+    for seq, update in enumerate(batch, first):
+        part = out.get(update.shard)
+        if part is None:
+            part = out[update.shard] = ([], [])
+        part[0].append(seq)
+        part[1].append(update)
+    return out
+
+
+_caches_lock = threading.Lock()
+
+
+def _cache_of(server: Any) -> RangeCache:
+    with _caches_lock:
+        cache: RangeCache | None = getattr(server, "range_cache", None)
+        if cache is None:
+            cache = server.range_cache = RangeCache()
+        return cache
 
 
 class _Refused(Exception):
