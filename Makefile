@@ -21,7 +21,7 @@ run: $(STAMP)
 
 ## System services the tests need (Debian packages, installed where missing).
 services:
-	bash scripts/install-services.sh postgresql mariadb-server memcached zookeeper prometheus
+	bash scripts/install-services.sh postgresql mariadb-server memcached zookeeper prometheus tmux
 
 lint: $(STAMP)
 	$(BIN)/ruff check wormhole tests bench

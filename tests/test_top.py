@@ -1,0 +1,166 @@
+"""`wormhole top`: a live view of a real publisher and real subscriber processes."""
+
+from __future__ import annotations
+
+import json
+import shlex
+import shutil
+import subprocess
+import uuid
+from pathlib import Path
+
+from tcp_support import Process, stop_all
+
+from wormhole.testing import run_cli, write_pipeline
+from wormhole.testing.helpers import cli_command, require, wait_until
+
+COLUMNS = [
+    "subscribers",
+    "updates/s",
+    "delivered",
+    "acknowledged",
+    "lag",
+    "lag_s",
+    "caravan",
+    "caravan_lag",
+]
+
+
+def _write(data: Path, name: str, ids: range) -> None:
+    lines = [{"op": "c", "key": {"id": i}, "after": {"id": i}} for i in ids]
+    temporary = data / f".{name}"
+    temporary.write_text("".join(json.dumps(x) + "\n" for x in lines))
+    temporary.rename(data / name)
+
+
+def _pipeline(tmp_path: Path, port: int) -> Path:
+    data = tmp_path / "data"
+    data.mkdir()
+    return write_pipeline(
+        tmp_path / "top.yml",
+        {
+            "pipeline": "top",
+            "state_dir": str(tmp_path / "state"),
+            "source": {"type": "filelog", "path": str(data), "poll_interval_ms": 20},
+            "transport": {"type": "tcp", "listen": f"127.0.0.1:{port}"},
+            "delivery": {"datamarker_interval_ms": 50},
+            "metrics": {"listen": "127.0.0.1:0"},
+            "applications": {
+                name: {"sink": {"type": "jsonl", "path": str(tmp_path / f"{name}.jsonl")}}
+                for name in ("a", "b")
+            },
+        },
+    )
+
+
+def _frame(pipeline: Path, cwd: Path) -> str:
+    result = run_cli("top", str(pipeline), "--once", cwd=cwd)
+    assert result.returncode == 0, result
+    return result.stdout
+
+
+def _rows(frame: str) -> dict[str, dict[str, str]]:
+    """The applications table: name -> column -> cell."""
+    rows = {}
+    for line in frame.splitlines():
+        cells = line.split()
+        if len(cells) == len(COLUMNS) + 1 and cells[0] in ("a", "b"):
+            rows[cells[0]] = dict(zip(COLUMNS, cells[1:], strict=True))
+    return rows
+
+
+def test_top_once_shows_delivery_lag_subscribers_and_source_lag(
+    tmp_path: Path, free_port: int
+) -> None:
+    pipeline = _pipeline(tmp_path, free_port)
+    _write(tmp_path / "data", "1.jsonl", range(200))
+    publisher = Process("publish", str(pipeline), cwd=tmp_path)
+    subscribers = {
+        name: Process("subscribe", str(pipeline), "--app", name, cwd=tmp_path)
+        for name in ("a", "b")
+    }
+    processes = [publisher, *subscribers.values()]
+    try:
+        frames: list[str] = []
+
+        def caught_up() -> bool:
+            frames.append(_frame(pipeline, tmp_path))
+            rows = _rows(frames[-1])
+            return all(
+                rows.get(n, {}).get("acknowledged") == "200" and rows[n]["lag"] == "0"
+                for n in ("a", "b")
+            )
+
+        wait_until(caught_up, 60, "both applications at 200 updates, lag 0")
+        frame = frames[-1]
+        assert "publisher running, pid" in frame
+        for row in _rows(frame).values():
+            assert row["subscribers"] == "1" and row["delivered"] == "200"
+            assert row["lag_s"] == "0.0" and row["caravan"].startswith("#")
+        # Updates read, and the source's own lag scraped from the metrics endpoint.
+        assert "source: 200 updates read" in frame and "lag bytes 0 B" in frame, frame
+
+        # b's subscriber stops: what comes next waits for it, a goes on.
+        assert subscribers["b"].stop() == 0
+        _write(tmp_path / "data", "2.jsonl", range(200, 300))
+
+        def a_moves_on() -> bool:
+            frames.append(_frame(pipeline, tmp_path))
+            rows = _rows(frames[-1])
+            return rows["a"]["acknowledged"] == "300" and rows["b"]["subscribers"] == "0"
+
+        wait_until(a_moves_on, 60, "a at 300 updates while b has no subscriber")
+        rows = _rows(frames[-1])
+        assert rows["a"]["lag"] == "0"
+        assert rows["b"]["acknowledged"] == "200" and rows["b"]["lag"] == "100"
+        assert float(rows["b"]["lag_s"]) > 0 and rows["b"]["caravan"] == "-"
+    finally:
+        stop_all(processes)
+    assert publisher.proc.returncode == 0, publisher.stderr
+
+    # No publisher: the frame says so, and the lag comes from the stored datamarkers.
+    frame = _frame(pipeline, tmp_path)
+    assert "publisher NOT RUNNING" in frame
+    rows = _rows(frame)
+    assert rows["a"]["lag"] == "0" and rows["b"]["lag"] == "100", frame
+
+
+def test_top_refreshes_in_place_in_a_terminal(tmp_path: Path, free_port: int) -> None:
+    tmux = shutil.which("tmux")
+    require(tmux is not None, "tmux (Debian package tmux; `make services`)")
+    assert tmux is not None
+    pipeline = _pipeline(tmp_path, free_port)
+    _write(tmp_path / "data", "1.jsonl", range(50))
+    processes = [Process("run", str(pipeline), cwd=tmp_path)]
+    session = f"wormhole-top-{uuid.uuid4().hex[:8]}"
+    command = shlex.join(cli_command("top", str(pipeline), "--interval", "0.2"))
+    # A tmux server of its own (-L): it runs the command with this test's environment.
+    server = [tmux, "-L", session]
+    subprocess.run(
+        [*server, "new-session", "-d", "-s", session, "-x", "120", "-y", "40"]
+        + ["-c", str(tmp_path), command],
+        check=True,
+    )
+
+    def screen(history: bool = False) -> str:
+        args = [*server, "capture-pane", "-p", "-t", session] + (["-S", "-"] if history else [])
+        return subprocess.run(args, check=True, capture_output=True, text=True).stdout
+
+    def shown(count: str) -> bool:
+        rows = _rows(screen())
+        return all(rows.get(n, {}).get("acknowledged") == count for n in ("a", "b"))
+
+    try:
+        wait_until(lambda: shown("50"), 60, "a and b at 50 updates on the screen")
+        first = screen()
+        _write(tmp_path / "data", "2.jsonl", range(50, 80))
+        wait_until(lambda: shown("80"), 60, "a and b at 80 updates on the screen")
+        # Many frames were drawn; the screen, scrollback included, holds one of them,
+        # where the first one was.
+        assert screen(history=True).count("wormhole top: pipeline top") == 1, screen(True)
+        assert first.index("wormhole top: pipeline top") == screen().index(
+            "wormhole top: pipeline top"
+        )
+    finally:
+        subprocess.run([*server, "kill-server"], check=False)
+        stop_all(processes)
