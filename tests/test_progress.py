@@ -52,7 +52,7 @@ def _check_snapshot_progress(stderr: str, estimate_at_least: int) -> None:
     done_counts = [d for d, _ in running]
     assert done_counts == sorted(done_counts) and 0 < done_counts[0] < ROWS
     assert all(t >= estimate_at_least for _, t in running)
-    last_done, last_total, end = lines[-1]
+    last_done, _total, end = lines[-1]
     assert end.startswith("done in") and last_done == ROWS, lines[-1]
 
 

@@ -136,9 +136,9 @@ def test_top_refreshes_in_place_in_a_terminal(tmp_path: Path, free_port: int) ->
     command = shlex.join(cli_command("top", str(pipeline), "--interval", "0.2"))
     # A tmux server of its own (-L): it runs the command with this test's environment.
     server = [tmux, "-L", session]
+    size = ["-x", "120", "-y", "40"]
     subprocess.run(
-        [*server, "new-session", "-d", "-s", session, "-x", "120", "-y", "40"]
-        + ["-c", str(tmp_path), command],
+        [*server, "new-session", "-d", "-s", session, *size, "-c", str(tmp_path), command],
         check=True,
     )
 

@@ -27,10 +27,10 @@ from wormhole.core.flows import application_filter, start_flows
 from wormhole.core.hub import ApplicationRuntime, Hub
 from wormhole.core.metrics import REGISTRY, MetricsServer, PublisherCollector, serve
 from wormhole.core.pipeline import Application, Pipeline, load_pipeline
+from wormhole.core.progress import Progress
 from wormhole.core.publisher_log import PublisherLog
 from wormhole.core.registry import PublisherMembership
 from wormhole.core.retention import Retention
-from wormhole.core.progress import Progress
 from wormhole.core.status import LiveStatus
 from wormhole.core.tailer import Tailer
 from wormhole.plugins.components import (

@@ -76,8 +76,13 @@ class LiveStatus:
         applications = {}
         with hub.lock:
             apps = [
-                (name, app.delivered_updates, app.acknowledged_updates, len(app.sessions),
-                 app.min_datamarker() if app.flows else end)
+                (
+                    name,
+                    app.delivered_updates,
+                    app.acknowledged_updates,
+                    len(app.sessions),
+                    app.min_datamarker() if app.flows else end,
+                )
                 for name, app in hub.applications.items()
             ]
         for name, delivered, acknowledged, sessions, oldest in apps:

@@ -262,9 +262,7 @@ def run(pipeline: Pipeline, interval: float, once: bool, out: Any = None) -> Non
         return
     from rich.live import Live
 
-    with Live(
-        render(read(pipeline)), console=console, auto_refresh=False, screen=False
-    ) as view:
+    with Live(render(read(pipeline)), console=console, auto_refresh=False, screen=False) as view:
         while True:
             time.sleep(interval)
             view.update(render(read(pipeline)), refresh=True)
