@@ -86,19 +86,19 @@ def test_top_once_shows_delivery_lag_subscribers_and_source_lag(
         def caught_up() -> bool:
             frames.append(_frame(pipeline, tmp_path))
             rows = _rows(frames[-1])
-            return all(
+            return "source (filelog): 200 updates read" in frames[-1] and all(
                 rows.get(n, {}).get("acknowledged") == "200" and rows[n]["lag"] == "0"
                 for n in ("a", "b")
             )
 
         wait_until(caught_up, 60, "both applications at 200 updates, lag 0")
         frame = frames[-1]
-        assert "publisher running, pid" in frame
+        assert "publisher running, pid" in frame, frame
         for row in _rows(frame).values():
-            assert row["subscribers"] == "1" and row["delivered"] == "200"
-            assert row["lag_s"] == "0.0" and row["caravan"].startswith("#")
+            assert row["subscribers"] == "1" and row["delivered"] == "200", frame
+            assert row["lag_s"] == "0.0" and row["caravan"].startswith("#"), frame
         # Updates read, and the source's own lag scraped from the metrics endpoint.
-        assert "source: 200 updates read" in frame and "lag bytes 0 B" in frame, frame
+        assert "source (filelog): 200 updates read" in frame and "lag bytes 0 B" in frame, frame
 
         # b's subscriber stops: what comes next waits for it, a goes on.
         assert subscribers["b"].stop() == 0
@@ -107,13 +107,18 @@ def test_top_once_shows_delivery_lag_subscribers_and_source_lag(
         def a_moves_on() -> bool:
             frames.append(_frame(pipeline, tmp_path))
             rows = _rows(frames[-1])
-            return rows["a"]["acknowledged"] == "300" and rows["b"]["subscribers"] == "0"
+            # b's lag in seconds is the age of its oldest update: it grows from 0.0.
+            return (
+                rows["a"]["acknowledged"] == "300"
+                and rows["b"]["subscribers"] == "0"
+                and float(rows["b"]["lag_s"]) > 0
+            )
 
         wait_until(a_moves_on, 60, "a at 300 updates while b has no subscriber")
         rows = _rows(frames[-1])
-        assert rows["a"]["lag"] == "0"
-        assert rows["b"]["acknowledged"] == "200" and rows["b"]["lag"] == "100"
-        assert float(rows["b"]["lag_s"]) > 0 and rows["b"]["caravan"] == "-"
+        assert rows["a"]["lag"] == "0", frames[-1]
+        assert rows["b"]["acknowledged"] == "200" and rows["b"]["lag"] == "100", frames[-1]
+        assert rows["b"]["caravan"] == "-", frames[-1]
     finally:
         stop_all(processes)
     assert publisher.proc.returncode == 0, publisher.stderr

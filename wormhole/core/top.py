@@ -39,6 +39,8 @@ class Reading:
     """Per application: subscribers, rates, counts, lag (updates, seconds), caravan."""
     source_gauges: dict[str, float] = field(default_factory=dict)
     """The source's ``wormhole_source_*`` gauges (lag_bytes ...), when metrics are served."""
+    source_type: str = ""
+    """The source's ``type`` (shown, never acted on)."""
     source_note: str = ""
     """Why there are no source gauges, if there are none."""
     taken: float = field(default_factory=time.time)
@@ -71,6 +73,7 @@ def read(pipeline: Pipeline) -> Reading:
         log_end=info.next_seq,
         log_segments=len(info.segments),
         log_bytes=sum(size for _, _, size in info.segments),
+        source_type=pipeline.source.type,
     )
     live = reading.live
     if live is None:
@@ -89,8 +92,9 @@ def read(pipeline: Pipeline) -> Reading:
         app["caravan"] = None if caravan is None else caravan[0]
         app["caravan_lag"] = None if caravan is None else caravan[1]
         app["failed"] = failed.get(name)
-        # Dead letters (applications.<app>.on_error) get a column here once the publisher
-        # counts them in live.json.
+        # DEAD LETTERS: once the publisher counts an application's dead letters
+        # (applications.<app>.on_error) in live.json, copy the count here and add a
+        # "dead letters" column in render().
         reading.applications[name] = app
     address = live.get("metrics")
     if address:
@@ -176,6 +180,7 @@ def render(reading: Reading) -> Any:
     apps = Table(title="applications", title_justify="left", box=box.SIMPLE_HEAD)
     for column in ("application", "subscribers", "updates/s", "delivered", "acknowledged"):
         apps.add_column(column, justify="left" if column == "application" else "right")
+    # DEAD LETTERS: a "dead letters" column goes here (see read()).
     for column in ("lag", "lag (s)", "caravan", "caravan lag"):
         apps.add_column(column, justify="right")
     for name, app in reading.applications.items():
@@ -195,7 +200,7 @@ def render(reading: Reading) -> Any:
 
     if live is not None:
         source = live.get("source") or {}
-        lines = Text("source: ", style="bold")
+        lines = Text(f"source ({reading.source_type}): ", style="bold")
         lines.append(
             f"{_number(source.get('updates'))} updates read, "
             f"{_number(source.get('read_rate'), 1)} updates/s"
