@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import shlex
 import shutil
 import subprocess
@@ -169,3 +170,72 @@ def test_top_refreshes_in_place_in_a_terminal(tmp_path: Path, free_port: int) ->
     finally:
         subprocess.run([*server, "kill-server"], check=False)
         stop_all(processes)
+
+
+def test_top_shows_a_postgres_sources_lag_and_snapshot_figures(
+    tmp_path: Path, postgres_dsn: str
+) -> None:
+    from wormhole.testing.postgres import run_sql
+
+    run_sql(
+        postgres_dsn,
+        "CREATE TABLE t (id int PRIMARY KEY, v text)",
+        "INSERT INTO t SELECT g, 'x' FROM generate_series(1, 1000) g",
+    )
+    pipeline = write_pipeline(
+        tmp_path / "pg.yml",
+        {
+            "pipeline": "pgtop",
+            "state_dir": str(tmp_path / "state"),
+            "source": {"type": "postgres", "dsn": postgres_dsn, "tables": ["public.t"]},
+            "transport": {"type": "inprocess"},
+            "delivery": {"datamarker_interval_ms": 50},
+            "metrics": {"listen": "127.0.0.1:0"},
+            "applications": {"out": {"sink": {"type": "null"}}},
+        },
+    )
+    processes = [Process("run", str(pipeline), cwd=tmp_path)]
+    try:
+        frames: list[str] = []
+
+        def shown() -> bool:
+            frames.append(_frame(pipeline, tmp_path))
+            return (
+                "source (postgres): 1,000 updates read" in frames[-1] and "retained" in frames[-1]
+            )
+
+        wait_until(shown, 60, "the snapshot's 1,000 rows and the slot's figures")
+        # The source's gauges, whatever they are called, from the metrics endpoint.
+        assert re.search(r"lag bytes [\d,.]+ (B|KiB|MiB)", frames[-1]), frames[-1]
+        assert re.search(r"retained bytes [\d,.]+ (B|KiB|MiB)", frames[-1]), frames[-1]
+    finally:
+        stop_all(processes)
+
+
+def test_render_shows_progress_failures_and_what_metrics_lack() -> None:
+    from rich.console import Console
+
+    from wormhole.core.top import Reading, render
+
+    live = {
+        "pid": 1,
+        "updated_ms": 0,
+        "log": {"first": 0, "end": 10},
+        "caravans": [],
+        "failed": {"broken": "no column nosuch"},
+        "source": {"updates": 10, "read_rate": 2.5},
+        "progress": [
+            {"name": "initial snapshot", "unit": "rows", "done": 400, "total": 1000,
+             "detail": "public.big", "rate": 200.0, "eta_seconds": 3.0}
+        ],
+    }  # fmt: skip
+    reading = Reading("p", Path("/nowhere"), live, 0, 10, 1, 100, source_type="x")
+    reading.source_note = "serve metrics (metrics.listen) to see the source's lag"
+    console = Console(width=160, file=None, record=True)
+    with console.capture() as captured:
+        console.print(render(reading))
+    text = captured.get()
+    assert "initial snapshot: 400 of ~1,000 rows, 200 rows/s, ETA 3s (public.big)" in text
+    assert "application broken stopped: no column nosuch" in text
+    assert "source (x): 10 updates read, 2.5 updates/s; lag: serve metrics" in text
+    assert "(none: no subscriber connected)" in text
