@@ -1,7 +1,7 @@
 """PostgreSQL initial snapshot -> publisher log -> null sink, against a raw cursor read.
 
-Run: ``python bench/postgres_snapshot.py --rows 500000`` (needs the PostgreSQL server
-binaries, Debian package postgresql).
+Run: ``make bench`` (or ``python bench/postgres_snapshot.py --rows 500000``). Needs the
+PostgreSQL server binaries (Debian package postgresql).
 
 A throwaway cluster is started and one table filled. The baseline reads the table through
 a psycopg2 server-side cursor, ``fetchmany`` in batches as the source does (no conversion:
