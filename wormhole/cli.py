@@ -432,7 +432,8 @@ def cmd_top(args: argparse.Namespace) -> int:
     if args.interval <= 0:
         raise ConfigError(f"--interval: {args.interval} must be a positive number of seconds")
     pipeline = _load(args.pipeline)
-    top.run(pipeline, args.interval, args.once)
+    with contextlib.suppress(KeyboardInterrupt):  # Ctrl-C is how the view ends
+        top.run(pipeline, args.interval, args.once)
     return EXIT_OK
 
 
