@@ -139,7 +139,8 @@ def test_top_refreshes_in_place_in_a_terminal(tmp_path: Path, free_port: int) ->
     _write(tmp_path / "data", "1.jsonl", range(50))
     processes = [Process("run", str(pipeline), cwd=tmp_path)]
     session = f"wormhole-top-{uuid.uuid4().hex[:8]}"
-    command = shlex.join(cli_command("top", str(pipeline), "--interval", "0.2"))
+    top = shlex.join(cli_command("top", str(pipeline), "--interval", "0.2"))
+    command = f"{top}; echo top-exit=$?; sleep 120"
     # A tmux server of its own (-L): it runs the command with this test's environment.
     server = [tmux, "-L", session]
     size = ["-x", "120", "-y", "40"]
@@ -167,6 +168,10 @@ def test_top_refreshes_in_place_in_a_terminal(tmp_path: Path, free_port: int) ->
         assert first.index("wormhole top: pipeline top") == screen().index(
             "wormhole top: pipeline top"
         )
+        # Ctrl-C ends the view, with exit code 0.
+        subprocess.run([*server, "send-keys", "-t", session, "C-c"], check=True)
+        wait_until(lambda: "top-exit=" in screen(), 30, "top to exit on Ctrl-C")
+        assert "top-exit=0" in screen(), screen()
     finally:
         subprocess.run([*server, "kill-server"], check=False)
         stop_all(processes)
