@@ -21,7 +21,7 @@ run: $(STAMP)
 
 ## System services the tests need (Debian packages, installed where missing).
 services:
-	bash scripts/install-services.sh postgresql mariadb-server memcached zookeeper prometheus
+	bash scripts/install-services.sh postgresql mariadb-server memcached zookeeper prometheus tmux
 
 lint: $(STAMP)
 	$(BIN)/ruff check wormhole tests bench
@@ -37,6 +37,7 @@ bench: $(STAMP)
 	$(BIN)/python bench/metrics.py
 	$(BIN)/python bench/tcp_delivery.py
 	$(BIN)/python bench/postgres_throughput.py
+	$(BIN)/python bench/postgres_snapshot.py
 	$(BIN)/python bench/mysql_throughput.py
 	$(BIN)/python bench/spark_sink.py
 	$(BIN)/python bench/memcache_sink.py

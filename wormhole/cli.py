@@ -1,5 +1,5 @@
-"""The ``wormhole`` command: run, publish, subscribe, validate, plugins, status, forget, apps,
-dead-letters, and the commands plugins add."""
+"""The ``wormhole`` command: run, publish, subscribe, validate, plugins, status, top, forget,
+apps, dead-letters, and the commands plugins add."""
 
 from __future__ import annotations
 
@@ -437,6 +437,17 @@ def cmd_status(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def cmd_top(args: argparse.Namespace) -> int:
+    from wormhole.core import top
+
+    if args.interval <= 0:
+        raise ConfigError(f"--interval: {args.interval} must be a positive number of seconds")
+    pipeline = _load(args.pipeline)
+    with contextlib.suppress(KeyboardInterrupt):  # Ctrl-C is how the view ends
+        top.run(pipeline, args.interval, args.once)
+    return EXIT_OK
+
+
 def _removed_applications(
     names: set[str], markers: dict[tuple[str, int], Any], end: int
 ) -> list[dict[str, Any]]:
@@ -808,6 +819,19 @@ def build_parser() -> argparse.ArgumentParser:
     status.add_argument("pipeline")
     status.add_argument("--json", action="store_true")
     status.set_defaults(func=cmd_status)
+
+    top = sub.add_parser(
+        "top",
+        help="a live view: per application throughput, lag, subscribers, caravans; source lag",
+    )
+    top.add_argument("pipeline", help="pipeline file (YAML)")
+    top.add_argument(
+        "--interval", type=float, default=2.0, help="seconds between refreshes (default 2)"
+    )
+    top.add_argument(
+        "--once", action="store_true", help="print one frame and exit (plain text off a terminal)"
+    )
+    top.set_defaults(func=cmd_top)
 
     forget = sub.add_parser(
         "forget",

@@ -81,6 +81,17 @@ class MetricsConfig(Options):
         return value
 
 
+class ProgressConfig(Options):
+    """How long work (an initial snapshot, ``run --once``) reports progress."""
+
+    interval_ms: int = Field(
+        5000,
+        ge=10,
+        description="how often a progress line is logged when stderr is not a terminal "
+        "(on a terminal, a progress bar is drawn instead)",
+    )
+
+
 class DeliveryConfig(Options):
     """How datamarkers are kept."""
 
@@ -328,6 +339,10 @@ class PipelineModel(Options):
     metrics: MetricsConfig | None = Field(
         None, description="serve Prometheus metrics: {listen: HOST:PORT, flows: true}"
     )
+    progress: ProgressConfig = Field(
+        default_factory=ProgressConfig,
+        description="progress of long work: {interval_ms: 5000} between log lines",
+    )
 
     @field_validator("applications")
     @classmethod
@@ -412,6 +427,8 @@ class Pipeline:
     raw: dict[str, Any] = field(default_factory=dict)
     metrics: MetricsSettings | None = None
     """The ``metrics`` key (``--metrics`` replaces its address): None serves none."""
+    progress_interval: float = 5.0
+    """Seconds between progress log lines (``progress.interval_ms``)."""
 
 
 # ---------------------------------------------------------------- interpolation
@@ -652,6 +669,7 @@ def parse_pipeline(
             if model.metrics is not None
             else None
         ),
+        progress_interval=model.progress.interval_ms / 1000.0,
     )
 
 

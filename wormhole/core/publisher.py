@@ -27,6 +27,7 @@ from wormhole.core.flows import application_filter, start_flows
 from wormhole.core.hub import ApplicationRuntime, Hub
 from wormhole.core.metrics import REGISTRY, MetricsServer, PublisherCollector, serve
 from wormhole.core.pipeline import Application, Pipeline, load_pipeline
+from wormhole.core.progress import Progress
 from wormhole.core.publisher_log import PublisherLog
 from wormhole.core.registry import PublisherMembership
 from wormhole.core.retention import Retention
@@ -88,6 +89,9 @@ class Publisher:
         self.tailer: Tailer | None = None
         self.retention: Retention | None = None
         self.live = LiveStatus(pipeline.state_dir)
+        self.progress = Progress.for_stderr(None, pipeline.progress_interval)
+        """Where long work (a source's snapshot, ``--once``) reports how far it is."""
+        self.live.progress = self.progress
         self.transport_reads_log = pipeline.transport.registered.spec.reads_log
         self.start_failures: dict[str, Exception] = {}
         self.caravans: CaravanManager | None = None
@@ -112,6 +116,7 @@ class Publisher:
         started = time.monotonic()
         with contextlib.ExitStack() as cleanup:
             self._serve_metrics(cleanup)
+            cleanup.callback(self.progress.close)
             store = self._open_state(cleanup)
             self._check_meta(store)
             self._join_registry(cleanup)
@@ -162,6 +167,7 @@ class Publisher:
         cleanup.callback(REGISTRY.unregister, collector)
         server = self.metrics_server = serve(config.listen)
         cleanup.callback(server.close)
+        self.live.metrics = server.address
 
     def _open_state(self, cleanup: contextlib.ExitStack) -> DatamarkerStore:
         """Create and lock the state dir, open the datamarker store."""
@@ -202,6 +208,7 @@ class Publisher:
             shards=pipeline.shards,
             stop=self.tail_stop,
             log=logging.getLogger(f"wormhole.source.{pipeline.source.type}"),
+            progress=self.progress,
         )
 
     def _start_delivery(
@@ -354,6 +361,7 @@ class Publisher:
         next_persist = time.monotonic() + interval
         next_tick = 0.0
         target: int | None = None
+        overall = self._once_progress(hub) if self.once else None
         while True:
             if self.stop_requested.is_set() or hub.failure is not None or self.failure:
                 return
@@ -362,7 +370,11 @@ class Publisher:
                 if target is None:
                     target = publisher_log.next_seq
                 if hub.all_acknowledged(target):
+                    if overall is not None:
+                        overall(target, True)
                     return
+            if overall is not None:
+                overall(target, False)
             with hub.lock:
                 hub.changed.wait(min(interval, 0.05 if self.once else interval))
             if self.reload_requested.is_set():
@@ -389,6 +401,30 @@ class Publisher:
             if time.monotonic() >= next_persist:
                 self._persist(publisher_log, hub)
                 next_persist = time.monotonic() + interval
+
+    def _once_progress(self, hub: Hub) -> Any:
+        """``run --once``: progress of every application to the end position, in
+        publisher-log positions from the oldest datamarker at start. Until the source has
+        reached its end, the total is the log's end so far."""
+        assert self.publisher_log is not None
+        publisher_log = self.publisher_log
+        with hub.lock:
+            start = min((a.min_datamarker() for a in hub.applications.values()), default=0)
+        task = self.progress.task("run --once", None, "updates")
+
+        def report(target: int | None, finished: bool) -> None:
+            with hub.lock:
+                oldest = min(
+                    (a.min_datamarker() for a in hub.applications.values()),
+                    default=publisher_log.next_seq,
+                )
+            end = publisher_log.next_seq if target is None else target
+            detail = "to the end position" if target is not None else "reading the source"
+            task.update(done=max(0, oldest - start), total=max(0, end - start), detail=detail)
+            if finished:
+                task.finish()
+
+        return report
 
     def _reload(self, store: Any, publisher_log: PublisherLog, hub: Hub) -> None:
         """Apply the pipeline file's applications to the running pipeline.
@@ -499,7 +535,10 @@ class Publisher:
         assert self.retention is not None
         self.retention.persist(hub)
         status = self.live.write(
-            publisher_log, hub, list(self.caravans.caravans if self.caravans else [])
+            publisher_log,
+            hub,
+            list(self.caravans.caravans if self.caravans else []),
+            self.tailer.updates if self.tailer else None,
         )
         if self.copies is not None:
             status["copies"] = self.copies.status()

@@ -24,14 +24,31 @@ FILENAME = "live.json"
 
 
 class LiveStatus:
-    """Writes ``live.json``; keeps each caravan's last count to report a read rate."""
+    """Writes ``live.json``; keeps each caravan's, application's and the source's last
+    counts to report rates (updates/s between two writes)."""
 
     def __init__(self, state_dir: Path) -> None:
         self.path = state_dir / FILENAME
         self._rates: dict[int, tuple[Caravan, float, int]] = {}
+        self._counts: dict[str, tuple[float, int]] = {}
+        self.metrics: str | None = None
+        """The publisher's metrics address (``HOST:PORT``) while it serves them."""
+        self.progress: Any = None
+        """The publisher's :class:`wormhole.core.progress.Progress`, if any (its tasks)."""
+
+    def _rate(self, key: str, now: float, count: int) -> float:
+        last = self._counts.get(key)
+        self._counts[key] = (now, count)
+        if last is None or now <= last[0] or count < last[1]:
+            return 0.0
+        return round((count - last[1]) / (now - last[0]), 1)
 
     def write(
-        self, publisher_log: PublisherLog, hub: Hub, caravans: list[Caravan]
+        self,
+        publisher_log: PublisherLog,
+        hub: Hub,
+        caravans: list[Caravan],
+        source_updates: int | None = None,
     ) -> dict[str, Any]:
         now = time.monotonic()
         listed = []
@@ -54,12 +71,52 @@ class LiveStatus:
                 }
             )
         self._rates = rates  # caravans that are gone are forgotten
+        end = publisher_log.next_seq
+        now_ns = time.monotonic_ns()
+        applications = {}
+        with hub.lock:
+            apps = [
+                (
+                    name,
+                    app.delivered_updates,
+                    app.acknowledged_updates,
+                    len(app.sessions),
+                    app.min_datamarker() if app.flows else end,
+                )
+                for name, app in hub.applications.items()
+            ]
+        for name, delivered, acknowledged, sessions, oldest in apps:
+            behind = oldest < end
+            applications[name] = {
+                "delivered": delivered,
+                "acknowledged": acknowledged,
+                "delivered_rate": self._rate(f"d:{name}", now, delivered),
+                "acknowledged_rate": self._rate(f"a:{name}", now, acknowledged),
+                "subscribers": sessions,
+                "datamarker": oldest,
+                "lag_updates": max(0, end - oldest),
+                "lag_seconds": (
+                    round(max(0.0, (now_ns - publisher_log.appended_at(oldest)) / 1e9), 3)
+                    if behind
+                    else 0.0
+                ),
+            }
+        source: dict[str, Any] = {}
+        if source_updates is not None:
+            source = {
+                "updates": source_updates,
+                "read_rate": self._rate("source", now, source_updates),
+            }
         status = {
             "pid": os.getpid(),
             "updated_ms": int(time.time() * 1000),
             "log": {"first": publisher_log.first_seq, "end": publisher_log.next_seq},
             "caravans": listed,
             "applications": sorted(hub.applications),
+            "application_figures": applications,
+            "source": source,
+            "metrics": self.metrics,
+            "progress": self.progress.tasks() if self.progress is not None else [],
             "failed": {name: str(error) for name, error in hub.failed.items()},
             "datastore": hub.datastore,
             "flows": {

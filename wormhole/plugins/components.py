@@ -20,6 +20,7 @@ from typing import Any, Literal, Protocol, runtime_checkable
 from pydantic import BaseModel, ConfigDict, ValidationInfo, field_validator
 
 from wormhole.core.errors import StateError
+from wormhole.core.progress import Progress
 from wormhole.core.update import Update
 
 Kind = Literal[
@@ -176,6 +177,10 @@ class SourceContext:
     shards: int
     stop: threading.Event
     log: logging.Logger
+    progress: Progress = field(default_factory=Progress)
+    """Where long work (an initial snapshot) reports how far it is: ``progress.task(name,
+    total, unit)``, then ``advance(n)`` and ``finish()`` on the task. The publisher shows it
+    as a progress bar on a terminal and as log lines otherwise."""
 
 
 @dataclass

@@ -11,6 +11,8 @@ subclass writes only what is particular to its database:
 - **The snapshot.** One table at a time through a cursor, ``batch_updates`` rows per
   batch, each row an op ``r`` update at ``<snapshot position>:<n>``. Its batches carry
   the checkpoint ``{"phase": "snapshot"}``, so an interrupted snapshot is taken again.
+- **Progress.** The snapshot reports rows done of the subclass's estimate
+  (:meth:`DatabaseSource._snapshot_estimate`) on ``context.progress``.
 - **Reconnecting.** An error of the stream is classified by the subclass: what a
   reconnect cannot fix stops the run, anything else reconnects with backoff (logged,
   cut short by the pipeline's stop) and resumes after what ``read`` returned.
@@ -31,6 +33,7 @@ import msgspec
 from wormhole.core.backoff import Backoff
 from wormhole.core.errors import SourceError, SourceStopped
 from wormhole.core.metrics import reconnecting
+from wormhole.core.progress import Progress, ProgressTask
 from wormhole.core.update import NULL, Update, snapshot_read
 from wormhole.plugins.components import SourceBatch, SourceContext
 
@@ -101,6 +104,7 @@ class DatabaseSource(ABC):
         """The snapshot's native position; row ``n`` is at ``<snapshot_position>:<n>``."""
         self.snapshot_logical = ""
         self.snapshot_index = 0
+        self.snapshot_progress: ProgressTask | None = None
 
     # ----------------------------------------------------------- the protocol
     def open(self, context: SourceContext, checkpoint: Any) -> None:
@@ -193,6 +197,11 @@ class DatabaseSource(ABC):
     def _stream_reached(self, end: Any) -> bool:
         """Whether the stream, between transactions, has returned everything up to ``end``."""
 
+    def _snapshot_estimate(self) -> int | None:
+        """About how many rows the snapshot's tables (``snapshot_tables``) hold, from the
+        database's statistics, for progress; None when it cannot tell."""
+        return None
+
     def _update(
         self,
         op: str,
@@ -223,6 +232,9 @@ class DatabaseSource(ABC):
 
     # ------------------------------------------------------------ the snapshot
     def _read_snapshot(self) -> SourceBatch | None:
+        progress = self.snapshot_progress
+        if progress is None:
+            progress = self.snapshot_progress = self._start_progress()
         limit = self.batch_updates
         updates: list[Update] = []
         while len(updates) < limit:
@@ -238,6 +250,7 @@ class DatabaseSource(ABC):
                 self.snapshot = None
                 continue
             self._snapshot_reads(table, rows, updates)
+            progress.advance(len(rows), table.name)
         checkpoint: Any = {"phase": "snapshot"} if self.phase == "snapshot" else self._checkpoint()
         return SourceBatch(updates, checkpoint) if updates or self.phase == "stream" else None
 
@@ -261,8 +274,19 @@ class DatabaseSource(ABC):
             )
         self.snapshot_index = index
 
+    def _start_progress(self) -> ProgressTask:
+        try:
+            total = self._snapshot_estimate()
+        except Exception as exc:  # statistics only: the snapshot goes on without them
+            self.logger.debug("no row estimate for the snapshot: %s", exc)
+            total = None
+        progress = self.context.progress if self.context is not None else Progress(self.logger)
+        return progress.task("initial snapshot", total, "rows")
+
     def _finish_snapshot(self) -> None:
         self._end_snapshot()
+        if self.snapshot_progress is not None:
+            self.snapshot_progress.finish()
         self.logger.info(
             "initial snapshot done (%d rows); streaming from %s",
             self.snapshot_index,

@@ -311,6 +311,21 @@ class MySQLSource(DatabaseSource):
         self.phase = "snapshot"
         log.info("initial snapshot of %d tables at %s:%d", len(self.snapshot_tables), file, pos)
 
+    def _snapshot_estimate(self) -> int | None:
+        """``information_schema.TABLES.TABLE_ROWS`` of the snapshot's tables (an estimate
+        for InnoDB)."""
+        total = 0
+        for schema, name, _layout, _select in self.snapshot_tables:
+            rows = self._query(
+                "SELECT TABLE_ROWS FROM information_schema.TABLES WHERE TABLE_SCHEMA = %s "
+                "AND TABLE_NAME = %s",
+                (schema, name),
+            )
+            if not rows or rows[0][0] is None:
+                return None
+            total += int(rows[0][0])
+        return total
+
     def _snapshot_plan(self) -> list[tuple[str, str, Layout, str]]:
         rows = self._query(
             "SELECT TABLE_SCHEMA, TABLE_NAME FROM information_schema.TABLES "

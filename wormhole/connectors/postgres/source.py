@@ -292,6 +292,21 @@ class PostgresSource(DatabaseSource):
             # restart knows the slot is ours even if no change arrived yet.
             self.announce = True
 
+    def _snapshot_estimate(self) -> int | None:
+        """``pg_class.reltuples`` of the snapshot's tables (-1, never analyzed: unknown)."""
+        total = 0
+        for table in self.snapshot_tables:
+            schema, _, name = table.partition(".")
+            rows = self._query(
+                "SELECT c.reltuples FROM pg_class c JOIN pg_namespace n ON n.oid = "
+                "c.relnamespace WHERE n.nspname = %s AND c.relname = %s",
+                (schema, name),
+            )
+            if not rows or rows[0][0] is None or rows[0][0] < 0:
+                return None
+            total += int(rows[0][0])
+        return total
+
     def _published_tables(self) -> list[str]:
         rows = self._query(
             "SELECT schemaname, tablename FROM pg_publication_tables WHERE pubname = %s "
