@@ -244,3 +244,55 @@ def test_render_shows_progress_failures_and_what_metrics_lack() -> None:
     assert "application broken stopped: no column nosuch" in text
     assert "source (x): 10 updates read, 2.5 updates/s; lag: serve metrics" in text
     assert "(none: no subscriber connected)" in text
+
+
+def test_top_counts_each_applications_dead_letters(tmp_path: Path) -> None:
+    import threading
+
+    from rich.console import Console
+
+    from wormhole.core import dead_letters as dl
+    from wormhole.core.pipeline import load_pipeline
+    from wormhole.core.top import read, render
+    from wormhole.core.update import Update
+    from wormhole.testing import write_pipeline
+
+    state = tmp_path / "state"
+    path = write_pipeline(
+        tmp_path / "dl.yml",
+        {
+            "pipeline": "dl",
+            "state_dir": str(state),
+            "source": {"type": "filelog", "path": str(tmp_path / "data")},
+            "applications": {
+                "app": {
+                    "sink": {"type": "null"},
+                    "on_error": {"policy": "dead_letter", "retries": 1, "backoff_ms": 1},
+                },
+                "other": {"sink": {"type": "null"}},
+            },
+        },
+    )
+
+    class Rejects:
+        def write(self, updates: list[Update]) -> None:
+            if any(u.key["id"] == 1 for u in updates):
+                raise OSError("rejected on purpose")
+
+    guard = dl.GuardedSink(
+        Rejects(), "app", "dead_letter", 1, 0.001, 0.001, state, threading.Event()
+    )
+    guard.write(
+        [
+            Update.create(op="u", key={"id": k}, table="t", after={"id": k, "n": n})
+            for n, k in enumerate((1, 2, 1))
+        ]
+    )
+    reading = read(load_pipeline(path))
+    assert reading.applications["app"]["dead_letters"] == 2  # one dead letter, one parked
+    assert reading.applications["other"]["dead_letters"] is None
+    console = Console(width=200, record=True)
+    with console.capture() as captured:
+        console.print(render(reading))
+    row = next(line for line in captured.get().splitlines() if line.strip().startswith("app "))
+    assert " 2 " in row, row

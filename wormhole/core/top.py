@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from wormhole.core.dead_letters import count_dead_letters
 from wormhole.core.pipeline import Pipeline
 from wormhole.core.publisher_log import inspect_log
 from wormhole.core.status import read_live_status
@@ -78,6 +79,7 @@ def read(pipeline: Pipeline) -> Reading:
     live = reading.live
     if live is None:
         reading.applications = _stored(pipeline, info.next_seq)
+        _count_dead_letters(pipeline, reading)
         return reading
     end = int(live.get("log", {}).get("end", info.next_seq))
     carried: dict[str, tuple[int, int]] = {}
@@ -92,10 +94,8 @@ def read(pipeline: Pipeline) -> Reading:
         app["caravan"] = None if caravan is None else caravan[0]
         app["caravan_lag"] = None if caravan is None else caravan[1]
         app["failed"] = failed.get(name)
-        # DEAD LETTERS: once the publisher counts an application's dead letters
-        # (applications.<app>.on_error) in live.json, copy the count here and add a
-        # "dead letters" column in render().
         reading.applications[name] = app
+    _count_dead_letters(pipeline, reading)
     address = live.get("metrics")
     if address:
         try:
@@ -105,6 +105,16 @@ def read(pipeline: Pipeline) -> Reading:
     else:
         reading.source_note = "serve metrics (metrics.listen) to see the source's lag"
     return reading
+
+
+def _count_dead_letters(pipeline: Pipeline, reading: Reading) -> None:
+    """Each application's dead letters in this state dir (as ``wormhole status`` counts them):
+    a number where its policy is ``dead_letter`` or it has a log, else nothing."""
+    counts = count_dead_letters(pipeline.state_dir)
+    for name, app in reading.applications.items():
+        config = pipeline.applications.get(name)
+        keeps = config is not None and config.on_error.policy == "dead_letter"
+        app["dead_letters"] = counts.get(name, 0) if keeps or name in counts else None
 
 
 def _stored(pipeline: Pipeline, end: int) -> dict[str, dict[str, Any]]:
@@ -180,8 +190,7 @@ def render(reading: Reading) -> Any:
     apps = Table(title="applications", title_justify="left", box=box.SIMPLE_HEAD)
     for column in ("application", "subscribers", "updates/s", "delivered", "acknowledged"):
         apps.add_column(column, justify="left" if column == "application" else "right")
-    # DEAD LETTERS: a "dead letters" column goes here (see read()).
-    for column in ("lag", "lag (s)", "caravan", "caravan lag"):
+    for column in ("dead letters", "lag", "lag (s)", "caravan", "caravan lag"):
         apps.add_column(column, justify="right")
     for name, app in reading.applications.items():
         failed = app.get("failed")
@@ -191,6 +200,7 @@ def render(reading: Reading) -> Any:
             _number(app.get("acknowledged_rate"), 1),
             _number(app.get("delivered")),
             _number(app.get("acknowledged")),
+            _number(app.get("dead_letters")),
             _number(app.get("lag_updates")),
             _number(app.get("lag_seconds"), 1),
             "-" if app.get("caravan") is None else f"#{app['caravan']}",
