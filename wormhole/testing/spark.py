@@ -126,19 +126,25 @@ def _daemon_env(directory: Path, spark_home: Path) -> dict[str, str]:
     }
 
 
-def start_spark_cluster(
-    workers: int = 2, cores: int = 1, memory: str = "1g"
-) -> Iterator[SparkCluster]:
-    """Start a standalone master and ``workers`` workers from the ``pyspark`` wheel on free
-    loopback ports, work directories in a temp dir; wait until every worker is registered;
-    stop them all afterwards."""
+def _spark_home() -> Path:
+    """The ``pyspark`` wheel's directory (its ``bin/`` and ``jars/``); Java and PySpark are
+    required."""
     require(shutil.which("java") is not None, "Java 17 (Spark runs on the JVM)")
     try:
         import pyspark
     except ImportError:  # pragma: no cover - reported by require
         require(False, "pyspark (pip install 'wormhole[spark]')")
         raise
-    spark_home = Path(pyspark.__file__).parent
+    return Path(pyspark.__file__).parent
+
+
+def start_spark_cluster(
+    workers: int = 2, cores: int = 1, memory: str = "1g"
+) -> Iterator[SparkCluster]:
+    """Start a standalone master and ``workers`` workers from the ``pyspark`` wheel on free
+    loopback ports, work directories in a temp dir; wait until every worker is registered;
+    stop them all afterwards."""
+    spark_home = _spark_home()
     spark_class = spark_home / "bin" / "spark-class"
     require(spark_class.is_file(), f"{spark_class} (from the pyspark wheel)")
     directory = Path(tempfile.mkdtemp(prefix="wormhole-spark-cluster-"))
@@ -239,13 +245,7 @@ def start_spark_connect(master: str = "local[2]") -> Iterator[SparkConnectServer
     """Start a Spark Connect server from the ``pyspark`` wheel (``spark-submit --class
     …SparkConnectServer``) on a free loopback port, its warehouse and logs in a temp dir; wait
     until it accepts connections; stop it afterwards."""
-    require(shutil.which("java") is not None, "Java 17 (Spark runs on the JVM)")
-    try:
-        import pyspark
-    except ImportError:  # pragma: no cover - reported by require
-        require(False, "pyspark (pip install 'wormhole[spark]')")
-        raise
-    spark_home = Path(pyspark.__file__).parent
+    spark_home = _spark_home()
     spark_submit = spark_home / "bin" / "spark-submit"
     require(spark_submit.is_file(), f"{spark_submit} (from the pyspark wheel)")
     connect_jars = list((spark_home / "jars").glob("spark-connect_*.jar"))
