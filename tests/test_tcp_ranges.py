@@ -39,7 +39,14 @@ def _remote(port: int, app: str = "lake", **options: str) -> TcpRemoteLog:
 
 
 class _Publisher:
-    def __init__(self, tmp_path: Path, token: str = "", audit: bool = True, **extra: Any) -> None:
+    def __init__(
+        self,
+        tmp_path: Path,
+        token: str = "",
+        audit: bool = True,
+        tls: dict[str, str] | None = None,
+        **extra: Any,
+    ) -> None:
         self.port = free_port()
         (tmp_path / "data").mkdir(exist_ok=True)
         self.data = tmp_path / "data" / "items.jsonl"
@@ -53,7 +60,12 @@ class _Publisher:
                     "path": str(tmp_path / "data"),
                     "poll_interval_ms": 20,
                 },
-                "transport": {"type": "tcp", "listen": f"127.0.0.1:{self.port}", "token": token},
+                "transport": {
+                    "type": "tcp",
+                    "listen": f"127.0.0.1:{self.port}",
+                    "token": token,
+                    **({"tls": tls} if tls else {}),
+                },
                 "delivery": {"datamarker_interval_ms": 50},
                 "applications": {
                     "lake": {"external": True},
@@ -206,3 +218,34 @@ def test_the_range_cache_keeps_what_it_has_when_full_and_makes_room_from_old_ent
     cache.seconds = 0.0  # every entry is now old enough to make room
     cache.put(6, (12, {}), 6)
     assert cache.get(0) is None and cache.get(6) == (12, {})
+
+
+def test_a_reader_speaks_mutual_tls_and_a_reader_without_its_certificate_is_turned_away(
+    tmp_path: Path,
+) -> None:
+    import subprocess
+
+    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
+    subprocess.run(
+        ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", str(key),
+         "-out", str(cert), "-days", "1", "-subj", "/CN=localhost",
+         "-addext", "subjectAltName=DNS:localhost,IP:127.0.0.1"],
+        check=True,
+        capture_output=True,
+    )  # fmt: skip
+    tls = {"cert": str(cert), "key": str(key), "client_ca": str(cert)}
+    pub = _Publisher(tmp_path, token="t", tls=tls)
+    options = {"token": "t", "tls.ca": str(cert), "tls.cert": str(cert), "tls.key": str(key)}
+    try:
+        _write(pub.data, 10, range(0, 3))
+        pub.wait_for(30, **options)
+        remote = _remote(pub.port, **options)
+        assert remote.commit({0: 30}) == {**{s: 0 for s in range(16)}, 0: 30}
+        assert sum(len(seqs) for seqs, _ in remote.read(1, 0, 30)) > 0
+        no_client_cert = {"token": "t", "tls.ca": str(cert)}
+        with pytest.raises(RemoteLogError, match=r"check options tls\.ca.*tls\.cert and tls\.key"):
+            _remote(pub.port, **no_client_cert).positions()
+        with pytest.raises(RemoteLogError, match=r"if the publisher uses TLS.*give option tls\.ca"):
+            _remote(pub.port, token="t").positions()  # plaintext
+    finally:
+        pub.stop()

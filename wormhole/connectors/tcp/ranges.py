@@ -374,7 +374,12 @@ class TcpRemoteLog:
         sock: socket.socket | ssl.SSLSocket = raw
         try:
             if self.tls is not None:
-                sock = self.tls.wrap_socket(raw, server_hostname=self.server_name or host)
+                try:
+                    sock = self.tls.wrap_socket(raw, server_hostname=self.server_name or host)
+                except (ssl.SSLError, ssl.CertificateError) as exc:
+                    raise RemoteLogError(
+                        f"publisher {self.address}: TLS handshake failed ({exc}){self._tls_hint()}"
+                    ) from exc
             sock.sendall(p.preamble(p.READ_VERSION))
             sock.sendall(
                 p.encode(
@@ -396,12 +401,24 @@ class TcpRemoteLog:
             raise
         return sock
 
+    def _tls_hint(self) -> str:
+        if self.tls is None:
+            return (
+                "; if the publisher uses TLS (transport.tls), give option tls.ca (and tls.cert "
+                "and tls.key where it asks for client certificates)"
+            )
+        return (
+            "; check options tls.ca, tls.serverName and, where the publisher asks for client "
+            "certificates (transport.tls.client_ca), tls.cert and tls.key"
+        )
+
     def _frame(self, sock: socket.socket | ssl.SSLSocket) -> tuple[int, Any]:
         try:
             kind, body = p.read_frame(sock, 1 << 30)
         except (p.PeerClosed, TimeoutError, OSError, p.ProtocolError) as exc:
             raise RemoteLogError(
                 f"publisher {self.address}: connection lost ({exc or type(exc).__name__})"
+                f"{self._tls_hint()}"
             ) from exc
         if kind == p.REFUSE:
             reason = body.reason
