@@ -20,6 +20,7 @@ COLUMNS = [
     "updates/s",
     "delivered",
     "acknowledged",
+    "dead_letters",
     "lag",
     "lag_s",
     "caravan",
@@ -109,10 +110,12 @@ def test_top_once_shows_delivery_lag_subscribers_and_source_lag(
             frames.append(_frame(pipeline, tmp_path))
             rows = _rows(frames[-1])
             # b's lag in seconds is the age of its oldest update: it grows from 0.0.
+            # b's caravan lets it go once it finds no subscriber to deliver to.
             return (
                 rows["a"]["acknowledged"] == "300"
                 and rows["b"]["subscribers"] == "0"
                 and float(rows["b"]["lag_s"]) > 0
+                and rows["b"]["caravan"] == "-"
             )
 
         wait_until(a_moves_on, 60, "a at 300 updates while b has no subscriber")
