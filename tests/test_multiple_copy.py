@@ -407,9 +407,12 @@ def test_with_manual_failback_the_application_stays_until_moved(
     keys = 20
     for copy in "ab":
         copies.pipeline(copy, {"failback": "manual"})
-        copies.publish(copy)
-    copies.subscribe(0)
+    # a first: with manual failback, a copy b that claimed the application while a was still
+    # starting would keep it.
+    copies.publish("a")
     wait_until(lambda: copies.serving() == "a", 60, "copy a (preferred) to serve")
+    copies.publish("b")
+    copies.subscribe(0)
     out = tmp_path / "search.jsonl"
     copies.write(keys, 0)
     wait_until(lambda: reached(out, keys, 0), 60, "round 0")
