@@ -14,6 +14,7 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
+from wormhole.core.backfill import summary as backfill_summary
 from wormhole.core.dead_letters import count_dead_letters
 from wormhole.core.errors import ConfigError, WormholeError
 from wormhole.core.metrics import count_errors, parse_listen, serve
@@ -373,6 +374,7 @@ def cmd_status(args: argparse.Namespace) -> int:
         name: 0 for name, a in pipeline.applications.items() if a.on_error.policy == "dead_letter"
     }
     dead_letters.update(count_dead_letters(pipeline.state_dir))
+    backfills = backfill_summary(pipeline.state_dir)
     if args.json:
         print(
             json.dumps(
@@ -392,6 +394,7 @@ def cmd_status(args: argparse.Namespace) -> int:
                     "flows": flows,
                     "removed_applications": removed,
                     "dead_letters": dead_letters,
+                    "backfills": backfills,
                     "deployment": deployment,
                 }
             )
@@ -424,6 +427,7 @@ def cmd_status(args: argparse.Namespace) -> int:
             f"  application {app_name}: {count:,} dead letters (wormhole dead-letters list "
             f"{pipeline.file} --app {app_name})"
         )
+    _print_backfills(backfills, every=False)
     for entry in removed:
         print(
             f"  warning: application {entry['application']} is not in "
@@ -737,6 +741,119 @@ def cmd_dead_letters(args: argparse.Namespace) -> int:
         dead.close()
 
 
+def cmd_backfill(args: argparse.Namespace) -> int:
+    from wormhole.core import backfill as bf
+    from wormhole.core.errors import BackfillError
+    from wormhole.plugins.components import SourceBackfill
+
+    pipeline = _load(args.pipeline)
+    if args.list:
+        requests = bf.summary(pipeline.state_dir)
+        if args.json:
+            print(json.dumps(requests))
+        else:
+            _print_backfills(requests, every=True)
+        return EXIT_OK
+    if args.cancel is not None:
+        if not bf.BackfillStore.exists(pipeline.state_dir):
+            raise BackfillError(f"--cancel {args.cancel}: {pipeline.state_dir} holds no backfills")
+        store = bf.BackfillStore(pipeline.state_dir)
+        try:
+            request = store.cancel(args.cancel)
+        finally:
+            store.close()
+        if request.state != "cancelled":
+            raise BackfillError(
+                f"--cancel {args.cancel}: {request.describe()} is already {request.state}"
+            )
+        print(f"{request.describe()} cancelled after {request.rows:,} rows")
+        return EXIT_OK
+    if not args.table:
+        raise BackfillError(
+            "name the table to backfill (--table schema.table), or use --list or --cancel ID"
+        )
+    if args.app is not None:
+        names, where = _application_names(pipeline)
+        if args.app not in names:
+            raise BackfillError(
+                f"--app {args.app}: no such application in {where or pipeline.file}; the "
+                f"applications are: {', '.join(sorted(names))}"
+            )
+    chunk_size = args.chunk_size or pipeline.backfill.chunk_size
+    pause_ms = pipeline.backfill.pause_ms if args.pause_ms is None else args.pause_ms
+    if chunk_size < 1 or pause_ms < 0:
+        raise BackfillError("--chunk-size must be at least 1 and --pause-ms at least 0")
+    source: Any = pipeline.source.create()
+    if not isinstance(source, SourceBackfill):
+        raise BackfillError(
+            f"source.type {pipeline.source.type}: this source cannot backfill tables (it "
+            f"does not provide backfill_plan, backfill_watermark and backfill_chunk)"
+        )
+    try:
+        plan = source.backfill_plan(pipeline.name, args.table, args.where)
+    finally:
+        source.close()
+    store = bf.BackfillStore(pipeline.state_dir)
+    try:
+        request = store.add(plan.table, plan.where, args.app, chunk_size, pause_ms, plan.estimate)
+        about = "" if plan.estimate is None else f", about {plan.estimate:,} rows"
+        print(f"{request.describe()} queued (id {request.id}{about})")
+        if _live_status(pipeline.state_dir) is None:
+            print(
+                f"  the publisher is not running: it starts the backfill when it runs "
+                f"(wormhole run {pipeline.file})"
+            )
+        if not args.wait:
+            return EXIT_OK
+        return _wait_for_backfill(store, request.id)
+    finally:
+        store.close()
+
+
+def _wait_for_backfill(store: Any, request_id: int) -> int:
+    """Follow a backfill to its end: 0 when done, 1 when cancelled or failed."""
+    import time
+
+    next_line = 0.0
+    while True:
+        request = store.get(request_id)
+        if request is None:
+            return 1
+        if request.state in ("done", "cancelled", "failed"):
+            why = f": {request.error}" if request.error else ""
+            print(
+                f"{request.describe()} {request.state}: {request.rows:,} rows emitted, "
+                f"{request.read:,} read, {request.dropped:,} dropped as changed meanwhile, "
+                f"{request.chunks:,} chunks{why}"
+            )
+            return EXIT_OK if request.state == "done" else 1
+        now = time.monotonic()
+        if now >= next_line:
+            next_line = now + 5.0
+            total = f" of about {request.estimate:,}" if request.estimate else ""
+            print(f"  {request.state}: {request.read:,} rows read{total}", flush=True)
+        time.sleep(0.2)
+
+
+def _print_backfills(requests: list[dict[str, Any]], every: bool) -> None:
+    shown = [r for r in requests if every or r["state"] in ("queued", "running")]
+    if not shown:
+        if every:
+            print("no backfills")
+        return
+    print("  backfills:")
+    for r in shown:
+        whom = r["application"] or "every application"
+        where = f" where {r['where']}" if r["where"] else ""
+        total = f" of ~{r['estimate']:,}" if r["estimate"] is not None else ""
+        error = f": {r['error']}" if r["error"] else ""
+        print(
+            f"    {r['id']:>4}  {r['state']:<9} {r['table']}{where} for {whom}: "
+            f"{r['read']:,}{total} rows read, {r['rows']:,} emitted, {r['dropped']:,} dropped, "
+            f"{r['chunks']:,} chunks{error}"
+        )
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="wormhole",
@@ -915,6 +1032,31 @@ def build_parser() -> argparse.ArgumentParser:
                 "--instance", type=int, default=0, help="open the sink as this subscriber number"
             )
     dead.set_defaults(func=cmd_dead_letters)
+
+    backfill = sub.add_parser(
+        "backfill",
+        help="re-read a table in key-order chunks while the stream flows, for every "
+        "application or one (--list, --cancel ID)",
+    )
+    backfill.add_argument("pipeline", help="pipeline file (YAML)")
+    backfill.add_argument("--table", help="the table, as schema.table")
+    backfill.add_argument(
+        "--where", help="SQL condition on the table's rows: only those are backfilled"
+    )
+    backfill.add_argument("--app", help="only this application receives the rows")
+    backfill.add_argument(
+        "--chunk-size", type=int, help="rows per chunk (default: the file's backfill.chunk_size)"
+    )
+    backfill.add_argument(
+        "--pause-ms", type=int, help="pause between chunks (default: backfill.pause_ms)"
+    )
+    backfill.add_argument(
+        "--wait", action="store_true", help="follow the backfill to its end (exit 1 unless done)"
+    )
+    backfill.add_argument("--list", action="store_true", help="every backfill and its progress")
+    backfill.add_argument("--cancel", type=int, metavar="ID", help="stop a backfill")
+    backfill.add_argument("--json", action="store_true", help="--list as JSON")
+    backfill.set_defaults(func=cmd_backfill)
 
     # Commands that plugins add (the search connector's `wormhole search`, say).
     from wormhole.plugins.manager import default_registry

@@ -39,7 +39,7 @@ from typing import Any
 from wormhole.core.errors import FilterError, WormholeError
 from wormhole.core.hub import ApplicationRuntime, Frame, Hub, SubscriberSession
 from wormhole.core.publisher_log import Batch, PublisherLog
-from wormhole.core.update import Update
+from wormhole.core.update import Update, for_application
 
 log = logging.getLogger("wormhole.caravan")
 
@@ -261,6 +261,7 @@ class Caravan:
                 for i, u in enumerate(updates)
                 if eligible[u.shard] and first + i >= delivered[u.shard]
             ]
+        updates = for_application(updates, app.name)
         if app.filter is not None and updates:
             try:
                 updates = app.filter(updates)

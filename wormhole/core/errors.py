@@ -57,6 +57,11 @@ class SourceStopped(SourceError):
     reconnect say. Not a failure: the run ends as a graceful stop does."""
 
 
+class BackfillError(WormholeError):
+    """A backfill cannot run as asked (a table without a primary key, a condition that does
+    not parse, a table already being backfilled); nothing was changed."""
+
+
 class SinkError(WormholeError):
     """A sink could not make a batch durable."""
 

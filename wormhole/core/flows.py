@@ -130,6 +130,6 @@ def start_flows(
 def _start_position(start: Any, first: int, end: int) -> int:
     if start == "earliest":
         return first
-    if start == "latest":
-        return end
+    if start == "latest" or "backfill" in start:
+        return end  # a backfill brings what was before
     return int(start["position"])

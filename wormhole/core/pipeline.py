@@ -92,6 +92,17 @@ class ProgressConfig(Options):
     )
 
 
+class BackfillConfig(Options):
+    """Defaults of backfills (``wormhole backfill`` options override them)."""
+
+    chunk_size: int = Field(
+        4096, ge=1, le=1_000_000, description="rows read per chunk, between two watermarks"
+    )
+    pause_ms: int = Field(
+        0, ge=0, le=3_600_000, description="pause between chunks, to spare the database"
+    )
+
+
 class DeliveryConfig(Options):
     """How datamarkers are kept."""
 
@@ -212,7 +223,9 @@ class ApplicationConfig(Options):
 
     start: Any = Field(
         "earliest",
-        description="earliest | latest | {position: SEQ} | {time: ISO-8601 or Unix ms}",
+        description="earliest | latest | {position: SEQ} | {time: ISO-8601 or Unix ms} | "
+        "{backfill: [TABLE, ...]} (latest, and a backfill of those tables for this "
+        "application alone)",
     )
     filter: FilterConfig = Field(default_factory=FilterConfig)
     sink: dict[str, Any] | None = Field(
@@ -276,9 +289,18 @@ class ApplicationConfig(Options):
                 return {"position": position}
         if isinstance(value, Mapping) and set(value) == {"time"}:
             return {"time": _time_ms(value["time"])}
+        if isinstance(value, Mapping) and set(value) == {"backfill"}:
+            tables = value["backfill"]
+            if (
+                isinstance(tables, list)
+                and tables
+                and all(isinstance(t, str) and t.strip() for t in tables)
+            ):
+                return {"backfill": [t.strip() for t in tables]}
         raise ValueError(
-            "must be earliest, latest, {position: SEQ} with SEQ >= 0, or {time: T} with T an "
-            "ISO-8601 time (2026-11-22T10:00:00Z) or Unix milliseconds"
+            "must be earliest, latest, {position: SEQ} with SEQ >= 0, {time: T} with T an "
+            "ISO-8601 time (2026-11-22T10:00:00Z) or Unix milliseconds, or {backfill: [TABLE, "
+            "...]} naming the tables to backfill for the application"
         )
 
 
@@ -338,6 +360,10 @@ class PipelineModel(Options):
     applications: dict[str, ApplicationConfig] = Field(min_length=1)
     metrics: MetricsConfig | None = Field(
         None, description="serve Prometheus metrics: {listen: HOST:PORT, flows: true}"
+    )
+    backfill: BackfillConfig = Field(
+        default_factory=BackfillConfig,
+        description="backfills: {chunk_size: 4096, pause_ms: 0}",
     )
     progress: ProgressConfig = Field(
         default_factory=ProgressConfig,
@@ -429,6 +455,8 @@ class Pipeline:
     """The ``metrics`` key (``--metrics`` replaces its address): None serves none."""
     progress_interval: float = 5.0
     """Seconds between progress log lines (``progress.interval_ms``)."""
+    backfill: BackfillConfig = field(default_factory=BackfillConfig)
+    """Backfill defaults (the ``backfill`` key)."""
 
 
 # ---------------------------------------------------------------- interpolation
@@ -670,6 +698,7 @@ def parse_pipeline(
             else None
         ),
         progress_interval=model.progress.interval_ms / 1000.0,
+        backfill=model.backfill,
     )
 
 

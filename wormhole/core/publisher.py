@@ -20,9 +20,10 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from wormhole.core.backfill import Backfiller, BackfillStore
 from wormhole.core.caravan import CaravanManager
 from wormhole.core.copies import CopyCoordinator
-from wormhole.core.errors import ConfigError, StateError, WormholeError
+from wormhole.core.errors import BackfillError, ConfigError, StateError, WormholeError
 from wormhole.core.flows import application_filter, start_flows
 from wormhole.core.hub import ApplicationRuntime, Hub
 from wormhole.core.metrics import REGISTRY, MetricsServer, PublisherCollector, serve
@@ -37,6 +38,7 @@ from wormhole.plugins.components import (
     Datamarker,
     DatamarkerStore,
     Source,
+    SourceBackfill,
     SourceContext,
     Transport,
 )
@@ -99,6 +101,10 @@ class Publisher:
         self.copies: CopyCoordinator | None = None
         """Multiple-copy delivery: this publisher as one copy of its datastore."""
         self.source: Source | None = None
+        self.backfills: BackfillStore | None = None
+        """The backfill queue (``<state_dir>/backfills.sqlite``), while running."""
+        self.backfiller: Backfiller | None = None
+        """Runs the queue, when the source can backfill."""
         self.metrics_server: MetricsServer | None = None
         """The metrics endpoint (``metrics.listen``), while running."""
 
@@ -132,7 +138,10 @@ class Publisher:
             source.open(self._source_context(), recovery.checkpoint)
             cleanup.callback(source.close)
             end = source.capture_end() if self.once else None
+            backfills = self.backfills = BackfillStore(pipeline.state_dir)
+            cleanup.callback(backfills.close)
             hub = self._start_delivery(cleanup, store, publisher_log)
+            backfiller = self.backfiller = self._open_backfills(cleanup, source)
             tailer = self.tailer = Tailer(
                 source,
                 publisher_log,
@@ -142,6 +151,7 @@ class Publisher:
                 once=self.once,
                 on_failure=self.stop_requested.set,
                 count_tables=pipeline.metrics is not None,
+                backfiller=backfiller,
             )
             tailer.start()
             cleanup.callback(tailer.join, 10)
@@ -342,6 +352,10 @@ class Publisher:
         flows, fresh = start_flows(
             config, self.pipeline.shards, stored, publisher_log, self.pipeline.file
         )
+        if fresh and isinstance(config.start, dict) and "backfill" in config.start:
+            # Queued before the new datamarkers are stored: a crash in between queues them
+            # again, and a request already queued for it is kept.
+            self._queue_start_backfills(name, config.start["backfill"])
         new.extend(fresh)
         if config.external or self.transport_reads_log:
             # Read by an outside reader that stores its own datamarkers: no flows here,
@@ -354,6 +368,43 @@ class Publisher:
             # A copy serves an application only once it holds its claim (CopyCoordinator).
             active=self.pipeline.mode != "multiple-copy",
         )
+
+    def _queue_start_backfills(self, name: str, tables: list[str]) -> None:
+        """``start: {backfill: [...]}``: backfills of those tables for this application."""
+        if self.backfills is None:
+            return
+        defaults = self.pipeline.backfill
+        for table in tables:
+            try:
+                request = self.backfills.add(
+                    table, None, name, defaults.chunk_size, defaults.pause_ms, origin="start"
+                )
+            except BackfillError as exc:
+                log.info("application %s: its start backfill is not queued again: %s", name, exc)
+                continue
+            log.info("application %s starts at the log end; %s queued", name, request.describe())
+
+    def _open_backfills(self, cleanup: contextlib.ExitStack, source: Source) -> Backfiller | None:
+        """The backfill queue, and its runner when the source can backfill."""
+        store = self.backfills
+        if store is None:
+            return None
+        if isinstance(source, SourceBackfill):
+            return Backfiller(
+                source,
+                store,
+                self.pipeline.name,
+                self.progress,
+                lambda: set(self.pipeline.applications),
+            )
+        for request in store.active():
+            store.finish(
+                request.id,
+                "failed",
+                f"source type {self.pipeline.source.type} cannot backfill tables",
+            )
+            log.error("%s failed: the source cannot backfill", request.describe())
+        return None
 
     # ------------------------------------------------------------ supervise
     def _supervise(self, store: Any, publisher_log: PublisherLog, hub: Hub) -> None:

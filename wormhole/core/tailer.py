@@ -13,9 +13,11 @@ import logging
 import queue
 import threading
 from collections import _count_elements  # type: ignore[attr-defined]
+from collections.abc import Callable
 from operator import attrgetter
 from typing import Any
 
+from wormhole.core.backfill import Backfiller
 from wormhole.core.backoff import Backoff
 from wormhole.core.errors import SourceStopped, StateError
 from wormhole.core.publisher_log import PreparedBatch, PublisherLog
@@ -43,6 +45,8 @@ def count_tables(counts: dict[tuple[str, str], int], updates: list[Update]) -> N
         _count_elements(counts, map(_table_op, updates))
 
 
+_Item = tuple[PreparedBatch | None, Callable[[], None] | None]
+
 TRANSIENT_WRITE_ERRORS = (errno.ENOSPC, errno.EDQUOT, errno.EIO, errno.EAGAIN)
 
 
@@ -61,6 +65,7 @@ class Tailer:
         once: bool = False,
         on_failure: Any = None,
         count_tables: bool = False,
+        backfiller: Backfiller | None = None,
     ) -> None:
         self.source = source
         self.publisher_log = publisher_log
@@ -77,8 +82,11 @@ class Tailer:
         self.count_tables = count_tables
         self.read_counts: dict[tuple[str, str], int] = {}
         """With ``count_tables`` (metrics on): updates read from the source, by (table, op)."""
+        self.backfiller = backfiller
+        """Runs queued backfills between reads (a source with backfills), or None."""
         self._appender_alive = True
-        self._prepared: queue.Queue[PreparedBatch | None] = queue.Queue(maxsize=2)
+        # (batch to append or None, what to call once it is durable or None); None: the end.
+        self._prepared: queue.Queue[_Item | None] = queue.Queue(maxsize=2)
         self.thread = threading.Thread(target=self._run, name="tailer", daemon=True)
 
     def start(self) -> None:
@@ -107,7 +115,7 @@ class Tailer:
             appender.join()
             self.done.set()
 
-    def _put(self, item: PreparedBatch | None, force: bool = False) -> bool:
+    def _put(self, item: _Item | None, force: bool = False) -> bool:
         while True:
             try:
                 self._prepared.put(item, timeout=0.1)
@@ -119,35 +127,58 @@ class Tailer:
                     return False
 
     def _finished(self) -> bool:
-        return self.once and bool(self.source.reached(self.end))
+        if not self.once or not self.source.reached(self.end):
+            return False
+        # Backfills queued or running are part of the work of `run --once`.
+        return self.backfiller is None or self.backfiller.idle()
 
     def _read_loop(self) -> None:
         source, publisher_log, shards = self.source, self.publisher_log, self.shards
         counts = self.read_counts if self.count_tables else None
         if self._finished():
             return
+        backfiller = self.backfiller
         while not self.stop.is_set() and self._appender_alive:
+            if backfiller is not None:
+                # The stream waits while a chunk is read between its watermarks (DBLog).
+                ended = backfiller.step()
+                if ended is not None and not self._put((None, ended.durable)):
+                    return
             batch: SourceBatch | None = source.read(0.2)
             if batch is None:
                 if self._finished():
                     return
                 continue
+            emission = backfiller.observe(batch) if backfiller is not None else None
             batch.updates = assign_shards(batch.updates, shards)
             if counts is not None:
                 # While the batch is hot in the cache (assign_shards just went through it).
                 count_tables(counts, batch.updates)
-            if not self._put(publisher_log.prepare(batch.updates, batch.checkpoint)):
+            if not self._put((publisher_log.prepare(batch.updates, batch.checkpoint), None)):
                 return
+            if emission is not None:
+                # A backfill chunk's rows, in a batch of their own right after the stream's
+                # updates before its high watermark, with the same checkpoint.
+                rows = assign_shards(emission.updates, shards)
+                if counts is not None:
+                    count_tables(counts, rows)
+                prepared = publisher_log.prepare(rows, batch.checkpoint)
+                if not self._put((prepared, emission.durable)):
+                    return
             if self._finished():
                 return
 
     def _append_loop(self) -> None:
         try:
             while (item := self._prepared.get()) is not None:
-                if not self._commit(item):
-                    break
-                self.updates += len(item.updates)
-                self.source.confirm(item.checkpoint)
+                prepared, durable = item
+                if prepared is not None:
+                    if not self._commit(prepared):
+                        break
+                    self.updates += len(prepared.updates)
+                    self.source.confirm(prepared.checkpoint)
+                if durable is not None:
+                    durable()
         except BaseException as exc:
             self._failed(exc)
         finally:

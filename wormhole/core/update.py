@@ -50,6 +50,10 @@ class Update(msgspec.Struct, kw_only=True, gc=False):
     """A position comparable across copies of the dataset (GTID, origin LSN, publisher id:seq)."""
     txid: int | None = None
     ts_ms: int | None = None
+    audience: str = ""
+    """The one application this update is for (a backfill for one application), or empty:
+    every application. Updates with an audience travel in publisher-log batches of their
+    own (see :func:`for_application`)."""
 
     @classmethod
     def create(
@@ -91,6 +95,15 @@ class Update(msgspec.Struct, kw_only=True, gc=False):
         """The row before the change where the datastore provides it, decoded."""
         value: Row | None = _json_decode(self.before)
         return value
+
+
+def for_application(updates: list[Update], application: str) -> list[Update]:
+    """The updates meant for ``application``: all of them but those whose ``audience`` is
+    another application. Such updates are only ever appended in batches of their own (a
+    backfill's chunk), so looking at a batch's ends tells whether it holds any."""
+    if not updates or not (updates[0].audience or updates[-1].audience):
+        return updates
+    return [u for u in updates if not u.audience or u.audience == application]
 
 
 _row_encoder = msgspec.json.Encoder()

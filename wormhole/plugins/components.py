@@ -194,6 +194,70 @@ class SourceBatch:
 
     updates: list[Update]
     checkpoint: Any
+    watermark: Watermark | None = None
+    """Set when the stream passed a backfill watermark (:class:`SourceBackfill`) right after
+    these updates: the batch ends there, and nothing after the watermark is in it."""
+
+
+@dataclass(frozen=True)
+class Watermark:
+    """A backfill watermark, as the stream met it: the ``token`` written by
+    :meth:`SourceBackfill.backfill_watermark`, and where it is in the datastore's log.
+
+    Backfilled rows emitted at it get the native position ``<position>:<n>`` and the
+    logical position ``logical``; the source's position mapper must give an op ``r`` there
+    a version above every change before the watermark and below every change after it."""
+
+    token: str
+    position: str
+    logical: str
+
+
+@dataclass(frozen=True)
+class BackfillPlan:
+    """A table a source can backfill, checked: what :meth:`SourceBackfill.backfill_plan`
+    returns and :meth:`SourceBackfill.backfill_chunk` is given back."""
+
+    table: str
+    """``schema.table``, as the stream's updates name it."""
+    keys: list[str]
+    """The key columns, in the order chunks are read (the stream's key of the table)."""
+    where: str | None = None
+    """The SQL condition rows must meet (``--where``), checked by the source."""
+    estimate: int | None = None
+    """About how many rows the backfill reads (statistics), for progress; None: unknown."""
+    detail: Any = None
+    """Whatever the source keeps for reading chunks (columns, types)."""
+
+
+@runtime_checkable
+class SourceBackfill(Protocol):
+    """Optional: a database source that can backfill tables while it streams
+    (``wormhole backfill``; docs/backfill.md). The engine runs the DBLog watermark
+    algorithm with these three methods, in the thread that calls ``read``:
+    a low watermark, one chunk, a high watermark; then it reads the stream on, drops
+    the chunk's rows whose keys change between the two watermarks, and emits the rest at
+    the high one. The stream's ``read`` reports each watermark it passes as
+    :attr:`SourceBatch.watermark` (watermarks it did not write are its own to skip).
+    """
+
+    def backfill_plan(self, pipeline: str, table: str, where: str | None) -> BackfillPlan:
+        """Check that ``table`` can be backfilled with ``where``; raise
+        :class:`wormhole.core.errors.BackfillError` saying why not (no primary key, not
+        captured, a condition that does not parse). Also called by ``wormhole backfill``
+        on a source that was never opened: connect for it, and let ``close`` release it."""
+
+    def backfill_watermark(self, token: str) -> None:
+        """Write a watermark carrying ``token`` into the datastore's log, durably (the
+        stream meets it later, in commit order with the changes)."""
+
+    def backfill_chunk(
+        self, plan: BackfillPlan, after: list[Any] | None, limit: int
+    ) -> list[Update]:
+        """Up to ``limit`` rows of the table meeting ``plan.where`` whose key comes after
+        ``after`` (key values in ``plan.keys`` order; None: from the first), in key order,
+        as op ``r`` updates with ``key``, ``after``, ``table``, ``connector`` and ``ts_ms``
+        (positions are set when they are emitted). Read as of now, not in a snapshot."""
 
 
 @runtime_checkable

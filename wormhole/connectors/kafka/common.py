@@ -18,6 +18,8 @@ _UNSAFE = re.compile(r"[^A-Za-z0-9._-]")
 HEADER_SHARD = "shard"
 HEADER_LOGICAL = "logical"
 HEADER_SEQ = "seq"
+HEADER_AUDIENCE = "audience"
+"""Only on an update for one application (a backfill for it): its name."""
 
 
 def kafka() -> Any:

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from wormhole.connectors.kafka.common import (
+    HEADER_AUDIENCE,
     client_config,
     dataset_topic,
     kafka,
@@ -135,6 +136,8 @@ class KafkaSubscriber(Handlers):
         if application is None:
             known = ", ".join(sorted(pipeline.applications))
             raise ConfigError(f"--app: unknown application {app!r} (known: {known})", pipeline.file)
+        if isinstance(application.start, dict) and "backfill" in application.start:
+            start = start if start is not None else "latest"  # the backfill brings the rest
         if isinstance(application.start, dict) and start is None:
             raise ConfigError(
                 f"applications.{app}.start: a publisher-log position or a time cannot be "
@@ -228,6 +231,10 @@ class KafkaSubscriber(Handlers):
             key = (m.topic(), m.partition())
             if key not in owned:
                 continue
+            headers = m.headers()
+            if headers is not None and len(headers) > 3 and self._not_ours(headers):
+                offsets[key] = m.offset() + 1  # a backfill for another application
+                continue
             try:
                 append(decode(m.value()))
             except Exception as exc:
@@ -250,6 +257,13 @@ class KafkaSubscriber(Handlers):
         # a crash in between delivers those batches again (at-least-once).
         if time.monotonic() >= self._next_commit:
             self._commit()
+
+    def _not_ours(self, headers: list[tuple[str, bytes]]) -> bool:
+        """Whether a message's headers name another application as its only audience."""
+        for name, value in headers:
+            if name == HEADER_AUDIENCE:
+                return bytes(value).decode() != self.app
+        return False
 
     def _message_error(self, m: Any) -> None:
         ck = kafka()

@@ -22,6 +22,7 @@ from typing import Any
 import msgspec
 
 from wormhole.connectors.kafka.common import (
+    HEADER_AUDIENCE,
     HEADER_LOGICAL,
     HEADER_SEQ,
     HEADER_SHARD,
@@ -129,7 +130,7 @@ class KafkaTransport:
         pipeline = hub.pipeline
         ck = kafka()
         for name, app in pipeline.applications.items():
-            if isinstance(app.start, dict):
+            if isinstance(app.start, dict) and "backfill" not in app.start:
                 raise ConfigError(
                     f"applications.{name}.start: a publisher-log position or a time cannot be "
                     f"mapped to Kafka offsets; with the kafka transport use earliest or latest",
@@ -321,6 +322,8 @@ class KafkaTransport:
                 (HEADER_LOGICAL, u.logical.encode()),
                 (HEADER_SEQ, b"%d" % seq),
             ]
+            if u.audience:  # a backfill for one application: the others' consumers skip it
+                headers.append((HEADER_AUDIENCE, u.audience.encode()))
             # Positional arguments all through: librdkafka's Python binding parses
             # keyword arguments by building every keyword's name, per call.
             try:
@@ -361,6 +364,8 @@ class KafkaTransport:
                 (HEADER_LOGICAL, u.logical.encode()),
                 (HEADER_SEQ, b"%d" % (first + i)),
             ]
+            if u.audience:
+                headers.append((HEADER_AUDIENCE, u.audience.encode()))
             args = (topic, encode_value(envelope(u)), encode_key(u.key), u.shard)
             if not self._produce_when_room(args, markers.get(i), headers, first + i, u):
                 return

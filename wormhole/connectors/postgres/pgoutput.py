@@ -149,6 +149,14 @@ def parse_origin(data: bytes) -> tuple[int, str]:
     return origin_lsn, name
 
 
+def parse_message(data: bytes) -> tuple[bool, str, bytes]:
+    """(transactional, prefix, content) of an 'M' message (protocol version 1)."""
+    transactional = bool(data[1] & 1)
+    prefix, offset = _cstring(data, 10)
+    (length,) = _U32.unpack_from(data, offset)
+    return transactional, prefix, data[offset + 4 : offset + 4 + length]
+
+
 def parse_type(data: bytes) -> tuple[int, str, str]:
     """(type oid, schema, name) of a 'Y' message."""
     (oid,) = _U32.unpack_from(data, 1)

@@ -29,9 +29,9 @@ import msgspec
 from wormhole.connectors.postgres import pgoutput as pg
 from wormhole.connectors.postgres.options import PostgresOptions
 from wormhole.connectors.postgres.schema_history import Columns, Entry, SchemaHistory
-from wormhole.core.errors import SourceError, first_line
+from wormhole.core.errors import BackfillError, SourceError, first_line
 from wormhole.core.update import Update
-from wormhole.plugins.components import SourceBatch, SourceContext
+from wormhole.plugins.components import BackfillPlan, SourceBatch, SourceContext, Watermark
 from wormhole.plugins.database_source import DatabaseSource, SnapshotTable, close_quietly
 
 log = logging.getLogger("wormhole.postgres")
@@ -128,6 +128,10 @@ class PostgresSource(DatabaseSource):
         self.heartbeat_conn: Any = None
         self.lag_conn: Any = None
         self.lag_lock = threading.Lock()
+        # Backfills: the watermarks of this slot's pipeline, and the chunks' connection.
+        self.watermark_prefix = ""
+        self.pending_watermark: str | None = None
+        self.backfill_conn: Any = None
 
     # ------------------------------------------------------------------ open
     def _connect_and_check(self, context: SourceContext) -> None:
@@ -139,6 +143,7 @@ class PostgresSource(DatabaseSource):
         options = self.options
         self.slot = options.slot or f"wormhole_{_identifier(context.pipeline)}"
         self.publication = options.publication or f"wormhole_{_identifier(context.pipeline)}"
+        self.watermark_prefix = f"wormhole.watermark.{self.slot}"
         self.conn = self._connect()
         self._check_server()
         self.history = SchemaHistory(context.state_dir / "postgres-schema.json")
@@ -325,7 +330,7 @@ class PostgresSource(DatabaseSource):
                 slot_name=self.slot,
                 decode=False,
                 start_lsn=pg.lsn_text(self.confirmed) if self.confirmed else 0,
-                options={"proto_version": "1", "publication_names": self.publication},
+                options=self._replication_options(),
                 status_interval=self.options.status_interval_s,
             )
         except psycopg2.Error as exc:
@@ -336,6 +341,160 @@ class PostgresSource(DatabaseSource):
                 f"source: cannot start replication from slot {self.slot}: {text}"
             ) from exc
         self.phase = "stream"
+
+    def _replication_options(self) -> dict[str, str]:
+        options = {"proto_version": "1", "publication_names": self.publication}
+        if self.server_version >= 140000:
+            # Logical decoding messages: the watermarks of backfills.
+            options["messages"] = "true"
+        return options
+
+    # ------------------------------------------------------------ backfills
+    def backfill_plan(self, pipeline: str, table: str, where: str | None) -> BackfillPlan:
+        """Check ``table`` and ``where`` against the catalog (see SourceBackfill)."""
+        if self.conn is None:
+            self.conn = self._connect()
+            (version,) = self._query("SHOW server_version_num")[0]
+            self.server_version = int(version)
+        if not self.slot:
+            self.slot = self.options.slot or f"wormhole_{_identifier(pipeline)}"
+            self.publication = self.options.publication or f"wormhole_{_identifier(pipeline)}"
+        if self.server_version < 140000:
+            raise BackfillError(
+                f"--table {table}: backfills need PostgreSQL 14 or later (their watermarks "
+                f"are logical decoding messages, which pgoutput sends from 14 on); this server "
+                f"is {self.server_version}"
+            )
+        schema, _, name = table.rpartition(".")
+        schema = schema or "public"
+        qualified = f"{schema}.{name}"
+        found = self._query(
+            "SELECT c.oid::int8, c.reltuples FROM pg_class c JOIN pg_namespace n ON n.oid = "
+            "c.relnamespace WHERE n.nspname = %s AND c.relname = %s AND c.relkind IN ('r', 'p')",
+            (schema, name),
+        )
+        if not found:
+            raise BackfillError(
+                f"--table {table}: there is no table {qualified} in the database (name it as "
+                f"schema.table)"
+            )
+        oid, reltuples = found[0]
+        published = self._query(
+            "SELECT 1 FROM pg_publication_tables WHERE pubname = %s AND schemaname = %s AND "
+            "tablename = %s",
+            (self.publication, schema, name),
+        )
+        if not published or qualified in self.options.heartbeat_tables:
+            raise BackfillError(
+                f"--table {table}: {qualified} is not in publication {self.publication}, so "
+                f"the stream does not capture it and a backfill could not be kept in order "
+                f"with its changes; add it (ALTER PUBLICATION {_quote(self.publication)} ADD "
+                f"TABLE {_qualified(qualified)}), then backfill it"
+            )
+        catalog = self._catalog_tables([oid])[oid]
+        key_set = set(catalog.identity_index if catalog.identity == "i" else catalog.primary_key)
+        names = [column[0] for column in catalog.columns]
+        keys = [n for n in names if n in key_set]
+        if not keys:
+            raise BackfillError(
+                f"--table {table}: {qualified} has no primary key (nor a replica identity "
+                f"index); a backfill reads a table in key order, chunk by chunk, and matches "
+                f"rows to the stream's changes by key. Add a primary key (ALTER TABLE "
+                f"{_qualified(qualified)} ADD PRIMARY KEY (...))"
+            )
+        relation = pg.Relation(
+            oid,
+            schema,
+            name,
+            catalog.identity,
+            [pg.Column(n, t, False) for n, t, _ in catalog.columns],
+        )
+        self._resolve_types(relation)
+        estimate: int | None = int(reltuples) if reltuples is not None and reltuples >= 0 else None
+        if where is not None:
+            if not where.strip():
+                raise BackfillError(
+                    "--where: the condition is empty; leave --where out for every row"
+                )
+            try:
+                with self.conn.cursor() as cur:
+                    target = _qualified(qualified)
+                    cur.execute(f"EXPLAIN (FORMAT JSON) SELECT 1 FROM {target} WHERE ({where})")
+                    plan = cur.fetchone()[0]
+                estimate = int(plan[0]["Plan"]["Plan Rows"])
+            except psycopg2.Error as exc:
+                raise BackfillError(
+                    f"--where {where!r}: PostgreSQL cannot use it as a condition on {qualified}: "
+                    f"{first_line(exc)}"
+                ) from exc
+            except (KeyError, IndexError, TypeError, ValueError):
+                estimate = None
+        columns = [(c.name, c.kind) for c in relation.columns]
+        return BackfillPlan(qualified, keys, where, estimate, columns)
+
+    def backfill_watermark(self, token: str) -> None:
+        """A transactional logical decoding message: it reaches the stream at its commit."""
+        if self.conn is None:
+            self.conn = self._connect()
+        self._query("SELECT pg_logical_emit_message(true, %s, %s)", (self.watermark_prefix, token))
+
+    def backfill_chunk(
+        self, plan: BackfillPlan, after: list[Any] | None, limit: int
+    ) -> list[Update]:
+        """One chunk in key order; PostgreSQL writes each row's JSON (the stream's value
+        rules: numbers and booleans as themselves, every other type as its text)."""
+        if self.backfill_conn is None:
+            # Read-only: a --where condition cannot write, whatever it calls.
+            conn = psycopg2.connect(self.options.dsn, options="-c default_transaction_read_only=on")
+            conn.autocommit = True
+            self.backfill_conn = conn
+        columns: list[tuple[str, int]] = plan.detail
+        kinds = dict(columns)
+        keys = plan.keys
+        row_list = ", ".join(
+            f"t.{_quote(n)}" if kind else f"t.{_quote(n)}::text AS {_quote(n)}"
+            for n, kind in columns
+        )
+        key_text = ", ".join(f"t.{_quote(k)}::text" for k in keys)
+        order = ", ".join(f"t.{_quote(k)}" for k in keys)
+        conditions = []
+        if plan.where is not None:
+            conditions.append(f"({plan.where})")
+        if after is not None:
+            conditions.append(f"({order}) > ({', '.join(['%s'] * len(keys))})")
+        where = f" WHERE {' AND '.join(conditions)}" if conditions else ""
+        sql = (
+            f"SELECT {key_text}, (SELECT row_to_json(r)::text FROM (SELECT {row_list}) r) "
+            f"FROM {_qualified(plan.table)} t{where} ORDER BY {order} LIMIT {int(limit)}"
+        )
+        try:
+            with self.backfill_conn.cursor() as cur:
+                cur.execute(sql, after)
+                fetched = cur.fetchall()
+        except psycopg2.Error:
+            close_quietly(self.backfill_conn)
+            self.backfill_conn = None
+            raise
+        convert = pg.convert
+        key_kinds = [(k, kinds[k]) for k in keys]
+        n_keys = len(keys)
+        table = plan.table
+        now_ms = int(time.time() * 1000)
+        raw = _Raw
+        return [
+            Update(
+                op="r",
+                key={
+                    k: (v if v is None or kind == 0 else convert(kind, v))
+                    for (k, kind), v in zip(key_kinds, row[:n_keys], strict=True)
+                },
+                after=raw(row[n_keys].encode()),
+                table=table,
+                connector="postgres",
+                ts_ms=now_ms,
+            )
+            for row in fetched
+        ]
 
     # ------------------------------------------------------------ catalog
     def _resolve_types(self, relation: pg.Relation) -> None:
@@ -532,6 +691,7 @@ class PostgresSource(DatabaseSource):
             self.resume_complete = self.complete
             self.in_txn = False
             self.skip_txn = self.resuming = False
+            self.pending_watermark = None
             # Only what was returned counts as seen (for --once).
             self.seen_lsn = self.flush
             self.relations.clear()
@@ -636,6 +796,7 @@ class PostgresSource(DatabaseSource):
                 self.txn_position = self.txn_logical = pg.lsn_text(self.txn_lsn)
                 self.txn_index = -1
                 self.txn_origin = None
+                self.pending_watermark = None
                 self.in_txn = True
                 resuming = self.txn_lsn == self.resume_lsn
                 skip_txn = self.txn_lsn < self.resume_lsn or (resuming and self.resume_complete)
@@ -648,6 +809,12 @@ class PostgresSource(DatabaseSource):
                     continue
                 lsn, index, complete = self.txn_lsn, self.txn_index, True
                 flush = end_lsn
+                if self.pending_watermark is not None:
+                    # A backfill watermark: the batch ends here (see SourceBatch.watermark).
+                    token, self.pending_watermark = self.pending_watermark, None
+                    out = batch()
+                    out.watermark = Watermark(token, self.txn_position, self.txn_logical)
+                    return out
                 if len(updates) >= limit:
                     return batch()
             elif tag == 82:  # R
@@ -666,7 +833,11 @@ class PostgresSource(DatabaseSource):
                     if relation.table not in heartbeat_tables:
                         append(self._truncate(relation))
                 lsn, index, complete = self.txn_lsn, self.txn_index, False
-            # 'Y' (type) and 'M' (message) carry nothing the envelope needs.
+            elif tag == 77:  # M
+                transactional, prefix, content = pg.parse_message(data)
+                if transactional and prefix == self.watermark_prefix and not skip_txn:
+                    self.pending_watermark = content.decode()
+            # 'Y' (type) carries nothing the envelope needs.
 
     def _insert(self, relation: pg.Relation, after: Any) -> Update:
         # The common case, kept short: an insert holds every value (never a TOAST
@@ -873,5 +1044,7 @@ class PostgresSource(DatabaseSource):
             with contextlib.suppress(Exception):
                 self.cursor.send_feedback(flush_lsn=self.confirmed, force=True)
         with self.lag_lock:
-            close_quietly(self.repl, self.conn, self.heartbeat_conn, self.lag_conn)
-            self.lag_conn = None
+            close_quietly(
+                self.repl, self.conn, self.heartbeat_conn, self.lag_conn, self.backfill_conn
+            )
+            self.lag_conn = self.backfill_conn = None

@@ -57,9 +57,18 @@ SCHEMA = (
 class ShardRange(InputPartition):
     """One shard's updates in ``[start, end)`` of the publisher log at ``log_dir``."""
 
-    def __init__(self, log_dir: str, shard: int, start: int, end: int, datastore: str = "") -> None:
+    def __init__(
+        self,
+        log_dir: str,
+        shard: int,
+        start: int,
+        end: int,
+        datastore: str = "",
+        application: str = "",
+    ) -> None:
         super().__init__((shard, start, end))
         self.log_dir = log_dir
+        self.application = application
         self.datastore = datastore
         self.shard = shard
         self.start = start
@@ -165,10 +174,12 @@ def _read_shard(partition: ShardRange) -> Iterator[Any]:
     from wormhole.core.publisher_log import read_log_range
 
     shard = partition.shard
+    application = getattr(partition, "application", "")
     updates = (
         (seq, u)
         for seq, u in read_log_range(partition.log_dir, partition.start, partition.end)
-        if u.shard == shard
+        # A backfill for another application is not this one's.
+        if u.shard == shard and (not u.audience or u.audience == application)
     )
     return _batches(_chunked(updates), shard, getattr(partition, "datastore", ""))
 
@@ -285,6 +296,7 @@ class _Flows:
                 int(start.get(shard, 0)),
                 int(stop),
                 self.pipeline.datastore,
+                self.application,
             )
             for shard, stop in sorted(end.items(), key=lambda kv: int(kv[0]))
             if int(start.get(shard, 0)) < int(stop)

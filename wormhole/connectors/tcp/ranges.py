@@ -153,6 +153,7 @@ class ReaderSession:
         size = 0
         first_of_frame = start
         cache = _cache_of(self.server)
+        application = self.application
         cursor: Any = None
         position = start
         try:
@@ -180,6 +181,8 @@ class ReaderSession:
                         break
                     if seq < start:
                         continue
+                    if update.audience and update.audience != application:
+                        continue  # a backfill for another application
                     seqs.append(seq)
                     updates.append(update)
                     size += len(update.before) + len(update.after) + 200
