@@ -783,7 +783,8 @@ def cmd_backfill(args: argparse.Namespace) -> int:
     pause_ms = pipeline.backfill.pause_ms if args.pause_ms is None else args.pause_ms
     if chunk_size < 1 or pause_ms < 0:
         raise BackfillError("--chunk-size must be at least 1 and --pause-ms at least 0")
-    source: Any = pipeline.source.create()
+    created: Any = pipeline.source.create()
+    source = created
     if not isinstance(source, SourceBackfill):
         raise BackfillError(
             f"source.type {pipeline.source.type}: this source cannot backfill tables (it "
@@ -792,7 +793,7 @@ def cmd_backfill(args: argparse.Namespace) -> int:
     try:
         plan = source.backfill_plan(pipeline.name, args.table, args.where)
     finally:
-        source.close()
+        created.close()
     store = bf.BackfillStore(pipeline.state_dir)
     try:
         request = store.add(plan.table, plan.where, args.app, chunk_size, pause_ms, plan.estimate)
