@@ -140,3 +140,184 @@ def test_a_backfill_for_one_application_with_a_condition_and_bad_input(
     assert gone["state"] == "cancelled" and gone["rows"] == 0
     status = json.loads(run_cli("status", str(pipeline), "--json").stdout)
     assert [b["state"] for b in status["backfills"]] == ["done", "cancelled"]
+
+
+class Writer(threading.Thread):
+    """Random inserts, updates and deletes in small transactions, aimed at the keys just
+    past the backfill's progress (the chunks being read), until stopped."""
+
+    def __init__(self, dsn: str, state_dir: Path, seed: int, keys: int, spread: int) -> None:
+        super().__init__(daemon=True)
+        self.dsn, self.queue = dsn, state_dir / "backfills.sqlite"
+        self.random = random.Random(seed)
+        self.keys, self.spread = keys, spread
+        self.halt = threading.Event()
+        self.writes = 0
+        self.failure: BaseException | None = None
+
+    def _position(self) -> int:
+        try:
+            db = sqlite3.connect(f"file:{self.queue}?mode=ro", uri=True, timeout=5)
+            try:
+                row = db.execute(
+                    "SELECT after_key FROM backfills WHERE state = 'running' ORDER BY id"
+                ).fetchone()
+            finally:
+                db.close()
+        except sqlite3.Error:
+            return 0
+        return int(json.loads(row[0])[0]) if row and row[0] else 0
+
+    def run(self) -> None:
+        try:
+            conn = psycopg2.connect(self.dsn)
+            conn.autocommit = True
+            cur = conn.cursor()
+            rnd = self.random
+            while not self.halt.is_set():
+                base = self._position()
+                for _ in range(20):
+                    key = min(self.keys + 500, base + rnd.randrange(self.spread))
+                    op = rnd.random()
+                    if op < 0.5:
+                        cur.execute("UPDATE orders SET n = n + 1 WHERE id = %s", (key,))
+                    elif op < 0.75:
+                        cur.execute("DELETE FROM orders WHERE id = %s", (key,))
+                    else:
+                        cur.execute(
+                            "INSERT INTO orders VALUES (%s, %s, 'again') ON CONFLICT (id) DO "
+                            "UPDATE SET n = excluded.n, note = 'upserted'",
+                            (key, rnd.randrange(1000)),
+                        )
+                    self.writes += 1
+            conn.close()
+        except BaseException as exc:  # reported by the test
+            self.failure = exc
+
+
+def _fill_orders(dsn: str, rows: int) -> None:
+    sql(
+        dsn,
+        "CREATE TABLE orders (id int PRIMARY KEY, n int NOT NULL, note text)",
+        f"INSERT INTO orders SELECT g, g % 1000, 'order ' || g FROM generate_series(1, {rows}) g",
+        "ANALYZE orders",
+    )
+
+
+def _assert_state_equals_select(tmp_path: Path, dsn: str, apps: tuple[str, ...]) -> None:
+    expected = _table(dsn, "SELECT id, n, note FROM orders")
+    for app in apps:
+        got = _latest(tmp_path / f"{app}.sqlite", "public.orders")
+        missing = set(expected) - set(got)
+        extra = set(got) - set(expected)
+        wrong = [k for k in set(got) & set(expected) if got[k] != expected[k]]
+        assert not missing and not extra and not wrong, (
+            app,
+            sorted(missing)[:5],
+            sorted(extra)[:5],
+            wrong[:5],
+        )
+
+
+def _stop(proc: subprocess.Popen[bytes]) -> None:
+    proc.send_signal(signal.SIGTERM)
+    try:
+        assert proc.wait(60) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+
+
+def test_a_backfill_while_a_writer_changes_the_chunks_being_read(
+    tmp_path: Path, postgres_dsn: str
+) -> None:
+    rows = 200_000
+    _fill_orders(postgres_dsn, rows)
+    pipeline = _pipeline(tmp_path, postgres_dsn, ["public.orders"])
+    assert run_cli("run", str(pipeline), "--once").returncode == 0
+    proc = subprocess.Popen(
+        cli_command("run", str(pipeline)), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
+    writer = Writer(postgres_dsn, tmp_path / "state", seed=21, keys=rows, spread=4_000)
+    writer.start()
+    try:
+        result = run_cli(
+            "backfill",
+            str(pipeline),
+            "--table",
+            "public.orders",
+            "--chunk-size",
+            "2000",
+            "--wait",
+            timeout=300,
+        )
+        assert result.returncode == 0, result
+    finally:
+        writer.halt.set()
+        writer.join(30)
+    assert writer.failure is None, writer.failure
+    _stop(proc)
+    assert run_cli("run", str(pipeline), "--once").returncode == 0
+    [done] = _backfills(pipeline)
+    assert done["state"] == "done" and done["read"] >= rows - writer.writes, done
+    # The writer hit chunks between their watermarks: their rows were left to the stream.
+    assert done["dropped"] > 0 and writer.writes > 100, (done, writer.writes)
+    assert done["rows"] + done["dropped"] == done["read"]
+    _assert_state_equals_select(tmp_path, postgres_dsn, ("a", "b"))
+
+
+def test_kill_9_of_the_publisher_mid_backfill_loses_nothing(
+    tmp_path: Path, postgres_dsn: str
+) -> None:
+    rows = 60_000
+    _fill_orders(postgres_dsn, rows)
+    pipeline = _pipeline(tmp_path, postgres_dsn, ["public.orders"])
+    assert run_cli("run", str(pipeline), "--once").returncode == 0
+    queued = run_cli(
+        "backfill",
+        str(pipeline),
+        "--table",
+        "public.orders",
+        "--app",
+        "a",
+        "--chunk-size",
+        "500",
+        "--pause-ms",
+        "20",
+    )
+    assert queued.returncode == 0, queued
+    writer = Writer(postgres_dsn, tmp_path / "state", seed=7, keys=rows, spread=2_000)
+    writer.start()
+    rnd = random.Random(9)
+    read = 0
+    try:
+        for _round in range(3):
+            proc = subprocess.Popen(
+                cli_command("run", str(pipeline)),
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+            )
+            target = read + rnd.randrange(2_000, 8_000)
+            deadline = time.monotonic() + 120
+            try:
+                while read < target:
+                    assert time.monotonic() < deadline, "the backfill made no progress"
+                    time.sleep(0.05)
+                    [state] = _backfills(pipeline)
+                    read = state["read"]
+                    assert state["state"] in ("queued", "running"), state
+            finally:
+                proc.send_signal(signal.SIGKILL)
+                proc.wait(10)
+    finally:
+        writer.halt.set()
+        writer.join(30)
+    assert writer.failure is None, writer.failure
+    assert read < rows, "the kills were not mid-backfill"
+    result = run_cli("run", str(pipeline), "--once", timeout=300)
+    assert result.returncode == 0, result
+    [done] = _backfills(pipeline)
+    assert done["state"] == "done", done
+    _assert_state_equals_select(tmp_path, postgres_dsn, ("a",))
+    # b asked for no backfill: it holds only what the writer changed since the slot.
+    assert len(_latest(tmp_path / "b.sqlite", "public.orders")) < rows // 2
