@@ -436,7 +436,12 @@ class PostgresSource(DatabaseSource):
         """A transactional logical decoding message: it reaches the stream at its commit."""
         if self.conn is None:
             self.conn = self._connect()
-        self._query("SELECT pg_logical_emit_message(true, %s, %s)", (self.watermark_prefix, token))
+        # Flushed at its commit even where synchronous_commit is off: the stream only sees
+        # flushed WAL, and the backfill waits for the watermark to come round.
+        self._query(
+            "SET synchronous_commit TO on; SELECT pg_logical_emit_message(true, %s, %s)",
+            (self.watermark_prefix, token),
+        )
 
     def backfill_chunk(
         self, plan: BackfillPlan, after: list[Any] | None, limit: int

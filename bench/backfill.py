@@ -1,0 +1,248 @@
+"""PostgreSQL backfill while streaming, against ``COPY … TO STDOUT`` of the same table, and
+the stream's lag during the backfill.
+
+Run: ``make bench`` (or ``python bench/backfill.py --rows 200000``). Needs the PostgreSQL
+server binaries (Debian package postgresql).
+
+A throwaway cluster is started and one table filled. Baselines, in the same run:
+
+* ``COPY events TO STDOUT`` through psycopg2's ``copy_expert`` into a writer that only
+  counts bytes (the fastest way to take a table out of PostgreSQL);
+* the same table through a server-side cursor, ``fetchmany(8192)`` (the snapshot's reader).
+
+Then a pipeline runs (``postgres`` source, ``inprocess`` transport, a ``null`` sink for the
+table, a ``jsonl`` sink for a small ``ticks`` table a writer updates ~300 times a second).
+The stream's lag is the time from a tick's commit (its ``ts_ms``) to its line in the jsonl
+file, sampled by a thread tailing the file: first with no backfill, then during each of
+``--repeat`` backfills of the whole table (queued as ``wormhole backfill`` queues them).
+A backfill's rate is its rows over the time from ``running`` to ``done``: rows read in
+key-order chunks between watermarks, turned into updates, sharded, appended and fsynced to
+the publisher log, fanned out to the null sink.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import shutil
+import statistics
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import msgspec
+import psycopg2
+
+from wormhole.core.backfill import BackfillStore
+from wormhole.core.pipeline import parse_pipeline
+from wormhole.core.publisher import Publisher, tune_gc
+from wormhole.testing.postgres import run_sql as sql
+from wormhole.testing.postgres import start_postgres
+
+BATCH = 8192
+
+
+class _Counter:
+    def __init__(self) -> None:
+        self.bytes = 0
+
+    def write(self, data: Any) -> int:
+        self.bytes += len(data)
+        return len(data)
+
+
+def copy_rate(dsn: str, rows: int) -> float:
+    conn = psycopg2.connect(dsn)
+    try:
+        sink = _Counter()
+        started = time.perf_counter()
+        with conn.cursor() as cur:
+            cur.copy_expert("COPY events TO STDOUT", sink)
+        elapsed = time.perf_counter() - started
+    finally:
+        conn.close()
+    assert sink.bytes > rows * 10
+    return rows / elapsed
+
+
+def cursor_rate(dsn: str, rows: int) -> float:
+    conn = psycopg2.connect(dsn)
+    try:
+        started = time.perf_counter()
+        read = 0
+        with conn.cursor(name="bench") as cur:
+            cur.itersize = BATCH
+            cur.execute("SELECT * FROM events")
+            while batch := cur.fetchmany(BATCH):
+                read += len(batch)
+        elapsed = time.perf_counter() - started
+    finally:
+        conn.close()
+    assert read == rows, read
+    return rows / elapsed
+
+
+class Ticker(threading.Thread):
+    """Updates the ticks table every ``interval`` seconds until stopped."""
+
+    def __init__(self, dsn: str, interval: float) -> None:
+        super().__init__(daemon=True)
+        self.dsn, self.interval = dsn, interval
+        self.halt = threading.Event()
+
+    def run(self) -> None:
+        conn = psycopg2.connect(self.dsn)
+        conn.autocommit = True
+        with conn.cursor() as cur:
+            n = 0
+            while not self.halt.wait(self.interval):
+                n += 1
+                cur.execute("UPDATE ticks SET n = %s WHERE id = 1", (n,))
+        conn.close()
+
+
+class LagSampler(threading.Thread):
+    """Tails the ticks jsonl file: (arrival time, lag in ms) for every tick."""
+
+    def __init__(self, path: Path) -> None:
+        super().__init__(daemon=True)
+        self.path = path
+        self.halt = threading.Event()
+        self.samples: list[tuple[float, float]] = []
+
+    def run(self) -> None:
+        decode = msgspec.json.decode
+        offset = 0
+        pending = b""
+        while not self.halt.wait(0.005):
+            if not self.path.exists():
+                continue
+            with open(self.path, "rb") as f:
+                f.seek(offset)
+                data = f.read()
+            offset += len(data)
+            pending += data
+            *lines, pending = pending.split(b"\n")
+            now = time.time()
+            for line in lines:
+                ts = decode(line)["source"]["ts_ms"]
+                self.samples.append((now, now * 1000 - ts))
+
+    def between(self, start: float, end: float) -> list[float]:
+        return [lag for at, lag in self.samples if start <= at < end]
+
+
+def _figures(lags: list[float]) -> str:
+    if not lags:
+        return "no samples"
+    ordered = sorted(lags)
+    p99 = ordered[min(len(ordered) - 1, int(len(ordered) * 0.99))]
+    return (
+        f"p50 {statistics.median(ordered):6.0f} ms  p99 {p99:6.0f} ms  max {ordered[-1]:6.0f} ms"
+        f"  ({len(ordered)} ticks)"
+    )
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--rows", type=int, default=200_000)
+    parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--chunk-size", type=int, default=4096)
+    args = parser.parse_args()
+    tune_gc()  # as `wormhole run`
+    work = Path(tempfile.mkdtemp(prefix="wormhole-bench-backfill-"))
+    servers = start_postgres()
+    server = next(servers)
+    try:
+        dsn = server.dsn(server.create_database())
+        sql(
+            dsn,
+            "CREATE TABLE events (id int PRIMARY KEY, rider int, lat float8, lon float8, "
+            "note text)",
+            f"INSERT INTO events SELECT g, g % 5000, 12.97 + g * 1e-7, 77.59, "
+            f"'rider ' || (g % 5000) FROM generate_series(1, {args.rows}) g",
+            "ANALYZE events",
+            "CREATE TABLE ticks (id int PRIMARY KEY, n int)",
+            "INSERT INTO ticks VALUES (1, 0)",
+        )
+        copies = [copy_rate(dsn, args.rows) for _ in range(args.repeat)]
+        cursors = [cursor_rate(dsn, args.rows) for _ in range(args.repeat)]
+        ticks = work / "ticks.jsonl"
+        text = f"""
+pipeline: bench
+state_dir: {work / "state"}
+source: {{type: postgres, dsn: "{dsn}", tables: [public.events, public.ticks],
+          snapshot: never}}
+transport: {{type: inprocess}}
+applications:
+  nulls: {{filter: {{tables: [public.events]}}, sink: {{type: "null"}}}}
+  ticks: {{filter: {{tables: [public.ticks]}}, sink: {{type: jsonl, path: "{ticks}"}}}}
+"""
+        pipeline = parse_pipeline(text, "bench.yml", env={})
+        Publisher(pipeline, once=True).run()  # the slot
+        publisher = Publisher(pipeline)
+        runner = threading.Thread(target=publisher.run, daemon=True)
+        runner.start()
+        ticker, sampler = Ticker(dsn, 0.003), LagSampler(ticks)
+        ticker.start()
+        sampler.start()
+        store = BackfillStore(pipeline.state_dir)
+        try:
+            quiet_start = time.time()
+            time.sleep(3.0)  # the stream alone: the lag baseline
+            quiet_end = time.time()
+            rates, windows = [], []
+            for _ in range(args.repeat):
+                request = store.add("public.events", None, None, args.chunk_size, 0)
+                running = done = 0.0
+                while True:
+                    state = store.get(request.id)
+                    assert state is not None
+                    if state.state == "running" and not running:
+                        running, running_wall = time.perf_counter(), time.time()
+                    if state.state == "done":
+                        done, done_wall = time.perf_counter(), time.time()
+                        break
+                    assert state.state in ("queued", "running"), state
+                    time.sleep(0.002)
+                assert state.read == args.rows, state
+                rates.append(args.rows / (done - running))
+                windows.append((running_wall, done_wall))
+            time.sleep(0.5)
+        finally:
+            ticker.halt.set()
+            sampler.halt.set()
+            publisher.request_stop()
+            runner.join(60)
+            store.close()
+        copy, cursor, ours = (statistics.median(x) for x in (copies, cursors, rates))
+        print(
+            f"{args.rows:,} rows (5 columns), chunks of {args.chunk_size:,}, median of "
+            f"{args.repeat} runs"
+        )
+        print(f"{'measure':<56}  {'rows/s':>10}  {'ratio':>6}")
+        print(f"{'COPY events TO STDOUT (baseline)':<56}  {copy:>10,.0f}  {1.0:>6.2f}")
+        print(
+            f"{'server-side cursor read, fetchmany(8192)':<56}  {cursor:>10,.0f}  "
+            f"{cursor / copy:>6.2f}"
+        )
+        print(
+            f"{'backfill -> publisher log -> null sink':<56}  {ours:>10,.0f}  {ours / copy:>6.2f}"
+        )
+        print(f"  each backfill: {', '.join(f'{r:,.0f}' for r in rates)} rows/s")
+        print("stream lag (commit -> jsonl sink) of ~300 ticks/s:")
+        print(f"  {'without a backfill':<24} {_figures(sampler.between(quiet_start, quiet_end))}")
+        during = [lag for start, end in windows for lag in sampler.between(start, end)]
+        print(f"  {'during the backfills':<24} {_figures(during)}")
+    finally:
+        with contextlib.suppress(StopIteration):
+            next(servers)
+        shutil.rmtree(work, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
