@@ -80,6 +80,17 @@ def _signature(relation: pg.Relation) -> Columns:
     return [(c.name, c.type_oid, c.typmod) for c in relation.columns]
 
 
+_KEY_CASTS = {0: "::text", 1: "::int8", 2: "::bool", 3: "::text"}
+"""How a backfill selects a key column of each value kind (see ``pgoutput.value_kind``)."""
+
+
+def _key_value(kind: int, value: Any) -> Any:
+    """A key value a backfill selected (text as bytes) as the stream gives it."""
+    if value is None or kind in (1, 2):
+        return value
+    return pg.convert(kind, value.decode())
+
+
 class CatalogTable(NamedTuple):
     """A table as the catalog describes it (now, or in the snapshot being read)."""
 
@@ -452,6 +463,8 @@ class PostgresSource(DatabaseSource):
             # Read-only: a --where condition cannot write, whatever it calls.
             conn = psycopg2.connect(self.options.dsn, options="-c default_transaction_read_only=on")
             conn.autocommit = True
+            # Text as bytes: each row's JSON goes into its update as it came.
+            psycopg2.extensions.register_type(psycopg2.extensions.BYTES, conn)
             self.backfill_conn = conn
         columns: list[tuple[str, int]] = plan.detail
         kinds = dict(columns)
@@ -460,7 +473,8 @@ class PostgresSource(DatabaseSource):
             f"t.{_quote(n)}" if kind else f"t.{_quote(n)}::text AS {_quote(n)}"
             for n, kind in columns
         )
-        key_text = ", ".join(f"t.{_quote(k)}::text" for k in keys)
+        # Integer and boolean keys as themselves (the driver converts them), others as text.
+        key_list = ", ".join(f"t.{_quote(k)}{_KEY_CASTS[kinds[k]]}" for k in keys)
         order = ", ".join(f"t.{_quote(k)}" for k in keys)
         conditions = []
         if plan.where is not None:
@@ -469,7 +483,7 @@ class PostgresSource(DatabaseSource):
             conditions.append(f"({order}) > ({', '.join(['%s'] * len(keys))})")
         where = f" WHERE {' AND '.join(conditions)}" if conditions else ""
         sql = (
-            f"SELECT {key_text}, (SELECT row_to_json(r)::text FROM (SELECT {row_list}) r) "
+            f"SELECT {key_list}, (SELECT row_to_json(r)::text FROM (SELECT {row_list}) r) "
             f"FROM {_qualified(plan.table)} t{where} ORDER BY {order} LIMIT {int(limit)}"
         )
         try:
@@ -480,20 +494,29 @@ class PostgresSource(DatabaseSource):
             close_quietly(self.backfill_conn)
             self.backfill_conn = None
             raise
-        convert = pg.convert
-        key_kinds = [(k, kinds[k]) for k in keys]
-        n_keys = len(keys)
         table = plan.table
         now_ms = int(time.time() * 1000)
         raw = _Raw
+        if len(keys) == 1 and kinds[keys[0]] in (1, 2):
+            (name,) = keys
+            return [
+                Update(
+                    op="r",
+                    key={name: key},
+                    after=raw(row),
+                    table=table,
+                    connector="postgres",
+                    ts_ms=now_ms,
+                )
+                for key, row in fetched
+            ]
+        key_kinds = [(k, kinds[k]) for k in keys]
+        n_keys = len(keys)
         return [
             Update(
                 op="r",
-                key={
-                    k: (v if v is None or kind == 0 else convert(kind, v))
-                    for (k, kind), v in zip(key_kinds, row[:n_keys], strict=True)
-                },
-                after=raw(row[n_keys].encode()),
+                key={k: _key_value(kind, v) for (k, kind), v in zip(key_kinds, row, strict=False)},
+                after=raw(row[n_keys]),
                 table=table,
                 connector="postgres",
                 ts_ms=now_ms,
