@@ -321,3 +321,62 @@ def test_kill_9_of_the_publisher_mid_backfill_loses_nothing(
     _assert_state_equals_select(tmp_path, postgres_dsn, ("a",))
     # b asked for no backfill: it holds only what the writer changed since the slot.
     assert len(_latest(tmp_path / "b.sqlite", "public.orders")) < rows // 2
+
+
+def test_a_table_added_to_the_publication_and_an_application_starting_with_a_backfill(
+    tmp_path: Path, postgres_dsn: str
+) -> None:
+    sql(
+        postgres_dsn,
+        "CREATE TABLE items (id int PRIMARY KEY, name text)",
+        "CREATE TABLE pairs (a text, b uuid, v text, PRIMARY KEY (a, b))",
+        "INSERT INTO pairs SELECT 'k' || (g % 7), md5(g::text)::uuid, 'v' || g "
+        "FROM generate_series(1, 3000) g",
+    )
+    pipeline = _pipeline(tmp_path, postgres_dsn, ["public.items"])
+    assert run_cli("run", str(pipeline), "--once").returncode == 0
+    refused = run_cli("backfill", str(pipeline), "--table", "public.pairs")
+    assert refused.returncode == 2 and "not in publication" in refused.stderr, refused
+    # Added to the running slot's publication: changes from here on are streamed, and a
+    # backfill brings the rows from before; no new slot.
+    sql(postgres_dsn, "ALTER PUBLICATION wormhole_bf ADD TABLE pairs")
+    sql(postgres_dsn, "UPDATE pairs SET v = 'changed' WHERE v = 'v5'")
+    queued = run_cli(
+        "backfill", str(pipeline), "--table", "public.pairs", "--chunk-size", "256", "--app", "a"
+    )
+    assert queued.returncode == 0, queued
+    assert run_cli("run", str(pipeline), "--once").returncode == 0
+    expected = _table(postgres_dsn, "SELECT a || '/' || b AS k, a, b::text AS b, v FROM pairs")
+
+    def by_key(path: Path) -> dict[str, dict[str, Any]]:
+        db = sqlite3.connect(path)
+        try:
+            rows = db.execute(
+                "SELECT row FROM latest WHERE source_table = 'public.pairs'"
+            ).fetchall()
+        finally:
+            db.close()
+        return {f"{r['a']}/{r['b']}": r for r in (json.loads(row) for (row,) in rows)}
+
+    want = {k: {"a": r["a"], "b": r["b"], "v": r["v"]} for k, r in expected.items()}
+    assert by_key(tmp_path / "a.sqlite") == want
+    assert len(by_key(tmp_path / "b.sqlite")) == 1  # the streamed update only
+
+    # A new application asks for its backfill at its start: it starts at the log end, and
+    # the backfill brings it the table, once (not again at the next run).
+    text = pipeline.read_text()
+    late = {"start": {"backfill": ["public.pairs"]}, "filter": {"tables": ["public.pairs"]}}
+    late["sink"] = {"type": "latest", "path": str(tmp_path / "late.sqlite")}
+    import yaml
+
+    raw = yaml.safe_load(text)
+    raw["applications"]["late"] = late
+    pipeline.write_text(yaml.safe_dump(raw))
+    assert run_cli("run", str(pipeline), "--once").returncode == 0
+    assert by_key(tmp_path / "late.sqlite") == want
+    assert run_cli("run", str(pipeline), "--once").returncode == 0
+    requests = _backfills(pipeline)
+    assert [(r["application"], r["origin"], r["state"]) for r in requests] == [
+        ("a", "command", "done"),
+        ("late", "start", "done"),
+    ]
