@@ -10,13 +10,14 @@ import sqlite3
 import subprocess
 import threading
 import time
+import urllib.request
 from pathlib import Path
 from typing import Any
 
 import psycopg2
 
 from wormhole.testing import run_cli, write_pipeline
-from wormhole.testing.helpers import cli_command
+from wormhole.testing.helpers import cli_command, free_port
 from wormhole.testing.postgres import run_sql as sql
 
 
@@ -235,8 +236,11 @@ def test_a_backfill_while_a_writer_changes_the_chunks_being_read(
     _fill_orders(postgres_dsn, rows)
     pipeline = _pipeline(tmp_path, postgres_dsn, ["public.orders"])
     assert run_cli("run", str(pipeline), "--once").returncode == 0
+    metrics = f"127.0.0.1:{free_port()}"
     proc = subprocess.Popen(
-        cli_command("run", str(pipeline)), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+        cli_command("run", str(pipeline), "--metrics", metrics),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
     )
     writer = Writer(postgres_dsn, tmp_path / "state", seed=21, keys=rows, spread=4_000)
     writer.start()
@@ -252,6 +256,7 @@ def test_a_backfill_while_a_writer_changes_the_chunks_being_read(
             timeout=300,
         )
         assert result.returncode == 0, result
+        scraped = urllib.request.urlopen(f"http://{metrics}/metrics", timeout=10).read().decode()
     finally:
         writer.halt.set()
         writer.join(30)
@@ -259,6 +264,16 @@ def test_a_backfill_while_a_writer_changes_the_chunks_being_read(
     _stop(proc)
     assert run_cli("run", str(pipeline), "--once").returncode == 0
     [done] = _backfills(pipeline)
+    series = {
+        line.rsplit(" ", 1)[0]: float(line.rsplit(" ", 1)[1])
+        for line in scraped.splitlines()
+        if line.startswith("wormhole_backfill")
+    }
+    labels = '{application="*",table="public.orders"}'
+    assert series[f"wormhole_backfill_rows_total{labels}"] == done["rows"], series
+    assert series[f"wormhole_backfill_dropped_rows_total{labels}"] == done["dropped"]
+    assert series["wormhole_backfill_chunks_total"] == done["chunks"]
+    assert series["wormhole_backfill_running"] == 0
     assert done["state"] == "done" and done["read"] >= rows - writer.writes, done
     # The writer hit chunks between their watermarks: their rows were left to the stream.
     assert done["dropped"] > 0 and writer.writes > 100, (done, writer.writes)

@@ -253,6 +253,7 @@ class PublisherCollector(Collector):
         publisher = self.publisher
         pipeline = publisher.pipeline.name
         yield from self._source(publisher, pipeline)
+        yield from self._backfills(publisher.backfiller)
         publisher_log = publisher.publisher_log
         if publisher_log is None or not publisher_log.segments:
             return
@@ -305,6 +306,42 @@ class PublisherCollector(Collector):
             )
             gauge.add_metric([kind], float(value))
             yield gauge
+
+    # ------------------------------------------------------------ backfills
+    def _backfills(self, backfiller: Any) -> Iterator[Metric]:
+        if backfiller is None:
+            return
+        counters, active = backfiller.counters, backfiller.active
+        with backfiller.lock:
+            rows, dropped, chunks = dict(counters.rows), dict(counters.dropped), counters.chunks
+        emitted = CounterMetricFamily(
+            "wormhole_backfill_rows",
+            "Rows backfilled into the publisher log, by table and application (* for every "
+            "application).",
+            labels=["table", "application"],
+        )
+        stale = CounterMetricFamily(
+            "wormhole_backfill_dropped_rows",
+            "Rows a backfill read but left to the stream, which changed them meanwhile.",
+            labels=["table", "application"],
+        )
+        for (table, application), count in sorted(rows.items()):
+            emitted.add_metric([table, application or "*"], count)
+            stale.add_metric([table, application or "*"], dropped.get((table, application), 0))
+        yield emitted
+        yield stale
+        done = CounterMetricFamily("wormhole_backfill_chunks", "Backfill chunks made durable.")
+        done.add_metric([], chunks)
+        yield done
+        yield _gauge(
+            "wormhole_backfill_running", "1 while a backfill runs, else 0.", int(active is not None)
+        )
+        if active is not None and active.task.total is not None:
+            yield _gauge(
+                "wormhole_backfill_remaining_rows",
+                "About how many rows the running backfill has left to read (statistics).",
+                max(0, active.task.total - active.task.done),
+            )
 
     # ---------------------------------------------------------- publisher log
     def _log(self, publisher_log: Any, pipeline: str) -> Iterator[Metric]:
