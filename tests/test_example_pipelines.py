@@ -73,6 +73,15 @@ def test_postgres_example_runs(tmp_path: Path, postgres_dsn: str) -> None:
         'public.users{"id":1}': '{"id":1,"name":"Ada"}',
         'public.orders{"id":10}': '{"id":10,"user_id":1,"total":"9.99"}',
     }
+    # `directory` started with a backfill of public.users, for itself alone.
+    db = sqlite3.connect(tmp_path / "out" / "directory.db")
+    rows = dict(db.execute("SELECT source_table || key, row FROM latest"))
+    db.close()
+    assert rows == {'public.users{"id":1}': '{"id":1,"name":"Ada"}'}
+    listed = run_cli("backfill", pipeline, "--list", "--json", env=env)
+    assert [(b["table"], b["application"], b["state"]) for b in json.loads(listed.stdout)] == [
+        ("public.users", "directory", "done")
+    ]
 
 
 def test_mysql_example_runs(tmp_path: Path, mariadb_server: Any, mysql_database: str) -> None:
