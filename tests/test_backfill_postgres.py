@@ -395,3 +395,45 @@ def test_a_table_added_to_the_publication_and_an_application_starting_with_a_bac
         ("a", "command", "done"),
         ("late", "start", "done"),
     ]
+
+
+def test_a_running_backfill_is_cancelled_and_stays_stopped(
+    tmp_path: Path, postgres_dsn: str
+) -> None:
+    rows = 40_000
+    _fill_orders(postgres_dsn, rows)
+    pipeline = _pipeline(tmp_path, postgres_dsn, ["public.orders"])
+    assert run_cli("run", str(pipeline), "--once").returncode == 0
+    proc = subprocess.Popen(
+        cli_command("run", str(pipeline)), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
+    try:
+        queued = run_cli(
+            "backfill",
+            str(pipeline),
+            "--table",
+            "public.orders",
+            "--chunk-size",
+            "500",
+            "--pause-ms",
+            "100",
+        )
+        assert queued.returncode == 0, queued
+        deadline = time.monotonic() + 60
+        while True:
+            [state] = _backfills(pipeline)
+            if state["read"] > 0:
+                break
+            assert time.monotonic() < deadline, state
+            time.sleep(0.05)
+        cancelled = run_cli("backfill", str(pipeline), "--cancel", str(state["id"]))
+        assert cancelled.returncode == 0, cancelled
+        again = run_cli("backfill", str(pipeline), "--cancel", str(state["id"]))
+        assert again.returncode == 2 and "already cancelled" in again.stderr, again
+    finally:
+        _stop(proc)
+    assert run_cli("run", str(pipeline), "--once").returncode == 0
+    [state] = _backfills(pipeline)
+    assert state["state"] == "cancelled" and state["read"] < rows // 2, state
+    delivered = _latest(tmp_path / "a.sqlite", "public.orders")
+    assert 0 < len(delivered) < rows // 2

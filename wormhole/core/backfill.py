@@ -229,8 +229,10 @@ class BackfillStore:
         return request
 
     def cancel(self, request_id: int) -> BackfillRequest:
+        """Cancel a queued or running backfill; BackfillError if there is none such (one that
+        is already finished says how it ended)."""
         with self.lock:
-            self.db.execute(
+            cursor = self.db.execute(
                 "UPDATE backfills SET state = 'cancelled', updated_ms = ? WHERE id = ? AND "
                 "state IN ('queued', 'running')",
                 (_now_ms(), request_id),
@@ -239,7 +241,11 @@ class BackfillStore:
         if request is None:
             raise BackfillError(
                 f"--cancel {request_id}: there is no such backfill in {self.path} "
-                f"(wormhole status lists them)"
+                f"(wormhole backfill PIPELINE --list lists them)"
+            )
+        if cursor.rowcount != 1:
+            raise BackfillError(
+                f"--cancel {request_id}: {request.describe()} is already {request.state}"
             )
         return request
 
