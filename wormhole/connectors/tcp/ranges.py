@@ -383,19 +383,22 @@ class TcpRemoteLog:
                     raise RemoteLogError(
                         f"publisher {self.address}: TLS handshake failed ({exc}){self._tls_hint()}"
                     ) from exc
-            sock.sendall(p.preamble(p.READ_VERSION))
-            sock.sendall(
-                p.encode(
-                    p.HELLO,
-                    p.Hello(
-                        version=p.READ_VERSION,
-                        application=self.application,
-                        instance=self.instance,
-                        token=self.token,
-                        mode="read",
-                    ),
-                )
+            hello = p.Hello(
+                version=p.READ_VERSION,
+                application=self.application,
+                instance=self.instance,
+                token=self.token,
+                mode="read",
             )
+            try:
+                sock.sendall(p.preamble(p.READ_VERSION) + p.encode(p.HELLO, hello))
+            except OSError as exc:
+                # With TLS 1.3 a publisher that wants a client certificate turns the reader
+                # away after the handshake: the reset shows here, or at the first read.
+                raise RemoteLogError(
+                    f"publisher {self.address}: connection lost ({exc.strerror or exc})"
+                    f"{self._tls_hint()}"
+                ) from exc
             kind, _ = self._frame(sock)
             if kind != p.WELCOME:
                 raise p.ProtocolError(f"expected welcome, got {p.NAMES.get(kind, kind)}")
