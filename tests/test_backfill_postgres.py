@@ -16,7 +16,7 @@ from typing import Any
 
 import psycopg2
 
-from wormhole.testing import run_cli, write_pipeline
+from wormhole.testing import read_envelopes, run_cli, write_pipeline
 from wormhole.testing.helpers import cli_command, free_port
 from wormhole.testing.postgres import run_sql as sql
 
@@ -437,3 +437,51 @@ def test_a_running_backfill_is_cancelled_and_stays_stopped(
     assert state["state"] == "cancelled" and state["read"] < rows // 2, state
     delivered = _latest(tmp_path / "a.sqlite", "public.orders")
     assert 0 < len(delivered) < rows // 2
+
+
+def test_a_backfill_for_one_application_over_the_kafka_transport(
+    tmp_path: Path, postgres_dsn: str, tansu: Any
+) -> None:
+    """Kafka keeps one topic for every application: the backfill's messages carry an
+    ``audience`` header, and the other applications' consumers skip them."""
+    sql(
+        postgres_dsn,
+        "CREATE TABLE items (id int PRIMARY KEY, name text)",
+        "INSERT INTO items SELECT g, 'item ' || g FROM generate_series(1, 300) g",
+    )
+    apps = {
+        name: {"sink": {"type": "jsonl", "path": str(tmp_path / f"{name}.jsonl")}}
+        for name in ("a", "b")
+    }
+    pipeline = write_pipeline(
+        tmp_path / "kafka.yml",
+        {
+            "pipeline": "bfk",
+            "state_dir": str(tmp_path / "state"),
+            "dataset": {"shards": 4},
+            "source": {
+                "type": "postgres",
+                "dsn": postgres_dsn,
+                "tables": ["public.items"],
+                "snapshot": "never",
+            },
+            "transport": {
+                "type": "kafka",
+                "bootstrap_servers": tansu.bootstrap,
+                "topic_prefix": f"t{free_port()}",
+                "consumer": {"session.timeout.ms": 6000, "heartbeat.interval.ms": 500},
+            },
+            "applications": apps,
+        },
+    )
+    assert run_cli("run", str(pipeline), "--once", timeout=300).returncode == 0
+    queued = run_cli("backfill", str(pipeline), "--table", "public.items", "--app", "a")
+    assert queued.returncode == 0, queued
+    sql(postgres_dsn, "UPDATE items SET name = 'changed' WHERE id = 3")
+    result = run_cli("run", str(pipeline), "--once", timeout=300)
+    assert result.returncode == 0, result
+    a = read_envelopes(tmp_path / "a.jsonl")
+    b = read_envelopes(tmp_path / "b.jsonl")
+    assert sorted(e["key"]["id"] for e in a if e["op"] == "r") == list(range(1, 301))
+    assert [(e["op"], e["key"]) for e in b] == [("u", {"id": 3})]
+    assert [(e["op"], e["key"]) for e in a if e["op"] != "r"] == [("u", {"id": 3})]
