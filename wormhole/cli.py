@@ -775,10 +775,13 @@ def cmd_backfill(args: argparse.Namespace) -> int:
                 f"--app {args.app}: no such application in {where or pipeline.file}; the "
                 f"applications are: {', '.join(sorted(names))}"
             )
-    chunk_size = args.chunk_size or pipeline.backfill.chunk_size
+    chunk_size = pipeline.backfill.chunk_size if args.chunk_size is None else args.chunk_size
     pause_ms = pipeline.backfill.pause_ms if args.pause_ms is None else args.pause_ms
-    if chunk_size < 1 or pause_ms < 0:
-        raise BackfillError("--chunk-size must be at least 1 and --pause-ms at least 0")
+    if not 1 <= chunk_size <= 1_000_000 or not 0 <= pause_ms <= 3_600_000:
+        raise BackfillError(
+            f"--chunk-size {chunk_size} --pause-ms {pause_ms}: a chunk holds 1 to 1,000,000 "
+            f"rows and the pause is 0 to 3,600,000 ms"
+        )
     created: Any = pipeline.source.create()
     source = created
     if not isinstance(source, SourceBackfill):

@@ -42,7 +42,12 @@ from wormhole.core.errors import BackfillError, WormholeError, first_line
 from wormhole.core.progress import Progress, ProgressTask
 from wormhole.core.shard import canonical_key
 from wormhole.core.update import Update
-from wormhole.plugins.components import BackfillPlan, SourceBackfill, SourceBatch, Watermark
+from wormhole.plugins.components import (
+    BackfillPlan,
+    SourceBackfill,
+    SourceBatch,
+    Watermark,
+)
 
 log = logging.getLogger("wormhole.backfill")
 
@@ -394,7 +399,7 @@ class Backfiller:
         active = self.active
         if active is None or active.chunk is not None or active.done:
             return None
-        if time.monotonic() < self.not_before:
+        if time.monotonic() < self.not_before or not self.source.backfill_ready():
             return None
         return self._start_chunk(active)
 
@@ -421,6 +426,16 @@ class Backfiller:
             return None
         if watermark.token != chunk.high:
             return None  # another chunk's (an earlier process's): not ours any more
+        if not chunk.open:
+            # The high watermark without the low one before it: the window cannot be
+            # trusted, so the chunk is read again between new watermarks.
+            log.warning(
+                "%s: the stream passed a chunk's high watermark without its low one; reading "
+                "that chunk again",
+                active.request.describe(),
+            )
+            active.chunk = None
+            return None
         return self._emit(active, chunk, watermark)
 
     # -------------------------------------------------------------- the queue
@@ -444,6 +459,8 @@ class Backfiller:
             return
         pending = self.store.active()
         self.queued = bool(pending)
+        if pending and not self.source.backfill_ready():
+            return  # asked again at the next poll
         for request in pending:
             if self._activate(request):
                 return
@@ -458,6 +475,11 @@ class Backfiller:
             plan = self.source.backfill_plan(self.pipeline, request.table, request.where)
         except BackfillError as exc:
             self._fail(request, str(exc))
+            return False
+        except Exception as exc:
+            # The database is away, say: the request stays queued and is tried again.
+            log.warning("%s cannot start yet (%s)", request.describe(), first_line(exc))
+            self.next_poll = time.monotonic() + 2.0
             return False
         if not self.store.start(request.id, plan.estimate if request.read == 0 else None):
             return False

@@ -241,6 +241,10 @@ class SourceBackfill(Protocol):
     :attr:`SourceBatch.watermark` (watermarks it did not write are its own to skip).
     """
 
+    def backfill_ready(self) -> bool:
+        """Whether a backfill can run now (not while an initial snapshot is read, say); the
+        engine asks again a moment later."""
+
     def backfill_plan(self, pipeline: str, table: str, where: str | None) -> BackfillPlan:
         """Check that ``table`` can be backfilled with ``where``; raise
         :class:`wormhole.core.errors.BackfillError` saying why not (no primary key, not
@@ -257,7 +261,13 @@ class SourceBackfill(Protocol):
         """Up to ``limit`` rows of the table meeting ``plan.where`` whose key comes after
         ``after`` (key values in ``plan.keys`` order; None: from the first), in key order,
         as op ``r`` updates with ``key``, ``after``, ``table``, ``connector`` and ``ts_ms``
-        (positions are set when they are emitted). Read as of now, not in a snapshot."""
+        (positions are set when they are emitted). Read as of now, not in a snapshot.
+
+        Raise :class:`wormhole.core.errors.BackfillError` for what reading again cannot fix
+        (the backfill fails with the message); any other error is taken as passing (the
+        chunk is read again a moment later). The read must see every transaction that is
+        in the log before the low watermark (PostgreSQL: one whose commit record is written
+        is not visible until a moment later; the source waits for it)."""
 
 
 @runtime_checkable

@@ -135,6 +135,11 @@ class DatabaseSource(ABC):
             if batch is not None or time.monotonic() >= deadline:
                 return batch
 
+    def backfill_ready(self) -> bool:
+        """For sources that offer backfills (:class:`SourceBackfill`): not while the initial
+        snapshot is read, nor before the stream's start position was recorded."""
+        return self.phase == "stream" and not self.announce
+
     def reached(self, end: Any) -> bool:
         if self.announce or self.phase == "snapshot" or self.in_txn:
             return False

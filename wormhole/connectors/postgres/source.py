@@ -22,6 +22,7 @@ import re
 import select
 import threading
 import time
+from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 import msgspec
@@ -31,7 +32,12 @@ from wormhole.connectors.postgres.options import PostgresOptions
 from wormhole.connectors.postgres.schema_history import Columns, Entry, SchemaHistory
 from wormhole.core.errors import BackfillError, SourceError, first_line
 from wormhole.core.update import Update
-from wormhole.plugins.components import BackfillPlan, SourceBatch, SourceContext, Watermark
+from wormhole.plugins.components import (
+    BackfillPlan,
+    SourceBatch,
+    SourceContext,
+    Watermark,
+)
 from wormhole.plugins.database_source import DatabaseSource, SnapshotTable, close_quietly
 
 log = logging.getLogger("wormhole.postgres")
@@ -80,15 +86,112 @@ def _signature(relation: pg.Relation) -> Columns:
     return [(c.name, c.type_oid, c.typmod) for c in relation.columns]
 
 
-_KEY_CASTS = {0: "::text", 1: "::int8", 2: "::bool", 3: "::text"}
-"""How a backfill selects a key column of each value kind (see ``pgoutput.value_kind``)."""
+_NATIVE_INTS = frozenset({20, 21, 23})  # int8 int2 int4: the driver gives Python ints
+_PADDED_OR_SHOWN = frozenset({1042, 869, 650})
+"""bpchar, inet, cidr: their cast to text differs from their output (it trims the padding,
+shows the netmask), so their text is taken from the output function, as pgoutput sends it."""
 
 
-def _key_value(kind: int, value: Any) -> Any:
+def text_of(expr: str, base: int) -> str:
+    """SQL for a value's text as pgoutput sends it (the type's output function)."""
+    if base == pg.BOOL_TYPE:
+        return f"CASE WHEN {expr} THEN 't' WHEN NOT {expr} THEN 'f' END"
+    if base in _PADDED_OR_SHOWN:
+        return f"CASE WHEN num_nulls({expr}) = 1 THEN NULL ELSE concat({expr}) END"
+    return f"{expr}::text"
+
+
+def _json_value(expr: str, kind: int, base: int) -> str:
+    """SQL for a column in a backfilled row's JSON: the stream's value rules (numbers and
+    booleans as JSON values, every other type as its text)."""
+    if kind == 1:
+        return expr if base in _NATIVE_INTS else f"{expr}::text::numeric"
+    if kind in (2, 3):
+        return expr  # row_to_json writes booleans and floats (non-finite as text)
+    return text_of(expr, base)
+
+
+def _native_key(kind: int, base: int) -> bool:
+    return (kind == 1 and base in _NATIVE_INTS) or kind == 2
+
+
+def _key_value_sql(expr: str, kind: int, base: int) -> str:
+    return expr if _native_key(kind, base) else text_of(expr, base)
+
+
+def _key_value(kind: int, base: int, value: Any) -> Any:
     """A key value a backfill selected (text as bytes) as the stream gives it."""
-    if value is None or kind in (1, 2):
+    if value is None or _native_key(kind, base):
         return value
     return pg.convert(kind, value.decode())
+
+
+def _unused_name(name: str, taken: set[str]) -> str:
+    while name in taken:
+        name += "_"
+    return name
+
+
+_DOLLAR_TAG = re.compile(r"\$(?:[A-Za-z_][A-Za-z0-9_]*)?\$")
+
+
+def _statement_separators(sql: str) -> list[int]:
+    """Where ``sql`` has a ``;`` outside string literals, quoted identifiers, dollar quotes
+    and comments (it would end the statement)."""
+    found: list[int] = []
+    i, n = 0, len(sql)
+    while i < n:
+        c = sql[i]
+        if c == ";":
+            found.append(i)
+            i += 1
+        elif c == "'":
+            backslashes = i > 0 and sql[i - 1] in "eE"
+            i += 1
+            while i < n:
+                if backslashes and sql[i] == "\\":
+                    i += 2
+                    continue
+                if sql[i] == "'":
+                    if i + 1 < n and sql[i + 1] == "'":
+                        i += 2
+                        continue
+                    break
+                i += 1
+            i += 1
+        elif c == '"':
+            end = sql.find('"', i + 1)
+            i = n if end < 0 else end + 1
+        elif sql.startswith("--", i):
+            end = sql.find("\n", i)
+            i = n if end < 0 else end + 1
+        elif sql.startswith("/*", i):
+            depth, i = 1, i + 2
+            while i < n and depth:
+                if sql.startswith("/*", i):
+                    depth, i = depth + 1, i + 2
+                elif sql.startswith("*/", i):
+                    depth, i = depth - 1, i + 2
+                else:
+                    i += 1
+        elif c == "$" and (match := _DOLLAR_TAG.match(sql, i)):
+            end = sql.find(match.group(), match.end())
+            i = n if end < 0 else end + len(match.group())
+        else:
+            i += 1
+    return found
+
+
+@dataclass(frozen=True)
+class _ChunkSql:
+    """What a backfill plan keeps for reading chunks."""
+
+    columns: list[tuple[str, int, int]]
+    """(name, value kind, base type oid) of the published columns."""
+    only: str
+    """``ONLY `` for a plain table (not its inheritance children), empty for a partitioned
+    table published through its root."""
+    row_filter: str | None
 
 
 class CatalogTable(NamedTuple):
@@ -380,8 +483,9 @@ class PostgresSource(DatabaseSource):
         schema = schema or "public"
         qualified = f"{schema}.{name}"
         found = self._query(
-            "SELECT c.oid::int8, c.reltuples FROM pg_class c JOIN pg_namespace n ON n.oid = "
-            "c.relnamespace WHERE n.nspname = %s AND c.relname = %s AND c.relkind IN ('r', 'p')",
+            "SELECT c.oid::int8, c.reltuples, c.relkind::text FROM pg_class c JOIN pg_namespace "
+            "n ON n.oid = c.relnamespace WHERE n.nspname = %s AND c.relname = %s AND c.relkind "
+            "IN ('r', 'p')",
             (schema, name),
         )
         if not found:
@@ -389,10 +493,12 @@ class PostgresSource(DatabaseSource):
                 f"--table {table}: there is no table {qualified} in the database (name it as "
                 f"schema.table)"
             )
-        oid, reltuples = found[0]
+        oid, reltuples, relkind = found[0]
+        extra = ", attnames::text[], rowfilter" if self.server_version >= 150000 else ""
         published = self._query(
-            "SELECT 1 FROM pg_publication_tables WHERE pubname = %s AND schemaname = %s AND "
-            "tablename = %s",
+            f"SELECT p.pubviaroot{extra} FROM pg_publication_tables t JOIN pg_publication p ON "
+            f"p.pubname = t.pubname WHERE t.pubname = %s AND t.schemaname = %s AND "
+            f"t.tablename = %s",
             (self.publication, schema, name),
         )
         if not published or qualified in self.options.heartbeat_tables:
@@ -402,17 +508,38 @@ class PostgresSource(DatabaseSource):
                 f"with its changes; add it (ALTER PUBLICATION {_quote(self.publication)} ADD "
                 f"TABLE {_qualified(qualified)}), then backfill it"
             )
+        via_root = bool(published[0][0])
+        published_columns = published[0][1] if len(published[0]) > 1 else None
+        row_filter = published[0][2] if len(published[0]) > 2 else None
+        if relkind == "p" and not via_root:
+            raise BackfillError(
+                f"--table {table}: {qualified} is partitioned, and publication "
+                f"{self.publication} streams its changes under its partitions' names; "
+                f"backfill each partition (--table <partition>), or set publish_via_partition_root "
+                f"= true on the publication"
+            )
         catalog = self._catalog_tables([oid])[oid]
         key_set = set(catalog.identity_index if catalog.identity == "i" else catalog.primary_key)
-        names = [column[0] for column in catalog.columns]
-        keys = [n for n in names if n in key_set]
-        if not keys:
+        if not key_set:
             raise BackfillError(
                 f"--table {table}: {qualified} has no primary key (nor a replica identity "
                 f"index); a backfill reads a table in key order, chunk by chunk, and matches "
                 f"rows to the stream's changes by key. Add a primary key (ALTER TABLE "
                 f"{_qualified(qualified)} ADD PRIMARY KEY (...))"
             )
+        # In the index's column order, so that each chunk is one index range scan.
+        index = "indisreplident" if catalog.identity == "i" else "indisprimary"
+        ordered = [
+            row[0]
+            for row in self._query(
+                f"SELECT a.attname::text FROM pg_index i CROSS JOIN LATERAL unnest(i.indkey) "
+                f"WITH ORDINALITY AS k(attnum, n) JOIN pg_attribute a ON a.attrelid = "
+                f"i.indrelid AND a.attnum = k.attnum WHERE i.indrelid = %s AND i.{index} "
+                f"ORDER BY k.n",
+                (oid,),
+            )
+        ]
+        keys = [k for k in ordered if k in key_set] or sorted(key_set)
         relation = pg.Relation(
             oid,
             schema,
@@ -421,27 +548,72 @@ class PostgresSource(DatabaseSource):
             [pg.Column(n, t, False) for n, t, _ in catalog.columns],
         )
         self._resolve_types(relation)
+        columns = [
+            (c.name, c.kind, self.base_types.get(c.type_oid, c.type_oid))
+            for c in relation.columns
+            if published_columns is None or c.name in published_columns
+        ]
         estimate: int | None = int(reltuples) if reltuples is not None and reltuples >= 0 else None
         if where is not None:
-            if not where.strip():
-                raise BackfillError(
-                    "--where: the condition is empty; leave --where out for every row"
-                )
-            try:
-                with self.conn.cursor() as cur:
-                    target = _qualified(qualified)
-                    cur.execute(f"EXPLAIN (FORMAT JSON) SELECT 1 FROM {target} WHERE ({where})")
+            estimate = self._check_condition(qualified, where)
+        detail = _ChunkSql(
+            columns,
+            "" if relkind == "p" else "ONLY ",
+            # The publication's row filter: the stream sends only the rows that pass it.
+            None if row_filter is None else str(row_filter),
+        )
+        return BackfillPlan(qualified, keys, where, estimate, detail)
+
+    def _check_condition(self, table: str, where: str) -> int | None:
+        """Parse ``where`` on ``table`` (EXPLAIN, on the read-only connection, rolled back):
+        BackfillError if PostgreSQL cannot use it; the planner's row estimate if it can."""
+        if not where.strip():
+            raise BackfillError("--where: the condition is empty; leave --where out for every row")
+        statements = _statement_separators(where)
+        if statements:
+            raise BackfillError(
+                f"--where {where!r}: a condition cannot end a statement (';' at character "
+                f"{statements[0] + 1}); give one SQL condition on the table's columns"
+            )
+        conn = self._backfill_connection()
+        try:
+            with conn.cursor() as cur:
+                cur.execute("BEGIN READ ONLY")
+                try:
+                    cur.execute(
+                        f"EXPLAIN (FORMAT JSON) SELECT 1 FROM {_qualified(table)} WHERE ({where})"
+                    )
                     plan = cur.fetchone()[0]
-                estimate = int(plan[0]["Plan"]["Plan Rows"])
-            except psycopg2.Error as exc:
-                raise BackfillError(
-                    f"--where {where!r}: PostgreSQL cannot use it as a condition on {qualified}: "
-                    f"{first_line(exc)}"
-                ) from exc
-            except (KeyError, IndexError, TypeError, ValueError):
-                estimate = None
-        columns = [(c.name, c.kind) for c in relation.columns]
-        return BackfillPlan(qualified, keys, where, estimate, columns)
+                finally:
+                    cur.execute("ROLLBACK")
+        except psycopg2.Error as exc:
+            if isinstance(exc, psycopg2.OperationalError | psycopg2.InterfaceError):
+                self._drop_backfill_connection()
+                raise
+            raise BackfillError(
+                f"--where {where!r}: PostgreSQL cannot use it as a condition on {table}: "
+                f"{first_line(exc)}"
+            ) from exc
+        try:
+            return int(plan[0]["Plan"]["Plan Rows"])
+        except (KeyError, IndexError, TypeError, ValueError):
+            return None
+
+    def _backfill_connection(self) -> Any:
+        """The chunks' connection: read-only, so that a condition cannot write; text as
+        bytes, so that each row's JSON goes into its update as it came."""
+        if self.backfill_conn is None:
+            conn = psycopg2.connect(self.options.dsn)
+            conn.autocommit = True
+            with conn.cursor() as cur:
+                cur.execute("SET default_transaction_read_only = on")
+            psycopg2.extensions.register_type(psycopg2.extensions.BYTES, conn)
+            self.backfill_conn = conn
+        return self.backfill_conn
+
+    def _drop_backfill_connection(self) -> None:
+        close_quietly(self.backfill_conn)
+        self.backfill_conn = None
 
     def backfill_watermark(self, token: str) -> None:
         """A transactional logical decoding message: it reaches the stream at its commit."""
@@ -449,55 +621,100 @@ class PostgresSource(DatabaseSource):
             self.conn = self._connect()
         # Flushed at its commit even where synchronous_commit is off: the stream only sees
         # flushed WAL, and the backfill waits for the watermark to come round.
-        self._query(
-            "SET synchronous_commit TO on; SELECT pg_logical_emit_message(true, %s, %s)",
-            (self.watermark_prefix, token),
-        )
+        statement = "SET synchronous_commit TO on; SELECT pg_logical_emit_message(true, %s, %s)"
+        try:
+            self._query(statement, (self.watermark_prefix, token))
+        except (psycopg2.OperationalError, psycopg2.InterfaceError):
+            # This connection alone may have gone (the stream's has its own): once more.
+            close_quietly(self.conn)
+            self.conn = self._connect()
+            self._query(statement, (self.watermark_prefix, token))
 
     def backfill_chunk(
         self, plan: BackfillPlan, after: list[Any] | None, limit: int
     ) -> list[Update]:
-        """One chunk in key order; PostgreSQL writes each row's JSON (the stream's value
-        rules: numbers and booleans as themselves, every other type as its text)."""
-        if self.backfill_conn is None:
-            # Read-only: a --where condition cannot write, whatever it calls.
-            conn = psycopg2.connect(self.options.dsn, options="-c default_transaction_read_only=on")
-            conn.autocommit = True
-            # Text as bytes: each row's JSON goes into its update as it came.
-            psycopg2.extensions.register_type(psycopg2.extensions.BYTES, conn)
-            self.backfill_conn = conn
-        columns: list[tuple[str, int]] = plan.detail
-        kinds = dict(columns)
+        """One chunk in key order, PostgreSQL writing each row's JSON with the stream's
+        value rules, read in a snapshot that sees every transaction committed before it
+        (see :meth:`_visible_snapshot`)."""
+        sql_parts: _ChunkSql = plan.detail
+        columns = sql_parts.columns
+        kinds = {n: (kind, base) for n, kind, base in columns}
         keys = plan.keys
+        alias = _unused_name("wormhole_row", {n for n, _, _ in columns})
         row_list = ", ".join(
-            f"t.{_quote(n)}" if kind else f"t.{_quote(n)}::text AS {_quote(n)}"
-            for n, kind in columns
+            f"{_json_value(f't.{_quote(n)}', kind, base)} AS {_quote(n)}"
+            for n, kind, base in columns
         )
-        # Integer and boolean keys as themselves (the driver converts them), others as text.
-        key_list = ", ".join(f"t.{_quote(k)}{_KEY_CASTS[kinds[k]]}" for k in keys)
+        key_list = ", ".join(f"{_key_value_sql(f't.{_quote(k)}', *kinds[k])}" for k in keys)
         order = ", ".join(f"t.{_quote(k)}" for k in keys)
         conditions = []
         if plan.where is not None:
-            conditions.append(f"({plan.where})")
+            conditions.append(f"({plan.where.replace('%', '%%')})")
+        if sql_parts.row_filter is not None:
+            conditions.append(f"({sql_parts.row_filter.replace('%', '%%')})")
         if after is not None:
+            # Key values as text: the server reads each as its column's type (a real key
+            # compared with a double would find itself greater than itself).
             conditions.append(f"({order}) > ({', '.join(['%s'] * len(keys))})")
         where = f" WHERE {' AND '.join(conditions)}" if conditions else ""
         sql = (
-            f"SELECT {key_list}, (SELECT row_to_json(r)::text FROM (SELECT {row_list}) r) "
-            f"FROM {_qualified(plan.table)} t{where} ORDER BY {order} LIMIT {int(limit)}"
+            f"SELECT {key_list}, (SELECT row_to_json({alias})::text FROM (SELECT {row_list}) "
+            f"{alias}) FROM {sql_parts.only}{_qualified(plan.table)} t{where} ORDER BY {order} "
+            f"LIMIT {int(limit)}"
         )
+        params = None if after is None else [v if isinstance(v, str) else str(v) for v in after]
+        conn = self._backfill_connection()
         try:
-            with self.backfill_conn.cursor() as cur:
-                cur.execute(sql, after)
-                fetched = cur.fetchall()
-        except psycopg2.Error:
-            close_quietly(self.backfill_conn)
-            self.backfill_conn = None
-            raise
+            with conn.cursor() as cur:
+                self._visible_snapshot(cur)
+                try:
+                    cur.execute(sql, params)
+                    fetched = cur.fetchall()
+                finally:
+                    cur.execute("COMMIT")
+        except psycopg2.Error as exc:
+            if isinstance(exc, psycopg2.OperationalError | psycopg2.InterfaceError):
+                self._drop_backfill_connection()
+                raise  # the server or the link: tried again
+            raise BackfillError(
+                f"backfill of {plan.table}: a chunk cannot be read ({first_line(exc)}); if the "
+                f"table changed, backfill it again"
+            ) from exc
+        return self._chunk_updates(plan, kinds, fetched)
+
+    def _visible_snapshot(self, cur: Any) -> None:
+        """Begin a read-only REPEATABLE READ transaction whose snapshot sees every
+        transaction committed so far. A transaction writes its commit record (and so comes
+        before the low watermark in the stream) a moment before it becomes visible, longer
+        under synchronous replication, where it waits for a standby: a snapshot that still
+        lists such a transaction as running is dropped and taken again."""
+        deadline = time.monotonic() + 30.0
+        pause = 0.001
+        while True:
+            cur.execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
+            cur.execute(
+                "SELECT count(*) FROM pg_snapshot_xip(pg_current_snapshot()) x "
+                "WHERE pg_xact_status(x) = 'committed'"
+            )
+            if cur.fetchone()[0] == 0:
+                return
+            cur.execute("ROLLBACK")
+            if time.monotonic() > deadline:
+                raise TimeoutError(
+                    "transactions committed before the low watermark did not become visible "
+                    "within 30 s"
+                )
+            time.sleep(pause)
+            pause = min(pause * 2, 0.1)
+
+    def _chunk_updates(
+        self, plan: BackfillPlan, kinds: dict[str, tuple[int, int]], fetched: list[Any]
+    ) -> list[Update]:
         table = plan.table
+        keys = plan.keys
         now_ms = int(time.time() * 1000)
         raw = _Raw
-        if len(keys) == 1 and kinds[keys[0]] in (1, 2):
+        if len(keys) == 1 and _native_key(*kinds[keys[0]]):
             (name,) = keys
             return [
                 Update(
@@ -510,12 +727,15 @@ class PostgresSource(DatabaseSource):
                 )
                 for key, row in fetched
             ]
-        key_kinds = [(k, kinds[k]) for k in keys]
+        key_kinds = [(k, *kinds[k]) for k in keys]
         n_keys = len(keys)
         return [
             Update(
                 op="r",
-                key={k: _key_value(kind, v) for (k, kind), v in zip(key_kinds, row, strict=False)},
+                key={
+                    k: _key_value(kind, base, v)
+                    for (k, kind, base), v in zip(key_kinds, row, strict=False)
+                },
                 after=raw(row[n_keys]),
                 table=table,
                 connector="postgres",
@@ -973,7 +1193,9 @@ class PostgresSource(DatabaseSource):
                 for values in fetched
             ]
 
-        select_list = ", ".join(f"{_quote(c.name)}::text" for c in columns)
+        select_list = ", ".join(
+            text_of(_quote(c.name), self.base_types.get(c.type_oid, c.type_oid)) for c in columns
+        )
         cursor = self.conn.cursor(name=f"wormhole_snapshot_{oid}")
         cursor.itersize = self.options.batch_updates
         cursor.execute(f"SELECT {select_list} FROM {_qualified(table)}")
