@@ -334,6 +334,11 @@ def test_a_backfill_for_one_application_with_a_condition_and_bad_input(
         for word in words:
             assert word in result.stderr, (word, result.stderr)
 
+    bad = _pipeline(tmp_path / "bad", mariadb_server, [f"{db}.items"], signal_table="signal")
+    result = run_cli("backfill", str(bad), "--table", f"{db}.items")
+    assert result.returncode == 2 and "signal_table" in result.stderr, result
+    assert "schema.table" in result.stderr, result
+
     common = ["--table", f"{db}.items", "--chunk-size", "64"]
     result = run_cli("backfill", str(pipeline), *common, "--where", "id <= 500", "--app", "a")
     assert result.returncode == 0, result
