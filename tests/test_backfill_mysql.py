@@ -23,9 +23,9 @@ from wormhole.connectors.mysql.options import MySQLOptions
 from wormhole.connectors.mysql.source import MySQLSource
 from wormhole.core.update import Update
 from wormhole.plugins.components import SourceBatch, SourceContext
-from wormhole.testing import read_envelopes, run_cli, write_pipeline
-from wormhole.testing.helpers import cli_command
-from wormhole.testing.mysql import MariaDBServer
+from wormhole.testing import read_envelopes, run_cli, start_cli, write_pipeline
+from wormhole.testing.helpers import cli_command, wait_until
+from wormhole.testing.mysql import MariaDBServer, start_mariadb
 
 
 # ------------------------------------------------------------------ in process
@@ -582,3 +582,52 @@ def test_kill_9_of_the_publisher_mid_backfill_loses_nothing(
     # b asked for no backfill: it holds only what the writer changed meanwhile.
     envelopes = read_envelopes(tmp_path / "b.jsonl")
     assert envelopes and {e["op"] for e in envelopes} <= {"c", "u", "d"}
+
+
+def test_a_server_restart_mid_backfill_reconnects_and_the_backfill_goes_on(
+    tmp_path: Path,
+) -> None:
+    servers = start_mariadb()
+    server = next(servers)
+    try:
+        db, rows = server.create_database(), 20_000
+        _fill_orders(server, db, rows)
+        pipeline = _pipeline(tmp_path, server, [f"{db}.orders"])
+        assert run_cli("run", str(pipeline), "--once").returncode == 0
+        proc = start_cli("run", str(pipeline))
+        try:
+            queued = run_cli(
+                "backfill",
+                str(pipeline),
+                *("--table", f"{db}.orders", "--app", "a", "--chunk-size", "500"),
+                *("--pause-ms", "20"),
+            )
+            assert queued.returncode == 0, queued
+            seen: dict[str, Any] = {}
+
+            def started() -> bool:
+                seen.update(_backfills(pipeline)[0])
+                return bool(seen["read"] > 0)
+
+            wait_until(started, 60, "the backfill to start")
+            server.stop(kill=True)
+            assert seen["read"] < rows and seen["state"] == "running", seen
+            server.start()
+            server.sql("UPDATE orders SET n = -1 WHERE id IN (1, 19999)", database=db)
+
+            def finished() -> bool:
+                [state] = _backfills(pipeline)
+                assert state["state"] in ("queued", "running", "done"), state
+                return bool(state["state"] == "done")
+
+            wait_until(finished, 120, "the backfill to finish after the restart")
+        finally:
+            proc.terminate()
+            _, err = proc.communicate(timeout=60)
+        assert proc.returncode == 0, err
+        assert "lost the binlog stream" in err and "binlog stream resumed" in err
+        assert run_cli("run", str(pipeline), "--once").returncode == 0
+        _assert_state_equals_select(tmp_path, server, db)
+        assert _latest(tmp_path / "a.sqlite", f"{db}.orders")[19999]["n"] == -1
+    finally:
+        servers.close()

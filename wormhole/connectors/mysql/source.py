@@ -415,9 +415,13 @@ class MySQLSource(DatabaseSource):
         values_of = "values" if written else "after_values"
         for row in event.rows:
             values = row[values_of]
-            if values.get("id") == self.signal_id:
-                token = values.get("token")
-                self.pending_watermark = token if isinstance(token, str) else str(token)
+            row_id, token = values.get("id"), values.get("token")
+            if isinstance(row_id, bytes):
+                row_id = row_id.decode("utf-8", "replace")
+            if row_id == self.signal_id:
+                if isinstance(token, bytes):
+                    token = token.decode("utf-8", "replace")
+                self.pending_watermark = str(token)
 
     def _at_watermark(self, updates: list[Update]) -> SourceBatch:
         """The batch that ends at the commit of a watermark's transaction."""
@@ -429,10 +433,13 @@ class MySQLSource(DatabaseSource):
             Watermark(token, self.txn_position, self.txn_logical),
         )
 
-    def _backfill_reader(self) -> Any:
-        """The read-only connection of catalogs and chunks, in UTC as the snapshot's is;
-        a broken one is replaced."""
+    def _backfill_reader(self, check: bool = False) -> Any:
+        """The read-only connection of catalogs and chunks, in UTC as the snapshot's is.
+        ``check``: ping it first, and replace it if it is broken (a chunk that fails drops
+        it instead, and is read again a moment later)."""
         conn = self.backfill_conn
+        if conn is not None and not check:
+            return conn
         if conn is not None:
             try:
                 conn.ping(reconnect=False)
@@ -517,7 +524,7 @@ class MySQLSource(DatabaseSource):
                 f"--table {table}: name the table with its database, as database.table "
                 f"(shop.orders)"
             )
-        conn = self._backfill_reader()
+        conn = self._backfill_reader(check=True)
 
         def query(sql: str, args: Any = None) -> list[tuple[Any, ...]]:
             with conn.cursor() as cur:
@@ -627,8 +634,8 @@ class MySQLSource(DatabaseSource):
             if code in _SIGNAL_FATAL:
                 raise BackfillError(
                     f"source.signal_table {self.options.signal_table}: a backfill watermark "
-                    f"cannot be written ({message}); grant the source's user INSERT and "
-                    f"UPDATE on it"
+                    f"cannot be written ({message}); the server must accept writes to it "
+                    f"(not read_only) from the source's user, with INSERT and UPDATE on it"
                 ) from exc
             raise
 
