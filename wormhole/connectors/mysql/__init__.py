@@ -42,7 +42,10 @@ class MySQLPositionMapper:
     in the transaction; a change's version is ``(sequence, index + 1)``. MariaDB keeps
     a domain's sequence numbers increasing across servers, so versions stay
     comparable after the source moves to a replica. A snapshot read is ``(lowest
-    sequence in the snapshot's GTID position, 0)``. Sequence numbers of different
+    sequence in the snapshot's GTID position, 0)``. A backfilled row (op ``r`` at a
+    backfill's high watermark, whose GTID is its logical position) is ``(sequence of the
+    watermark's transaction, 0)``: above every change before the watermark, below every
+    change after it. Sequence numbers of different
     GTID domains are compared as they are, so rows written through several domains
     get no protection beyond per-key order. MySQL GTIDs (``uuid:sequence``) restart
     with every server uuid: they give no version.

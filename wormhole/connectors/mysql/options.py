@@ -45,6 +45,11 @@ class MySQLOptions(Options):
         "sends a heartbeat (how quickly an idle stream notices a stop or --once end)",
     )
     connect_timeout_s: float = Field(10.0, gt=0, description="connect timeout")
+    signal_table: str = Field(
+        "wormhole.signal",
+        description="schema.table where backfills write their watermarks (one row per "
+        "pipeline, created on the first backfill); never emitted, whatever tables says",
+    )
 
     @field_validator("dsn")
     @classmethod
@@ -52,6 +57,14 @@ class MySQLOptions(Options):
         parts = urlsplit(value)
         if parts.scheme not in ("mysql", "mariadb") or not parts.hostname:
             raise ValueError("expected mysql://USER:PASSWORD@HOST:PORT/")
+        return value
+
+    @field_validator("signal_table")
+    @classmethod
+    def _check_signal_table(cls, value: str) -> str:
+        schema, dot, table = value.partition(".")
+        if not dot or not schema or not table or "." in table or "`" in value:
+            raise ValueError("expected schema.table (plain names, no quotes)")
         return value
 
     def connection(self) -> dict[str, object]:

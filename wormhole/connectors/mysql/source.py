@@ -32,17 +32,25 @@ import time
 import zlib
 from typing import Any
 
+from wormhole.connectors.mysql.backfill import (
+    Chunks,
+    chunk_layout,
+    chunks,
+    qualified,
+    select_list,
+)
 from wormhole.connectors.mysql.options import MySQLOptions
 from wormhole.connectors.mysql.values import Layout, binlog_layout, schema_layout
-from wormhole.core.errors import SourceError
-from wormhole.core.update import Update
-from wormhole.plugins.components import SourceBatch, SourceContext
+from wormhole.core.errors import BackfillError, SourceError
+from wormhole.core.update import Update, snapshot_read
+from wormhole.plugins.components import BackfillPlan, SourceBatch, SourceContext, Watermark
 from wormhole.plugins.database_source import DatabaseSource, SnapshotTable, close_quietly
 
 log = logging.getLogger("wormhole.mysql")
 
 try:  # optional dependency: the `mysql` extra
     import pymysql
+    import pymysql.converters
     import pymysql.cursors
     from pymysqlreplication import BinLogStreamReader
     from pymysqlreplication.event import (
@@ -74,10 +82,22 @@ _FATAL_HINTS = {
     "(MariaDB; REPLICATION CLIENT on MySQL) and SELECT on the tables",
     1236: "the server cannot send the binlog from the saved position",
 }
+# Column types whose values a backfill's chunks keep as the server's text.
+_TEXT_FIELDS = (0, 246, 7, 10, 11, 12, 13, 14)  # DECIMAL, NEWDECIMAL, TIMESTAMP, DATE, TIME,
+# DATETIME, YEAR, NEWDATE
+# Errors of a backfill's chunk that reading it again cannot fix: the request fails.
+_CHUNK_FATAL = frozenset({1054, 1064, 1142, 1143, 1146, 1305, 1792})
+# Errors writing the signal table that trying again cannot fix (privileges).
+_SIGNAL_FATAL = frozenset({1044, 1142, 1143, 1290, 1792})
 
 
 def _quote(name: str) -> str:
     return "`" + name.replace("`", "``") + "`"
+
+
+def _reader_id(options: MySQLOptions, pipeline: str) -> int:
+    """The server id the binlog reader of ``pipeline`` registers with."""
+    return options.server_id or (1_000_000 + zlib.crc32(pipeline.encode()) % 1_000_000_000)
 
 
 def _file_number(name: str) -> int:
@@ -151,6 +171,16 @@ class MySQLSource(DatabaseSource):
         self.idle: tuple[tuple[str, int], str, int, float] | None = None
         self.lag_conn: Any = None
         self.lag_lock = threading.Lock()
+        # Backfills: the signal table where watermarks are written, this pipeline's row in
+        # it, the watermark met in the transaction being read, and two connections: one
+        # that writes watermarks, one read-only for catalogs and chunks.
+        schema, _, table = options.signal_table.partition(".")
+        self.signal = (schema, table)
+        self.signal_id = ""
+        self.signal_ready = False
+        self.pending_watermark: str | None = None
+        self.signal_conn: Any = None
+        self.backfill_conn: Any = None
 
     # ------------------------------------------------------------------ open
     def _connect_and_check(self, context: SourceContext) -> None:
@@ -159,9 +189,8 @@ class MySQLSource(DatabaseSource):
                 "source.type: mysql needs mysql-replication; install the extra: pip install "
                 "'wormhole[mysql]'"
             )
-        self.reader_id = self.options.server_id or (
-            1_000_000 + zlib.crc32(context.pipeline.encode()) % 1_000_000_000
-        )
+        self.reader_id = _reader_id(self.options, context.pipeline)
+        self.signal_id = self._signal_id(context.pipeline)
         self.conn = self._connect()
         self._check_server()
 
@@ -272,6 +301,7 @@ class MySQLSource(DatabaseSource):
             include = self.options.tables
             found = (
                 schema not in SYSTEM_SCHEMAS
+                and (schema, table) != self.signal
                 and (include is None or any(fnmatch.fnmatchcase(name, p) for p in include))
                 and not any(fnmatch.fnmatchcase(name, p) for p in self.options.exclude_tables)
             )
@@ -349,13 +379,7 @@ class MySQLSource(DatabaseSource):
                     (schema, table),
                 )
             ]
-            # FLOAT as text has about 6 digits; as a double it has the stored value, which
-            # the layout renders exactly as the binlog's.
-            select = ", ".join(
-                f"({_quote(name)} + 0e0)" if str(data_type).lower() == "float" else _quote(name)
-                for name, data_type, _p, _n in columns
-            )
-            plan.append((schema, table, schema_layout(columns, key), select))
+            plan.append((schema, table, schema_layout(columns, key), select_list(columns)))
         return plan
 
     def _open_snapshot_table(self, table: tuple[str, str, Layout, str]) -> SnapshotTable:
@@ -378,6 +402,280 @@ class MySQLSource(DatabaseSource):
         self.phase = "stream"
         self._open_stream()
         self._checkpoint()
+
+    # ------------------------------------------------------------ backfills
+    def _signal_id(self, pipeline: str) -> str:
+        """This pipeline's row of the signal table: its reader's server id, which is unique
+        among the server's replicas, and its name, for people."""
+        return f"{_reader_id(self.options, pipeline)}:{pipeline}"[:191]
+
+    def _signal_rows(self, event: Any, written: bool) -> None:
+        """Rows of the signal table: this pipeline's row carries a backfill watermark,
+        reported at the transaction's commit; other pipelines' rows are theirs."""
+        values_of = "values" if written else "after_values"
+        for row in event.rows:
+            values = row[values_of]
+            row_id, token = values.get("id"), values.get("token")
+            if isinstance(row_id, bytes):
+                row_id = row_id.decode("utf-8", "replace")
+            if row_id == self.signal_id:
+                if isinstance(token, bytes):
+                    token = token.decode("utf-8", "replace")
+                self.pending_watermark = str(token)
+
+    def _at_watermark(self, updates: list[Update]) -> SourceBatch:
+        """The batch that ends at the commit of a watermark's transaction."""
+        token, self.pending_watermark = self.pending_watermark, None
+        assert token is not None
+        return SourceBatch(
+            updates,
+            self._checkpoint(),
+            Watermark(token, self.txn_position, self.txn_logical),
+        )
+
+    def _backfill_reader(self, check: bool = False) -> Any:
+        """The read-only connection of catalogs and chunks, in UTC as the snapshot's is.
+        ``check``: ping it first, and replace it if it is broken (a chunk that fails drops
+        it instead, and is read again a moment later)."""
+        conn = self.backfill_conn
+        if conn is not None and not check:
+            return conn
+        if conn is not None:
+            try:
+                conn.ping(reconnect=False)
+                return conn
+            except Exception:
+                close_quietly(conn)
+                self.backfill_conn = None
+        # DECIMAL, temporal and YEAR values stay the server's text (see chunk_layout).
+        conv = dict(pymysql.converters.conversions)
+        for field_type in _TEXT_FIELDS:
+            conv.pop(field_type, None)
+        conn = self._connect(conv=conv)
+        try:
+            with conn.cursor() as cur:
+                cur.execute("SET SESSION time_zone = '+00:00'")
+                # Every statement of the session is a read-only transaction of its own: a
+                # --where condition cannot write, whatever it calls, and each chunk reads
+                # the table as of now.
+                cur.execute("SET SESSION TRANSACTION READ ONLY")
+        except BaseException:
+            close_quietly(conn)
+            raise
+        self.backfill_conn = conn
+        return conn
+
+    def _signal_table(self) -> str:
+        return qualified(*self.signal)
+
+    def _signal_writer(self) -> Any:
+        """The connection that writes watermarks; the signal table exists once it is made."""
+        conn = self.signal_conn
+        if conn is None:
+            conn = self._connect()
+            self.signal_conn = conn
+        if not self.signal_ready:
+            self._ensure_signal_table(conn)
+        return conn
+
+    def _ensure_signal_table(self, conn: Any) -> None:
+        schema, table = self.signal
+        try:
+            with conn.cursor() as cur:
+                cur.execute(
+                    "SELECT 1 FROM information_schema.TABLES WHERE TABLE_SCHEMA = %s AND "
+                    "TABLE_NAME = %s",
+                    (schema, table),
+                )
+                if not cur.fetchall():
+                    cur.execute(f"CREATE DATABASE IF NOT EXISTS {_quote(schema)}")
+                    cur.execute(
+                        f"CREATE TABLE IF NOT EXISTS {self._signal_table()} ("
+                        "id VARCHAR(191) NOT NULL PRIMARY KEY, token VARCHAR(191) NOT NULL, "
+                        "at TIMESTAMP(6) NOT NULL DEFAULT CURRENT_TIMESTAMP(6)"
+                        ") ENGINE=InnoDB DEFAULT CHARSET=utf8mb4"
+                    )
+        except pymysql.err.Error as exc:
+            code, message = _server_error(exc)
+            if code in _TRANSIENT or not code:
+                raise
+            raise BackfillError(
+                f"source.signal_table {self.options.signal_table}: the table where backfills "
+                f"write their watermarks cannot be created ({message}); create it (CREATE "
+                f"TABLE {self._signal_table()} (id VARCHAR(191) PRIMARY KEY, token "
+                f"VARCHAR(191) NOT NULL, at TIMESTAMP(6) NOT NULL DEFAULT "
+                f"CURRENT_TIMESTAMP(6))) and grant the source's user INSERT and UPDATE on it, "
+                f"or set signal_table to one it may create"
+            ) from exc
+        self.signal_ready = True
+
+    def backfill_plan(self, pipeline: str, table: str, where: str | None) -> BackfillPlan:
+        """Check ``table`` and ``where`` against the catalog (see SourceBackfill)."""
+        if not HAVE_DRIVER:
+            raise SourceError(
+                "source.type: mysql needs mysql-replication; install the extra: pip install "
+                "'wormhole[mysql]'"
+            )
+        if not self.signal_id:
+            self.signal_id = self._signal_id(pipeline)
+        schema, dot, name = table.partition(".")
+        if not dot or not schema or not name:
+            raise BackfillError(
+                f"--table {table}: name the table with its database, as database.table "
+                f"(shop.orders)"
+            )
+        conn = self._backfill_reader(check=True)
+
+        def query(sql: str, args: Any = None) -> list[tuple[Any, ...]]:
+            with conn.cursor() as cur:
+                cur.execute(sql, args)
+                return list(cur.fetchall())
+
+        found = query(
+            "SELECT TABLE_SCHEMA, TABLE_NAME, TABLE_ROWS FROM information_schema.TABLES WHERE "
+            "TABLE_SCHEMA = %s AND TABLE_NAME = %s AND TABLE_TYPE = 'BASE TABLE'",
+            (schema, name),
+        )
+        server = f"{self.settings['host']}:{self.settings['port']}"
+        if not found:
+            raise BackfillError(
+                f"--table {table}: there is no table {name} in database {schema} on the "
+                f"server at {server} (name it as database.table)"
+            )
+        schema, name, table_rows = str(found[0][0]), str(found[0][1]), found[0][2]
+        shown = f"{schema}.{name}"
+        if (schema, name) == self.signal:
+            raise BackfillError(
+                f"--table {table}: that is the source's signal table (signal_table), which "
+                f"holds backfill watermarks and is never emitted"
+            )
+        if not self._wanted(schema, name):
+            why = (
+                f"{schema} is a system schema, which the source never reads"
+                if schema in SYSTEM_SCHEMAS
+                else "its tables and exclude_tables options leave it out"
+            )
+            raise BackfillError(
+                f"--table {table}: the source does not capture {shown} ({why}), so the "
+                f"stream has none of its changes and a backfill could not be kept in order "
+                f"with them; add it to the source's tables (and keep it out of "
+                f"exclude_tables), then backfill it"
+            )
+        columns = query(
+            "SELECT COLUMN_NAME, DATA_TYPE, DATETIME_PRECISION, NUMERIC_PRECISION, "
+            "NUMERIC_SCALE, COLUMN_TYPE FROM information_schema.COLUMNS WHERE TABLE_SCHEMA = "
+            "%s AND TABLE_NAME = %s ORDER BY ORDINAL_POSITION",
+            (schema, name),
+        )
+        # The primary key, in its index's order (the order chunks are read in). The stream
+        # keys the table's rows by the same columns (the table map's primary key).
+        keys = [
+            str(r[0])
+            for r in query(
+                "SELECT COLUMN_NAME FROM information_schema.STATISTICS WHERE TABLE_SCHEMA = %s "
+                "AND TABLE_NAME = %s AND INDEX_NAME = 'PRIMARY' ORDER BY SEQ_IN_INDEX",
+                (schema, name),
+            )
+        ]
+        if not keys:
+            raise BackfillError(
+                f"--table {table}: {shown} has no primary key; a backfill reads a table in "
+                f"key order, chunk by chunk, and matches rows to the stream's changes by key. "
+                f"Add a primary key (ALTER TABLE {qualified(schema, name)} ADD PRIMARY KEY "
+                f"(...))"
+            )
+        estimate: int | None = int(table_rows) if table_rows is not None else None
+        if where is not None:
+            if not where.strip():
+                raise BackfillError(
+                    "--where: the condition is empty; leave --where out for every row"
+                )
+            try:
+                with conn.cursor() as cur:
+                    cur.execute(f"EXPLAIN SELECT 1 FROM {qualified(schema, name)} WHERE ({where})")
+                    names = [d[0].lower() for d in cur.description]
+                    explained = cur.fetchall()
+            except pymysql.err.Error as exc:
+                code, message = _server_error(exc)
+                if code in _TRANSIENT or not code:
+                    raise
+                raise BackfillError(
+                    f"--where {where!r}: the server cannot use it as a condition on {shown}: "
+                    f"{message.strip().splitlines()[0] if message.strip() else exc!r}"
+                ) from exc
+            estimate = None
+            if explained and "rows" in names:
+                rows = explained[0][names.index("rows")]
+                estimate = int(rows) if rows is not None else 0
+        # Created now, so that a problem with it shows when the backfill is asked for.
+        self._signal_writer()
+        detail = chunks(schema, name, columns, keys, where, chunk_layout(columns, keys))
+        return BackfillPlan(shown, keys, where, estimate, detail)
+
+    def backfill_watermark(self, token: str) -> None:
+        """One autocommit transaction that writes ``token`` into this pipeline's row of the
+        signal table; the stream reports it at that transaction's commit."""
+        if not self.signal_id:
+            raise BackfillError("backfill_watermark: backfill_plan was never called")
+        try:
+            conn = self._signal_writer()
+            with conn.cursor() as cur:
+                cur.execute(
+                    f"INSERT INTO {self._signal_table()} (id, token, at) VALUES (%s, %s, "
+                    f"NOW(6)) ON DUPLICATE KEY UPDATE token = VALUES(token), at = VALUES(at)",
+                    (self.signal_id, token),
+                )
+        except pymysql.err.Error as exc:
+            close_quietly(self.signal_conn)
+            self.signal_conn = None
+            code, message = _server_error(exc)
+            if code == 1146:  # dropped meanwhile: made again on the next try
+                self.signal_ready = False
+            if code in _SIGNAL_FATAL:
+                raise BackfillError(
+                    f"source.signal_table {self.options.signal_table}: a backfill watermark "
+                    f"cannot be written ({message}); the server must accept writes to it "
+                    f"(not read_only) from the source's user, with INSERT and UPDATE on it"
+                ) from exc
+            raise
+
+    def backfill_chunk(
+        self, plan: BackfillPlan, after: list[Any] | None, limit: int
+    ) -> list[Update]:
+        """Up to ``limit`` rows after ``after`` in key order, read as the snapshot reads
+        them (the same columns, the same conversions)."""
+        detail: Chunks = plan.detail
+        if after is None:
+            sql, args = detail.first, None
+        else:
+            sql, args = detail.following, detail.arguments(after)
+        try:
+            conn = self._backfill_reader()
+            with conn.cursor() as cur:
+                cur.execute(f"{sql} LIMIT {int(limit)}", args)
+                fetched = cur.fetchall()
+        except pymysql.err.Error as exc:
+            close_quietly(self.backfill_conn)
+            self.backfill_conn = None
+            code, message = _server_error(exc)
+            if code in _CHUNK_FATAL:
+                raise BackfillError(
+                    f"--table {plan.table}: a chunk cannot be read ({message}); was the table "
+                    f"changed? Backfill it again"
+                ) from exc
+            raise
+        layout = detail.layout
+        names, keys, table = layout.columns, plan.keys, plan.table
+        rows = [dict(zip(names, values)) for values in fetched]  # noqa: B905 - one per column
+        if layout.special:
+            convert = layout.convert
+            rows = [convert(row) for row in rows]
+        now_ms = int(time.time() * 1000)
+        read = snapshot_read
+        return [
+            read(row, keys, table=table, connector="mysql", position="", logical="", ts_ms=now_ms)
+            for row in rows
+        ]
 
     # ------------------------------------------------------------ stream
     def _restore(self, checkpoint: dict[str, Any]) -> None:
@@ -412,6 +710,7 @@ class MySQLSource(DatabaseSource):
         }
         self.in_txn = False
         self.skip_txn = False
+        self.pending_watermark = None
         kwargs: dict[str, Any] = {}
         if self.by_gtid:
             kwargs = {"auto_position": _gtid_state_text(self.gtid_state), "is_mariadb": True}
@@ -511,6 +810,13 @@ class MySQLSource(DatabaseSource):
             kind = type(event)
             if kind in (WriteRowsEvent, UpdateRowsEvent, DeleteRowsEvent):
                 if self.skip_txn or not self._wanted(event.schema, event.table):
+                    if (
+                        event.table == self.signal[1]
+                        and event.schema == self.signal[0]
+                        and not self.skip_txn
+                        and kind is not DeleteRowsEvent
+                    ):
+                        self._signal_rows(event, kind is WriteRowsEvent)
                     continue
                 layout = self._layout(event)
                 table = f"{event.schema}.{event.table}"
@@ -546,6 +852,8 @@ class MySQLSource(DatabaseSource):
                 self._table_map(event)
             elif kind is XidEvent:
                 self._commit()
+                if self.pending_watermark is not None:
+                    return self._at_watermark(updates)
                 if not updates:
                     self._nothing_pending()  # a transaction with nothing of ours
                 if len(updates) >= limit or time.monotonic() >= deadline:
@@ -562,6 +870,8 @@ class MySQLSource(DatabaseSource):
                     continue
                 if upper.startswith("COMMIT") or upper == "ROLLBACK":
                     self._commit()
+                    if self.pending_watermark is not None:
+                        return self._at_watermark(updates)
                 elif self.in_txn and self.txn_began:
                     # Inside a transaction (SAVEPOINT, ROLLBACK TO, RELEASE SAVEPOINT):
                     # not its end.
@@ -616,6 +926,7 @@ class MySQLSource(DatabaseSource):
         self.txn_ts = int(event.timestamp) * 1000
         self.txn_index = -1
         self.in_txn = True
+        self.pending_watermark = None
         # After a reconnect by GTID the server may send transactions already emitted.
         self.skip_txn = (
             self.by_gtid
@@ -631,6 +942,7 @@ class MySQLSource(DatabaseSource):
         self.pos_server = self.server_id
         if self.skip_txn:
             self.skip_txn = False
+            self.pending_watermark = None
             return
         if self.txn_gtid:
             if self.mariadb:
@@ -757,7 +1069,10 @@ class MySQLSource(DatabaseSource):
     def close(self) -> None:
         self._close_stream()
         snapshot_cursor = self.snapshot.cursor if self.snapshot is not None else None
-        close_quietly(snapshot_cursor, self.snapshot_conn, self.conn)
+        close_quietly(
+            snapshot_cursor, self.snapshot_conn, self.conn, self.signal_conn, self.backfill_conn
+        )
+        self.signal_conn = self.backfill_conn = None
         with self.lag_lock:
             close_quietly(self.lag_conn)
             self.lag_conn = None
