@@ -39,6 +39,7 @@ bench: $(STAMP)
 	$(BIN)/python bench/postgres_throughput.py
 	$(BIN)/python bench/postgres_snapshot.py
 	$(BIN)/python bench/mysql_throughput.py
+	$(BIN)/python bench/backfill.py
 	$(BIN)/python bench/backfill_mysql.py
 	$(BIN)/python bench/spark_sink.py
 	$(BIN)/python bench/memcache_sink.py
