@@ -581,7 +581,7 @@ class PostgresSource(DatabaseSource):
                 cur.execute("BEGIN READ ONLY")
                 try:
                     cur.execute(
-                        f"EXPLAIN (FORMAT JSON) SELECT 1 FROM {_qualified(table)} WHERE ({where})"
+                        f"EXPLAIN (FORMAT JSON) SELECT 1 FROM {_qualified(table)} WHERE ({where}\n)"
                     )
                     plan = cur.fetchone()[0]
                 finally:
@@ -649,7 +649,8 @@ class PostgresSource(DatabaseSource):
         order = ", ".join(f"t.{_quote(k)}" for k in keys)
         conditions = []
         if plan.where is not None:
-            conditions.append(f"({plan.where.replace('%', '%%')})")
+            # On lines of its own: a trailing -- comment ends with its line.
+            conditions.append(f"(\n{plan.where.replace('%', '%%')}\n)")
         if sql_parts.row_filter is not None:
             conditions.append(f"({sql_parts.row_filter.replace('%', '%%')})")
         if after is not None:
