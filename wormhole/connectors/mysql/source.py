@@ -531,12 +531,22 @@ class MySQLSource(DatabaseSource):
                 cur.execute(sql, args)
                 return list(cur.fetchall())
 
+        server = f"{self.settings['host']}:{self.settings['port']}"
+        ordered = query("SHOW GLOBAL VARIABLES LIKE 'binlog_order_commits'")
+        if ordered and str(ordered[0][1]).upper() in ("OFF", "0"):
+            # A chunk read after its low watermark committed must see every transaction
+            # before the watermark in the binlog: the server commits in binlog order only
+            # with binlog_order_commits on.
+            raise BackfillError(
+                f"--table {table}: the server at {server} has binlog_order_commits = OFF, so a "
+                f"transaction before a backfill's watermark in the binlog may still be invisible "
+                f"to the chunk read after it; set binlog_order_commits = ON (the default)"
+            )
         found = query(
             "SELECT TABLE_SCHEMA, TABLE_NAME, TABLE_ROWS FROM information_schema.TABLES WHERE "
             "TABLE_SCHEMA = %s AND TABLE_NAME = %s AND TABLE_TYPE = 'BASE TABLE'",
             (schema, name),
         )
-        server = f"{self.settings['host']}:{self.settings['port']}"
         if not found:
             raise BackfillError(
                 f"--table {table}: there is no table {name} in database {schema} on the "
