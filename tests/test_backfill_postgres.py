@@ -573,3 +573,25 @@ def test_a_backfill_waits_for_the_initial_snapshot_to_end(
         assert all(r == (p == "stream") for p, r in ready), ready
     finally:
         source.close()
+
+
+def test_a_backfill_keeps_to_the_publications_row_filter_and_column_list(
+    tmp_path: Path, postgres_dsn: str
+) -> None:
+    """What the stream does not send (PostgreSQL 15 row filters and column lists: rows and
+    columns left out on purpose), a backfill does not send either."""
+    sql(
+        postgres_dsn,
+        "CREATE TABLE people (id int PRIMARY KEY, name text, secret text)",
+        "INSERT INTO people SELECT g, 'p' || g, 'hidden' FROM generate_series(1, 50) g",
+        "CREATE PUBLICATION wormhole_bf FOR TABLE people (id, name) WHERE (id > 10)",
+    )
+    pipeline = _pipeline(tmp_path, postgres_dsn, ["public.people"])
+    assert run_cli("run", str(pipeline), "--once").returncode == 0
+    sql(postgres_dsn, "UPDATE people SET name = 'changed' WHERE id IN (5, 20)")
+    queued = run_cli("backfill", str(pipeline), "--table", "public.people", "--chunk-size", "9")
+    assert queued.returncode == 0, queued
+    assert run_cli("run", str(pipeline), "--once").returncode == 0
+    got = _latest(tmp_path / "a.sqlite", "public.people")
+    assert sorted(got) == list(range(11, 51))
+    assert got[20] == {"id": 20, "name": "changed"} and got[11] == {"id": 11, "name": "p11"}
