@@ -108,29 +108,33 @@ def _batches(
     chunks: Iterator[tuple[list[int], list[Any]]], shard: int, datastore: str
 ) -> Iterator[Any]:
     """One flow's updates, in chunks of ``(seqs, updates)``, as Arrow record batches of the
-    source's schema (a column at a time: no Python tuple per row)."""
+    source's schema (a column at a time: no Python tuple per row; the columns every row
+    shares are repeated by Arrow, not built from Python lists)."""
     import msgspec
     import pyarrow as pa
 
-    encode = msgspec.json.encode
+    encode = msgspec.json.Encoder().encode
     schema = _arrow_schema()
-    string = pa.string()
+    string, int64 = pa.string(), pa.int64()
+    shard_value, datastore_value = pa.scalar(shard, pa.int32()), pa.scalar(datastore, string)
+    from wormhole.core.update import NULL as null
+
     for seqs, updates in chunks:
         if not updates:
             continue
         n = len(updates)
         arrays = [
-            pa.array(seqs, pa.int64()),
-            pa.array([shard] * n, pa.int32()),
+            pa.array(seqs, int64),
+            pa.repeat(shard_value, n),
             pa.array([u.op for u in updates], string),
             pa.array([u.table for u in updates], string),
             pa.array([encode(u.key) for u in updates], string),
-            pa.array([None if (b := bytes(u.before)) == b"null" else b for u in updates], string),
-            pa.array([None if (a := bytes(u.after)) == b"null" else a for u in updates], string),
+            pa.array([None if u.before == null else bytes(u.before) for u in updates], string),
+            pa.array([None if u.after == null else bytes(u.after) for u in updates], string),
             pa.array([u.position for u in updates], string),
             pa.array([u.logical for u in updates], string),
-            pa.array([u.ts_ms for u in updates], pa.int64()),
-            pa.array([datastore] * n, string),
+            pa.array([u.ts_ms for u in updates], int64),
+            pa.repeat(datastore_value, n),
         ]
         yield pa.RecordBatch.from_arrays(arrays, schema=schema)
 
