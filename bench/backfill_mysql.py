@@ -38,9 +38,11 @@ import threading
 import time
 from pathlib import Path
 
-import msgspec
 import pymysql.converters
 import pymysql.cursors
+
+sys.path.insert(0, str(Path(__file__).parent))
+from lag import LagSampler, figures
 
 from wormhole.core.backfill import BackfillStore
 from wormhole.core.pipeline import parse_pipeline
@@ -127,48 +129,6 @@ class Ticker(threading.Thread):
         conn.close()
 
 
-class LagSampler(threading.Thread):
-    """Tails the ticks jsonl file: (arrival time, lag in ms) for every tick."""
-
-    def __init__(self, path: Path) -> None:
-        super().__init__(daemon=True)
-        self.path = path
-        self.halt = threading.Event()
-        self.samples: list[tuple[float, float]] = []
-
-    def run(self) -> None:
-        decode = msgspec.json.decode
-        offset = 0
-        pending = b""
-        while not self.halt.wait(0.005):
-            if not self.path.exists():
-                continue
-            with open(self.path, "rb") as f:
-                f.seek(offset)
-                data = f.read()
-            offset += len(data)
-            pending += data
-            *lines, pending = pending.split(b"\n")
-            now = time.time()
-            for line in lines:
-                ts = decode(line)["after"]["at_ms"]
-                self.samples.append((now, now * 1000 - ts))
-
-    def between(self, start: float, end: float) -> list[float]:
-        return [lag for at, lag in self.samples if start <= at < end]
-
-
-def _figures(lags: list[float]) -> str:
-    if not lags:
-        return "no samples"
-    ordered = sorted(lags)
-    p99 = ordered[min(len(ordered) - 1, int(len(ordered) * 0.99))]
-    return (
-        f"p50 {statistics.median(ordered):6.0f} ms  p99 {p99:6.0f} ms  max {ordered[-1]:6.0f} ms"
-        f"  ({len(ordered)} ticks)"
-    )
-
-
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--rows", type=int, default=200_000)
@@ -212,7 +172,10 @@ applications:
         publisher = Publisher(pipeline)
         runner = threading.Thread(target=publisher.run, daemon=True)
         runner.start()
-        ticker, sampler = Ticker(server, db, 0.003), LagSampler(ticks)
+        ticker, sampler = (
+            Ticker(server, db, 0.003),
+            LagSampler(ticks, lambda e: e["after"]["at_ms"]),
+        )
         ticker.start()
         sampler.start()
         store = BackfillStore(pipeline.state_dir)
@@ -266,9 +229,9 @@ applications:
         )
         print(f"  each backfill: {', '.join(f'{r:,.0f}' for r in rates)} rows/s")
         print("stream lag (write -> jsonl sink) of ~300 ticks/s:")
-        print(f"  {'without a backfill':<24} {_figures(sampler.between(quiet_start, quiet_end))}")
+        print(f"  {'without a backfill':<24} {figures(sampler.between(quiet_start, quiet_end))}")
         during = [lag for start, end in windows for lag in sampler.between(start, end)]
-        print(f"  {'during the backfills':<24} {_figures(during)}")
+        print(f"  {'during the backfills':<24} {figures(during)}")
     finally:
         with contextlib.suppress(StopIteration):
             next(servers)
