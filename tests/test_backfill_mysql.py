@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import logging
 import random
-import signal
 import sqlite3
 import subprocess
 import threading
@@ -16,6 +15,10 @@ from pathlib import Path
 from typing import Any
 
 import msgspec
+from backfill_support import assert_same_rows, kill_mid_backfill
+from backfill_support import backfills as _backfills
+from backfill_support import latest as _latest
+from backfill_support import stop as _stop
 from test_mysql import KINDS, ROW
 
 from wormhole.connectors.mysql import MapperOptions, MySQLPositionMapper
@@ -267,18 +270,6 @@ def _pipeline(tmp_path: Path, server: MariaDBServer, tables: list[str], **source
     )
 
 
-def _latest(path: Path, table: str) -> dict[Any, dict[str, Any]]:
-    """The latest sink's rows of ``table``, by the key's ``id``."""
-    if not path.exists():
-        return {}
-    db = sqlite3.connect(path)
-    try:
-        rows = db.execute("SELECT key, row FROM latest WHERE source_table = ?", (table,)).fetchall()
-    finally:
-        db.close()
-    return {json.loads(k)["id"]: json.loads(r) for k, r in rows}
-
-
 def _select(server: MariaDBServer, database: str, query: str) -> dict[Any, dict[str, Any]]:
     conn = server.connect(database)
     try:
@@ -289,13 +280,6 @@ def _select(server: MariaDBServer, database: str, query: str) -> dict[Any, dict[
             return {row[0]: dict(zip(names, row, strict=True)) for row in cur.fetchall()}
     finally:
         conn.close()
-
-
-def _backfills(pipeline: Path) -> list[dict[str, Any]]:
-    result = run_cli("backfill", str(pipeline), "--list", "--json")
-    assert result.returncode == 0, result
-    rows: list[dict[str, Any]] = json.loads(result.stdout)
-    return rows
 
 
 ITEMS = "SELECT id, name, n, CAST(price AS CHAR) AS price, CAST(at AS CHAR) AS at, doc FROM items"
@@ -467,23 +451,7 @@ def _assert_state_equals_select(
 ) -> None:
     expected = _select(server, database, "SELECT id, n, note FROM orders")
     got = _latest(tmp_path / f"{app}.sqlite", f"{database}.orders")
-    missing = set(expected) - set(got)
-    extra = set(got) - set(expected)
-    wrong = [k for k in set(got) & set(expected) if got[k] != expected[k]]
-    assert not missing and not extra and not wrong, (
-        sorted(missing)[:5],
-        sorted(extra)[:5],
-        wrong[:5],
-    )
-
-
-def _stop(proc: subprocess.Popen[bytes]) -> None:
-    proc.send_signal(signal.SIGTERM)
-    try:
-        assert proc.wait(60) == 0
-    finally:
-        if proc.poll() is None:
-            proc.kill()
+    assert_same_rows(got, expected, app)
 
 
 def test_a_backfill_while_a_writer_changes_the_chunks_being_read(
@@ -548,27 +516,8 @@ def test_kill_9_of_the_publisher_mid_backfill_loses_nothing(
     assert queued.returncode == 0, queued
     writer = Writer(mariadb_server, db, tmp_path / "state", seed=7, keys=rows, spread=2_000)
     writer.start()
-    rnd = random.Random(9)
-    read = 0
     try:
-        for _round in range(2):
-            proc = subprocess.Popen(
-                cli_command("run", str(pipeline)),
-                stdout=subprocess.DEVNULL,
-                stderr=subprocess.DEVNULL,
-            )
-            target = read + rnd.randrange(2_000, 6_000)
-            deadline = time.monotonic() + 120
-            try:
-                while read < target:
-                    assert time.monotonic() < deadline, "the backfill made no progress"
-                    time.sleep(0.05)
-                    [state] = _backfills(pipeline)
-                    read = state["read"]
-                    assert state["state"] in ("queued", "running"), state
-            finally:
-                proc.send_signal(signal.SIGKILL)
-                proc.wait(10)
+        read = kill_mid_backfill(pipeline, rounds=2, seed=9)
     finally:
         writer.halt.set()
         writer.join(30)

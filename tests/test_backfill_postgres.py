@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import random
-import signal
 import sqlite3
 import subprocess
 import threading
@@ -15,6 +14,10 @@ from pathlib import Path
 from typing import Any
 
 import psycopg2
+from backfill_support import assert_same_rows, kill_mid_backfill
+from backfill_support import backfills as _backfills
+from backfill_support import latest as _latest
+from backfill_support import stop as _stop
 
 from wormhole.testing import read_envelopes, run_cli, write_pipeline
 from wormhole.testing.helpers import cli_command, free_port
@@ -39,18 +42,6 @@ def _pipeline(tmp_path: Path, dsn: str, tables: list[str], **extra: Any) -> Path
     )
 
 
-def _latest(path: Path, table: str) -> dict[Any, dict[str, Any]]:
-    """The latest sink's rows of ``table``, by the key's ``id``."""
-    if not path.exists():
-        return {}
-    db = sqlite3.connect(path)
-    try:
-        rows = db.execute("SELECT key, row FROM latest WHERE source_table = ?", (table,)).fetchall()
-    finally:
-        db.close()
-    return {json.loads(k)["id"]: json.loads(r) for k, r in rows}
-
-
 def _table(dsn: str, query: str) -> dict[Any, dict[str, Any]]:
     conn = psycopg2.connect(dsn)
     try:
@@ -60,13 +51,6 @@ def _table(dsn: str, query: str) -> dict[Any, dict[str, Any]]:
             return {row[0]: dict(zip(names, row, strict=True)) for row in cur.fetchall()}
     finally:
         conn.close()
-
-
-def _backfills(pipeline: Path) -> list[dict[str, Any]]:
-    result = run_cli("backfill", str(pipeline), "--list", "--json")
-    assert result.returncode == 0, result
-    rows: list[dict[str, Any]] = json.loads(result.stdout)
-    return rows
 
 
 def test_a_backfill_for_one_application_with_a_condition_and_bad_input(
@@ -214,25 +198,7 @@ def _fill_orders(dsn: str, rows: int) -> None:
 def _assert_state_equals_select(tmp_path: Path, dsn: str, apps: tuple[str, ...]) -> None:
     expected = _table(dsn, "SELECT id, n, note FROM orders")
     for app in apps:
-        got = _latest(tmp_path / f"{app}.sqlite", "public.orders")
-        missing = set(expected) - set(got)
-        extra = set(got) - set(expected)
-        wrong = [k for k in set(got) & set(expected) if got[k] != expected[k]]
-        assert not missing and not extra and not wrong, (
-            app,
-            sorted(missing)[:5],
-            sorted(extra)[:5],
-            wrong[:5],
-        )
-
-
-def _stop(proc: subprocess.Popen[bytes]) -> None:
-    proc.send_signal(signal.SIGTERM)
-    try:
-        assert proc.wait(60) == 0
-    finally:
-        if proc.poll() is None:
-            proc.kill()
+        assert_same_rows(_latest(tmp_path / f"{app}.sqlite", "public.orders"), expected, app)
 
 
 def test_a_backfill_while_a_writer_changes_the_chunks_being_read(
@@ -309,27 +275,8 @@ def test_kill_9_of_the_publisher_mid_backfill_loses_nothing(
     assert queued.returncode == 0, queued
     writer = Writer(postgres_dsn, tmp_path / "state", seed=7, keys=rows, spread=2_000)
     writer.start()
-    rnd = random.Random(9)
-    read = 0
     try:
-        for _round in range(3):
-            proc = subprocess.Popen(
-                cli_command("run", str(pipeline)),
-                stdout=subprocess.DEVNULL,
-                stderr=subprocess.DEVNULL,
-            )
-            target = read + rnd.randrange(2_000, 8_000)
-            deadline = time.monotonic() + 120
-            try:
-                while read < target:
-                    assert time.monotonic() < deadline, "the backfill made no progress"
-                    time.sleep(0.05)
-                    [state] = _backfills(pipeline)
-                    read = state["read"]
-                    assert state["state"] in ("queued", "running"), state
-            finally:
-                proc.send_signal(signal.SIGKILL)
-                proc.wait(10)
+        read = kill_mid_backfill(pipeline, rounds=3, seed=9)
     finally:
         writer.halt.set()
         writer.join(30)
