@@ -36,7 +36,7 @@ from typing import Any
 import psycopg2
 
 sys.path.insert(0, str(Path(__file__).parent))
-from lag import LagSampler, figures
+from lag import LagSampler, figures, time_backfills
 
 from wormhole.core.backfill import BackfillStore
 from wormhole.core.pipeline import parse_pipeline
@@ -176,23 +176,9 @@ applications:
             quiet_start = time.time()
             time.sleep(3.0)  # the stream alone: the lag baseline
             quiet_end = time.time()
-            rates, windows = [], []
-            for _ in range(args.repeat):
-                request = store.add("public.events", None, None, args.chunk_size, 0)
-                running = done = 0.0
-                while True:
-                    state = store.get(request.id)
-                    assert state is not None
-                    if state.state == "running" and not running:
-                        running, running_wall = time.perf_counter(), time.time()
-                    if state.state == "done":
-                        done, done_wall = time.perf_counter(), time.time()
-                        break
-                    assert state.state in ("queued", "running"), state
-                    time.sleep(0.002)
-                assert state.read == args.rows, state
-                rates.append(args.rows / (done - running))
-                windows.append((running_wall, done_wall))
+            rates, windows = time_backfills(
+                store, "public.events", args.rows, args.chunk_size, args.repeat
+            )
             time.sleep(0.5)
         finally:
             ticker.halt.set()

@@ -57,3 +57,29 @@ def figures(lags: list[float]) -> str:
         f"p50 {statistics.median(ordered):6.0f} ms  p99 {p99:6.0f} ms  max {ordered[-1]:6.0f} ms"
         f"  ({len(ordered)} ticks)"
     )
+
+
+def time_backfills(
+    store: Any, table: str, rows: int, chunk_size: int, repeat: int
+) -> tuple[list[float], list[tuple[float, float]]]:
+    """Queue ``repeat`` backfills of ``table`` one after the other in a running publisher's
+    queue (``store``, a BackfillStore) and time each from ``running`` to ``done``: their
+    rates in rows/s, and their (start, end) wall-clock windows for :meth:`LagSampler.between`."""
+    rates, windows = [], []
+    for _ in range(repeat):
+        request = store.add(table, None, None, chunk_size, 0)
+        running = running_wall = 0.0
+        while True:
+            state = store.get(request.id)
+            assert state is not None
+            if state.state == "running" and not running:
+                running, running_wall = time.perf_counter(), time.time()
+            if state.state == "done":
+                done, done_wall = time.perf_counter(), time.time()
+                break
+            assert state.state in ("queued", "running"), state
+            time.sleep(0.002)
+        assert state.read == rows, state
+        rates.append(rows / (done - running))
+        windows.append((running_wall, done_wall))
+    return rates, windows
