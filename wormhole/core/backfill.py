@@ -375,6 +375,8 @@ class Backfiller:
         self.nonce = uuid.uuid4().hex[:12]
         self.sequence = 0
         self.next_poll = 0.0
+        self.retry_at = 0.0
+        """A request could not start (the database away): not before this is it tried again."""
         self.not_before = 0.0
         self.queued = False
         """The store held a request the last time it was read."""
@@ -459,8 +461,8 @@ class Backfiller:
             return
         pending = self.store.active()
         self.queued = bool(pending)
-        if pending and not self.source.backfill_ready():
-            return  # asked again at the next poll
+        if pending and (now < self.retry_at or not self.source.backfill_ready()):
+            return  # asked again at a later poll
         for request in pending:
             if self._activate(request):
                 return
@@ -479,7 +481,7 @@ class Backfiller:
         except Exception as exc:
             # The database is away, say: the request stays queued and is tried again.
             log.warning("%s cannot start yet (%s)", request.describe(), first_line(exc))
-            self.next_poll = time.monotonic() + 2.0
+            self.retry_at = time.monotonic() + 2.0
             return False
         if not self.store.start(request.id, plan.estimate if request.read == 0 else None):
             return False

@@ -141,7 +141,7 @@ class Publisher:
             backfills = self.backfills = BackfillStore(pipeline.state_dir)
             cleanup.callback(backfills.close)
             hub = self._start_delivery(cleanup, store, publisher_log)
-            backfiller = self.backfiller = self._open_backfills(cleanup, source)
+            backfiller = self.backfiller = self._open_backfills(source)
             tailer = self.tailer = Tailer(
                 source,
                 publisher_log,
@@ -384,7 +384,7 @@ class Publisher:
                 continue
             log.info("application %s starts at the log end; %s queued", name, request.describe())
 
-    def _open_backfills(self, cleanup: contextlib.ExitStack, source: Source) -> Backfiller | None:
+    def _open_backfills(self, source: Source) -> Backfiller | None:
         """The backfill queue, and its runner when the source can backfill."""
         store = self.backfills
         if store is None:
