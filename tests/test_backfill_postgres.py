@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import random
+import signal
 import sqlite3
 import subprocess
 import threading
@@ -542,3 +543,49 @@ def test_a_backfill_keeps_to_the_publications_row_filter_and_column_list(
     got = _latest(tmp_path / "a.sqlite", "public.people")
     assert sorted(got) == list(range(11, 51))
     assert got[20] == {"id": 20, "name": "changed"} and got[11] == {"id": 11, "name": "p11"}
+
+
+def test_a_server_restart_mid_backfill_reconnects_and_the_backfill_goes_on(
+    tmp_path: Path, postgres_dsn: str, postgres_server: Any
+) -> None:
+    """PostgreSQL restarted (immediate mode: no clean shutdown) while a backfill runs and a
+    writer changes its rows: the stream, the watermarks' connection and the chunks'
+    connection come back, and the backfill ends with each key as in the table."""
+    from wormhole.testing.postgres import restart_postgres
+
+    rows = 40_000
+    _fill_orders(postgres_dsn, rows)
+    pipeline = _pipeline(tmp_path, postgres_dsn, ["public.orders"])
+    assert run_cli("run", str(pipeline), "--once").returncode == 0
+    queued = run_cli(
+        "backfill",
+        str(pipeline),
+        "--table",
+        "public.orders",
+        "--chunk-size",
+        "1000",
+        "--pause-ms",
+        "20",
+    )
+    assert queued.returncode == 0, queued
+    proc = subprocess.Popen(
+        cli_command("run", str(pipeline)), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while _backfills(pipeline)[0]["read"] < 5_000:
+            assert time.monotonic() < deadline, "no progress before the restart"
+            time.sleep(0.05)
+        restart_postgres(postgres_server, mode="immediate")
+        sql(postgres_dsn, "UPDATE orders SET n = -1 WHERE id % 97 = 0")
+        while (state := _backfills(pipeline)[0])["state"] != "done":
+            assert state["state"] == "running", state
+            assert time.monotonic() < deadline + 120, "the backfill did not end"
+            time.sleep(0.1)
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, err
+    assert b"reconnected to PostgreSQL" in err, err[-2000:]
+    assert run_cli("run", str(pipeline), "--once").returncode == 0
+    _assert_state_equals_select(tmp_path, postgres_dsn, ("a", "b"))
