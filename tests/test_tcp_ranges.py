@@ -211,7 +211,7 @@ def test_subscribers_still_speak_version_1_and_readers_version_2() -> None:
 def test_the_range_cache_keeps_what_it_has_when_full_and_makes_room_from_old_entries() -> None:
     from wormhole.connectors.tcp.ranges import RangeCache
 
-    cache = RangeCache(max_updates=10, seconds=3600)
+    cache = RangeCache(capacity=10, seconds=3600)
     cache.put(0, (6, {}), 6)
     cache.put(6, (12, {}), 6)  # no room: not kept, and the older entry stays
     assert cache.get(0) == (6, {}) and cache.get(6) is None

@@ -9,6 +9,10 @@ that needs column values calls :meth:`Update.after_row` / :meth:`Update.before_r
 
 from __future__ import annotations
 
+import struct
+import sys
+from array import array
+from dataclasses import dataclass
 from typing import Any
 
 import msgspec
@@ -207,3 +211,168 @@ def decode_envelope(line: bytes | str) -> Update:
         txid=src.txid,
         ts_ms=src.ts_ms,
     )
+
+
+# ------------------------------------------------------------------ columns
+COLUMN_STRINGS = ("op", "table", "key", "before", "after", "position", "logical")
+"""The string columns of :class:`UpdateColumns`, in their order."""
+NO_TS = -(1 << 63)
+"""``ts_ms`` of an update without one, in :class:`UpdateColumns`."""
+
+_I32 = struct.Struct("<i")
+_I64 = struct.Struct("<q")
+_BIG = sys.byteorder == "big"
+
+
+def _little(values: array[int]) -> bytes:
+    if _BIG:
+        values.byteswap()
+    return values.tobytes()
+
+
+def _native(typecode: str, data: bytes | memoryview) -> array[int]:
+    values = array(typecode)
+    values.frombytes(data)
+    if _BIG:
+        values.byteswap()
+    return values
+
+
+@dataclass(slots=True)
+class UpdateColumns:
+    """Consecutive updates of one flow a column at a time, in the layouts a columnar engine
+    (Arrow) takes without looking at each update.
+
+    Every number is little-endian. ``seq`` holds the publisher-log seq of each update
+    (int64); ``ts_ms`` its ``ts_ms`` (int64, :data:`NO_TS` for none). Each column of
+    :data:`COLUMN_STRINGS` is ``lengths`` (int32, the byte length of each value) and
+    ``data`` (the UTF-8 values one after the other): ``key`` is the key's JSON, ``before``
+    and ``after`` the rows' raw JSON, empty where the update has none. Only the fields of
+    the Spark source's schema are carried (not ``connector``, ``txid`` or ``audience``).
+    """
+
+    rows: int
+    seq: bytes | memoryview
+    ts_ms: bytes | memoryview
+    lengths: tuple[bytes | memoryview, ...]
+    data: tuple[bytes | memoryview, ...]
+
+    def buffers(self) -> list[bytes | memoryview]:
+        """``seq``, ``ts_ms``, then each string column's ``lengths`` and ``data``."""
+        out = [self.seq, self.ts_ms]
+        for lengths, data in zip(self.lengths, self.data, strict=True):
+            out += (lengths, data)
+        return out
+
+    @classmethod
+    def from_buffers(cls, rows: int, buffers: list[bytes | memoryview]) -> UpdateColumns:
+        """The inverse of :meth:`buffers`; ValueError if the sizes do not add up (values
+        are not decoded: UTF-8 is the consumer's to check)."""
+        strings = len(COLUMN_STRINGS)
+        if rows < 0 or len(buffers) != 2 + 2 * strings:
+            raise ValueError(f"{len(buffers)} buffers for {rows} rows")
+        if len(buffers[0]) != 8 * rows or len(buffers[1]) != 8 * rows:
+            raise ValueError(f"seq or ts_ms is not {rows} int64 values")
+        lengths = tuple(buffers[2::2])
+        data = tuple(buffers[3::2])
+        for name, size, blob in zip(COLUMN_STRINGS, lengths, data, strict=True):
+            if len(size) != 4 * rows:
+                raise ValueError(f"column {name}: not {rows} lengths")
+            values = _native("i", size)
+            if rows and (min(values) < 0 or sum(values) != len(blob)):
+                raise ValueError(f"column {name}: the lengths do not add up to its data")
+        return cls(rows, buffers[0], buffers[1], lengths, data)
+
+    def seqs(self) -> array[int]:
+        return _native("q", self.seq)
+
+    def first_seq(self) -> int:
+        value: int = _I64.unpack_from(self.seq, 0)[0]
+        return value
+
+    def last_seq(self) -> int:
+        value: int = _I64.unpack_from(self.seq, 8 * (self.rows - 1))[0]
+        return value
+
+    @property
+    def nbytes(self) -> int:
+        return sum(len(b) for b in self.buffers())
+
+    def slice(self, start: int, stop: int) -> UpdateColumns:
+        """Rows ``start`` to ``stop - 1``."""
+        start, stop = max(0, start), min(self.rows, stop)
+        if start <= 0 and stop >= self.rows:
+            return self
+        stop = max(start, stop)
+        lengths_out: list[bytes | memoryview] = []
+        data_out: list[bytes | memoryview] = []
+        for size, blob in zip(self.lengths, self.data, strict=True):
+            values = _native("i", size)
+            begin = sum(values[:start])
+            end = begin + sum(values[start:stop])
+            lengths_out.append(memoryview(size)[4 * start : 4 * stop])
+            data_out.append(memoryview(blob)[begin:end])
+        return UpdateColumns(
+            stop - start,
+            memoryview(self.seq)[8 * start : 8 * stop],
+            memoryview(self.ts_ms)[8 * start : 8 * stop],
+            tuple(lengths_out),
+            tuple(data_out),
+        )
+
+    @staticmethod
+    def concat(parts: list[UpdateColumns]) -> UpdateColumns:
+        """The rows of ``parts``, one after the other (the buffers are joined, not parsed)."""
+        if len(parts) == 1:
+            return parts[0]
+        strings = len(COLUMN_STRINGS)
+        return UpdateColumns(
+            sum(p.rows for p in parts),
+            b"".join(p.seq for p in parts),
+            b"".join(p.ts_ms for p in parts),
+            tuple(b"".join(p.lengths[i] for p in parts) for i in range(strings)),
+            tuple(b"".join(p.data[i] for p in parts) for i in range(strings)),
+        )
+
+
+def _string_column(values: list[Any]) -> tuple[bytes, bytes]:
+    return _little(array("i", map(len, values))), b"".join(values)
+
+
+def columns_of(seqs: list[int] | range, updates: list[Update]) -> UpdateColumns:
+    """``updates`` (``seqs[i]`` the seq of ``updates[i]``) as :class:`UpdateColumns`."""
+    null = NULL
+    encode = _json_encode
+    columns = (
+        _string_column([u.op.encode() for u in updates]),
+        _string_column([u.table.encode() for u in updates]),
+        _string_column([encode(u.key) for u in updates]),
+        _string_column([b"" if u.before == null else u.before for u in updates]),
+        _string_column([b"" if u.after == null else u.after for u in updates]),
+        _string_column([u.position.encode() for u in updates]),
+        _string_column([u.logical.encode() for u in updates]),
+    )
+    return UpdateColumns(
+        len(updates),
+        _little(array("q", seqs)),
+        _little(array("q", [NO_TS if u.ts_ms is None else u.ts_ms for u in updates])),
+        tuple(c[0] for c in columns),
+        tuple(c[1] for c in columns),
+    )
+
+
+def split_columns(
+    first_seq: int, updates: list[Update], application: str | None = None
+) -> dict[int, UpdateColumns]:
+    """A publisher-log batch's updates (seqs from ``first_seq``) by shard, as columns; with
+    ``application``, only the updates meant for it (see :func:`for_application`)."""
+    parts: dict[int, tuple[list[int], list[Update]]] = {}
+    for seq, update in enumerate(updates, first_seq):
+        if application is not None and update.audience and update.audience != application:
+            continue
+        part = parts.get(update.shard)
+        if part is None:
+            part = parts[update.shard] = ([], [])
+        part[0].append(seq)
+        part[1].append(update)
+    return {shard: columns_of(seqs, ups) for shard, (seqs, ups) in parts.items()}

@@ -21,7 +21,7 @@ from pydantic import BaseModel, ConfigDict, ValidationInfo, field_validator
 
 from wormhole.core.errors import StateError
 from wormhole.core.progress import Progress
-from wormhole.core.update import Update
+from wormhole.core.update import Update, UpdateColumns
 
 Kind = Literal[
     "source", "sink", "filter", "transport", "position_mapper", "datamarker_store", "registry"
@@ -146,6 +146,16 @@ class RemoteLog(Protocol):
         from them on); returns them as stored (a datamarker never moves back)."""
 
     def close(self) -> None: ...
+
+
+@runtime_checkable
+class ColumnarRemoteLog(RemoteLog, Protocol):
+    """A remote log that can also hand a range over a column at a time: a reader that
+    builds columns (the Spark source builds Arrow record batches) then does not decode
+    each update. Optional: readers fall back to :meth:`RemoteLog.read`."""
+
+    def read_columns(self, shard: int, start: int, end: int) -> Iterator[UpdateColumns]:
+        """What :meth:`RemoteLog.read` returns, as :class:`UpdateColumns` chunks."""
 
 
 class RemoteLogError(StateError):

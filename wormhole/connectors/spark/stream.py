@@ -36,6 +36,7 @@ Two modes:
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -47,6 +48,9 @@ from pyspark.sql.datasource import (
     InputPartition,
 )
 from pyspark.sql.streaming.datasource import SupportsTriggerAvailableNow
+
+from wormhole.core.update import COLUMN_STRINGS, NO_TS, UpdateColumns, columns_of
+from wormhole.plugins.components import ColumnarRemoteLog
 
 SCHEMA = (
     "seq LONG, shard INT, op STRING, `table` STRING, key STRING, before STRING, after STRING, "
@@ -101,57 +105,87 @@ class FlowRange(InputPartition):
 
 
 ARROW_ROWS = 8192
-"""Rows per Arrow record batch a task hands to Spark (columns, not one tuple per row)."""
+"""Rows per Arrow record batch a task builds from the log files (columns, not one tuple per
+row); a network read hands over the publisher's ``columns`` frames, up to 8,192 rows each."""
 
 
-def _batches(
-    chunks: Iterator[tuple[list[int], list[Any]]], shard: int, datastore: str
-) -> Iterator[Any]:
-    """One flow's updates, in chunks of ``(seqs, updates)``, as Arrow record batches of the
-    source's schema (a column at a time: no Python tuple per row; the columns every row
-    shares are repeated by Arrow, not built from Python lists)."""
-    import msgspec
+def _arrow_batches(chunks: Iterator[UpdateColumns], shard: int, datastore: str) -> Iterator[Any]:
+    """One flow's updates, as :class:`UpdateColumns` chunks, as Arrow record batches of the
+    source's schema. The chunks' buffers become the arrays' buffers: no Python object per
+    row or per value (the value offsets are the lengths' running sums, computed by Arrow,
+    and every batch is validated in full, UTF-8 included, before Spark sees it)."""
     import pyarrow as pa
+    import pyarrow.compute as pc
 
-    encode = msgspec.json.Encoder().encode
     schema = _arrow_schema()
-    string, int64 = pa.string(), pa.int64()
-    shard_value, datastore_value = pa.scalar(shard, pa.int32()), pa.scalar(datastore, string)
-    from wormhole.core.update import NULL as null
+    string, int32, int64 = pa.string(), pa.int32(), pa.int64()
+    shard_value, datastore_value = pa.scalar(shard, int32), pa.scalar(datastore, string)
+    zero = pa.array([0], int32)
+    no_ts = pa.scalar(NO_TS, int64)
 
-    for seqs, updates in chunks:
-        if not updates:
+    def numbers(kind: Any, n: int, data: Any) -> Any:
+        return pa.Array.from_buffers(kind, n, [None, pa.py_buffer(_native(data, kind))])
+
+    for columns in chunks:
+        n = columns.rows
+        if not n:
             continue
-        n = len(updates)
-        arrays = [
-            pa.array(seqs, int64),
-            pa.repeat(shard_value, n),
-            pa.array([u.op for u in updates], string),
-            pa.array([u.table for u in updates], string),
-            pa.array([encode(u.key) for u in updates], string),
-            pa.array([None if u.before == null else bytes(u.before) for u in updates], string),
-            pa.array([None if u.after == null else bytes(u.after) for u in updates], string),
-            pa.array([u.position for u in updates], string),
-            pa.array([u.logical for u in updates], string),
-            pa.array([u.ts_ms for u in updates], int64),
-            pa.repeat(datastore_value, n),
-        ]
-        yield pa.RecordBatch.from_arrays(arrays, schema=schema)
+        strings = {}
+        for name, lengths, data in zip(COLUMN_STRINGS, columns.lengths, columns.data, strict=True):
+            sizes = numbers(int32, n, lengths)
+            offsets = pa.concat_arrays([zero, pc.cumulative_sum_checked(sizes)])
+            # Absent row images are empty (a row's JSON never is): null in Spark.
+            valid = pc.not_equal(sizes, 0).buffers()[1] if name in ("before", "after") else None
+            strings[name] = pa.Array.from_buffers(
+                string, n, [valid, offsets.buffers()[1], pa.py_buffer(data)]
+            )
+        ts_ms = numbers(int64, n, columns.ts_ms)
+        ts_ms = pa.Array.from_buffers(
+            int64, n, [pc.not_equal(ts_ms, no_ts).buffers()[1], ts_ms.buffers()[1]]
+        )
+        batch = pa.RecordBatch.from_arrays(
+            [
+                numbers(int64, n, columns.seq),
+                pa.repeat(shard_value, n),
+                strings["op"],
+                strings["table"],
+                strings["key"],
+                strings["before"],
+                strings["after"],
+                strings["position"],
+                strings["logical"],
+                ts_ms,
+                pa.repeat(datastore_value, n),
+            ],
+            schema=schema,
+        )
+        batch.validate(full=True)
+        yield batch
 
 
-def _chunked(
-    pairs: Iterator[tuple[int, Any]], size: int = ARROW_ROWS
-) -> Iterator[tuple[list[int], list[Any]]]:
+def _native(data: Any, kind: Any) -> Any:
+    """Little-endian numbers in this machine's order (Arrow's buffers are native)."""
+    if sys.byteorder == "little":
+        return data
+    from array import array
+
+    values = array("i" if kind.bit_width == 32 else "q")
+    values.frombytes(data)
+    values.byteswap()
+    return values.tobytes()
+
+
+def _chunked(pairs: Iterator[tuple[int, Any]], size: int = ARROW_ROWS) -> Iterator[UpdateColumns]:
     seqs: list[int] = []
     updates: list[Any] = []
     for seq, update in pairs:
         seqs.append(seq)
         updates.append(update)
         if len(seqs) >= size:
-            yield seqs, updates
+            yield columns_of(seqs, updates)
             seqs, updates = [], []
     if seqs:
-        yield seqs, updates
+        yield columns_of(seqs, updates)
 
 
 def _arrow_schema() -> Any:
@@ -185,19 +219,20 @@ def _read_shard(partition: ShardRange) -> Iterator[Any]:
         # A backfill for another application is not this one's.
         if u.shard == shard and (not u.audience or u.audience == application)
     )
-    return _batches(_chunked(updates), shard, getattr(partition, "datastore", ""))
+    return _arrow_batches(_chunked(updates), shard, getattr(partition, "datastore", ""))
 
 
 def _read_flow(partition: FlowRange) -> Iterator[Any]:
     remote = _remote_log(
         partition.transport, partition.address, partition.application, partition.options
     )
+    shard, start, end = partition.shard, partition.start, partition.end
     try:
-        yield from _batches(
-            remote.read(partition.shard, partition.start, partition.end),
-            partition.shard,
-            partition.datastore,
-        )
+        if isinstance(remote, ColumnarRemoteLog):
+            chunks = remote.read_columns(shard, start, end)
+        else:
+            chunks = (columns_of(seqs, ups) for seqs, ups in remote.read(shard, start, end))
+        yield from _arrow_batches(chunks, shard, partition.datastore)
     finally:
         remote.close()
 

@@ -5,11 +5,13 @@ protocol version as u16 big-endian, then carries frames both ways::
 
     frame := length u32 BE   type u8   body (length - 1 bytes)
 
-Bodies are JSON (msgspec); update rows inside batches are the rows' raw JSON.
+Bodies are JSON (msgspec); update rows inside batches are the rows' raw JSON. The one
+exception is ``columns`` (a log reader's range, a column at a time): a JSON head and then
+binary buffers.
 
 Version 2 adds log readers: a ``hello`` with ``mode: "read"`` opens a session that asks
 for an external application's positions, reads one flow's range ``[from, to)`` and
-commits datamarkers (frames 10 to 15). Subscriptions are the same in both versions, so
+commits datamarkers (frames 10 to 16). Subscriptions are the same in both versions, so
 subscribers still say 1 and work with publishers of either.
 """
 
@@ -24,7 +26,7 @@ from typing import Annotated, Any
 
 import msgspec
 
-from wormhole.core.update import Update
+from wormhole.core.update import Update, UpdateColumns
 
 PREAMBLE = b"WORMHOLE"
 VERSION = 2
@@ -54,6 +56,7 @@ READ = 12
 READ_END = 13
 COMMIT = 14
 COMMITTED = 15
+COLUMNS = 16
 
 NAMES = {
     HELLO: "hello",
@@ -71,6 +74,7 @@ NAMES = {
     READ_END: "read-end",
     COMMIT: "commit",
     COMMITTED: "committed",
+    COLUMNS: "columns",
 }
 
 
@@ -159,10 +163,26 @@ class Positions(msgspec.Struct, kw_only=True):
     datastore: str = ""
 
 
+LAYOUTS = ("rows", "columns")
+
+
 class Read(msgspec.Struct, kw_only=True):
     shard: int
     start: int = msgspec.field(name="from")
     end: int = msgspec.field(name="to")
+    layout: str = "rows"
+    """``rows``: ``batch`` frames; ``columns``: ``columns`` frames. A publisher that does not
+    know the field answers with ``batch`` frames, which a reader must take as well."""
+
+
+class ColumnsHead(msgspec.Struct, kw_only=True):
+    """The JSON head of a ``columns`` frame: the buffers' sizes, in their order."""
+
+    shard: int
+    first: int
+    end: int
+    rows: int
+    buffers: list[int]
 
 
 class ReadEnd(msgspec.Struct, kw_only=True):
@@ -275,6 +295,46 @@ def encode_batches(
         (piece(first_id + i, datamarkers if i == last else {}, raws), len(raws))
         for i, raws in enumerate(groups)
     ]
+
+
+_HEAD_SIZE = struct.Struct(">I")
+_decode_columns_head = msgspec.json.Decoder(ColumnsHead).decode
+
+
+def encode_columns(shard: int, first: int, end: int, columns: UpdateColumns) -> bytes:
+    """A ``columns`` frame: head length (u32 BE), the JSON head, then the buffers."""
+    buffers = columns.buffers()
+    head = _encode(
+        ColumnsHead(
+            shard=shard,
+            first=first,
+            end=end,
+            rows=columns.rows,
+            buffers=[len(b) for b in buffers],
+        )
+    )
+    size = _HEAD_SIZE.size + len(head) + sum(len(b) for b in buffers)
+    return b"".join([_LENGTH.pack(size + 1, COLUMNS), _HEAD_SIZE.pack(len(head)), head, *buffers])
+
+
+def decode_columns(payload: bytes) -> tuple[ColumnsHead, UpdateColumns]:
+    """A ``columns`` frame's body; ProtocolError when it does not hold together."""
+    view = memoryview(payload)
+    try:
+        (size,) = _HEAD_SIZE.unpack_from(view, 0)
+        start = _HEAD_SIZE.size + size
+        if start > len(view):
+            raise ValueError("the head is longer than the frame")
+        head = _decode_columns_head(view[_HEAD_SIZE.size : start])
+        if sum(head.buffers) != len(view) - start or min(head.buffers, default=0) < 0:
+            raise ValueError("the buffers do not add up to the frame")
+        buffers: list[bytes | memoryview] = []
+        for length in head.buffers:
+            buffers.append(view[start : start + length])
+            start += length
+        return head, UpdateColumns.from_buffers(head.rows, buffers)
+    except (struct.error, msgspec.DecodeError, ValueError) as exc:
+        raise ProtocolError(f"malformed columns frame: {exc}") from None
 
 
 def preamble(version: int = SUBSCRIBE_VERSION) -> bytes:

@@ -5,7 +5,9 @@ one request at a time:
 
 - ``offsets`` -> ``positions``: the log's extent and the application's stored datamarkers;
 - ``read {shard, from, to}`` -> ``batch`` frames with that shard's updates of ``[from, to)``
-  (each with the ``seqs`` of its updates), then ``read-end``;
+  (each with the ``seqs`` of its updates), then ``read-end``; with ``layout: "columns"``,
+  ``columns`` frames instead (the updates a column at a time, see
+  :class:`wormhole.core.update.UpdateColumns`);
 - ``commit {datamarkers}`` -> ``committed``: the application's datamarkers, stored durably
   at the publisher, which keeps its log from them on.
 
@@ -15,19 +17,22 @@ transport's ``remote_log`` (the Spark source's network mode uses it on executors
 
 from __future__ import annotations
 
+import bisect
 import contextlib
+import itertools
 import logging
 import socket
 import ssl
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 import msgspec
 
 from wormhole.connectors.tcp import protocol as p
-from wormhole.core.update import Update
+from wormhole.core.publisher_log import Batch
+from wormhole.core.update import Update, UpdateColumns, columns_of, split_columns
 from wormhole.plugins.components import (
     Datamarker,
     LogPositions,
@@ -131,6 +136,8 @@ class ReaderSession:
             raise _Refused(
                 f"bad read: shard {shard} (0 to {self.hub.shards - 1}), range [{start}, {end})"
             )
+        if request.layout not in p.LAYOUTS:
+            raise _Refused(f"bad read: layout {request.layout!r} (rows or columns)")
         first, log_end = self.hub.log_range()
         if start < first and start < end:
             raise _Refused(
@@ -146,14 +153,25 @@ class ReaderSession:
                 f"(it ends at {log_end}): the reader's positions come from another log"
             )
         self.sock.settimeout(READ_SEND_TIMEOUT_S)
-        limit = int(self.server.options.max_batch_frame)
-        count = 0
-        seqs: list[int] = []
-        updates: list[Update] = []
-        size = 0
-        first_of_frame = start
-        cache = _cache_of(self.server)
-        application = self.application
+        if request.layout == "columns":
+            count = self._read_columns(shard, start, end)
+        else:
+            count = self._read_rows(shard, start, end)
+        done = p.ReadEnd(shard=shard, start=start, end=end, updates=count)
+        self._send(p.encode(p.READ_END, done))
+        self.sock.settimeout(self.server.options.heartbeat_timeout_ms / 1000.0)
+
+    def _walk(
+        self,
+        shard: int,
+        start: int,
+        end: int,
+        cache: RangeCache,
+        split: Callable[[Batch], tuple[dict[int, Any], int | None]],
+    ) -> Iterator[Any]:
+        """The shard's part of every publisher-log batch from ``start`` until ``end``, as
+        ``split`` makes it from a batch (``(parts by shard, weight to cache them by, or
+        None not to)``), through ``cache``: the flows of one range split each batch once."""
         cursor: Any = None
         position = start
         try:
@@ -172,35 +190,103 @@ class ReaderSession:
                             f"shard {shard}: the publisher log ends at {position}, before "
                             f"the end of the range {end}"
                         )
-                    hit = (batch.end_seq, _split(batch.first_seq, batch.updates))
-                    if position != start:  # a whole batch (the first may be cut at start)
-                        cache.put(position, hit, len(batch.updates))
-                end_seq, split = hit
-                for seq, update in zip(*split.get(shard, ((), ())), strict=True):
-                    if seq >= end:
-                        break
-                    if seq < start:
-                        continue
-                    if update.audience and update.audience != application:
-                        continue  # a backfill for another application
-                    seqs.append(seq)
-                    updates.append(update)
-                    size += len(update.before) + len(update.after) + 200
-                    if len(updates) >= FRAME_UPDATES or size >= limit // 2:
-                        self._send_updates(first_of_frame, seq + 1, seqs, updates, limit)
-                        count += len(updates)
-                        first_of_frame = seq + 1
-                        seqs, updates, size = [], [], 0
+                    parts, weight = split(batch)
+                    hit = (batch.end_seq, parts)
+                    if position != start and weight is not None:
+                        # A whole batch (the first may be cut at start).
+                        cache.put(position, hit, weight)
+                end_seq, parts = hit
+                yield parts.get(shard)
                 position = end_seq
         finally:
             if cursor is not None:
                 cursor.close()
+
+    def _read_rows(self, shard: int, start: int, end: int) -> int:
+        limit = int(self.server.options.max_batch_frame)
+        count = 0
+        seqs: list[int] = []
+        updates: list[Update] = []
+        size = 0
+        first_of_frame = start
+        application = self.application
+        cache = _cache_of(self.server, "range_cache", CACHE_UPDATES)
+
+        def split(batch: Batch) -> tuple[dict[int, Any], int | None]:
+            return _split(batch.first_seq, batch.updates), len(batch.updates)
+
+        for part in self._walk(shard, start, end, cache, split):
+            for seq, update in zip(*(part or ((), ())), strict=True):
+                if seq >= end:
+                    break
+                if seq < start:
+                    continue
+                if update.audience and update.audience != application:
+                    continue  # a backfill for another application
+                seqs.append(seq)
+                updates.append(update)
+                size += len(update.before) + len(update.after) + 200
+                if len(updates) >= FRAME_UPDATES or size >= limit // 2:
+                    self._send_updates(first_of_frame, seq + 1, seqs, updates, limit)
+                    count += len(updates)
+                    first_of_frame = seq + 1
+                    seqs, updates, size = [], [], 0
         if updates:
             self._send_updates(first_of_frame, end, seqs, updates, limit)
             count += len(updates)
-        done = p.ReadEnd(shard=shard, start=start, end=end, updates=count)
-        self._send(p.encode(p.READ_END, done))
-        self.sock.settimeout(self.server.options.heartbeat_timeout_ms / 1000.0)
+        return count
+
+    def _read_columns(self, shard: int, start: int, end: int) -> int:
+        limit = int(self.server.options.max_batch_frame)
+        application = self.application
+        cache = _cache_of(self.server, "column_cache", COLUMN_CACHE_BYTES)
+
+        def split(batch: Batch) -> tuple[dict[int, Any], int | None]:
+            updates = batch.updates
+            if updates and (updates[0].audience or updates[-1].audience):
+                # A backfill's batch, for one application: split for this one, not cached.
+                return split_columns(batch.first_seq, updates, application), None
+            parts = split_columns(batch.first_seq, updates)
+            return parts, sum(part.nbytes for part in parts.values())
+
+        count = 0
+        pending: list[UpdateColumns] = []
+        rows = size = 0
+        first_of_frame = start
+        for part in self._walk(shard, start, end, cache, split):
+            if part is None or not part.rows:
+                continue
+            if part.first_seq() < start or part.last_seq() >= end:
+                seqs = part.seqs()
+                part = part.slice(bisect.bisect_left(seqs, start), bisect.bisect_left(seqs, end))
+                if not part.rows:
+                    continue
+            pending.append(part)
+            rows += part.rows
+            size += part.nbytes
+            if rows >= FRAME_ROWS or size >= limit // 2:
+                next_first = part.last_seq() + 1
+                self._send_columns(shard, first_of_frame, next_first, pending, limit)
+                count += rows
+                first_of_frame = next_first
+                pending, rows, size = [], 0, 0
+        if pending:
+            self._send_columns(shard, first_of_frame, end, pending, limit)
+            count += rows
+        return count
+
+    def _send_columns(
+        self, shard: int, first: int, end: int, parts: list[UpdateColumns], limit: int
+    ) -> None:
+        columns = UpdateColumns.concat(parts)
+        frame = p.encode_columns(shard, first, end, columns)
+        if len(frame) > limit and columns.rows > 1:
+            half = columns.rows // 2
+            middle = columns.seqs()[half]
+            self._send_columns(shard, first, middle, [columns.slice(0, half)], limit)
+            self._send_columns(shard, middle, end, [columns.slice(half, columns.rows)], limit)
+            return
+        self._send(frame)
 
     def _send_updates(
         self, first: int, end: int, seqs: list[int], updates: list[Update], limit: int
@@ -253,7 +339,11 @@ class ReaderSession:
 
 
 CACHE_UPDATES = 1 << 18
-"""Updates the range cache holds at most (about 128 MiB of rows of 500 bytes)."""
+"""Updates the cache of ``rows`` reads holds at most (about 128 MiB of rows of 500 bytes)."""
+COLUMN_CACHE_BYTES = 128 << 20
+"""Bytes of columns the cache of ``columns`` reads holds at most."""
+FRAME_ROWS = 8192
+"""Updates per ``columns`` frame of a read, at most (and at most ``max_batch_frame`` bytes)."""
 CACHE_SECONDS = 60.0
 """A cached batch older than this makes room for a new one."""
 
@@ -262,37 +352,38 @@ class RangeCache:
     """Publisher-log batches split by shard, shared by the log readers of one publisher.
 
     Readers of one micro-batch each read one flow of the same range: the first to read a
-    batch decodes and splits it, the others take their shard's part. When full, entries older
-    than ``CACHE_SECONDS`` make room; otherwise new batches are not kept (a range larger than
-    the cache is then partly cached for every reader, rather than evicted ahead of each).
+    batch decodes and splits it, the others take their shard's part. Entries weigh what the
+    reader says (updates, or bytes); when full, entries older than ``CACHE_SECONDS`` make
+    room; otherwise new batches are not kept (a range larger than the cache is then partly
+    cached for every reader, rather than evicted ahead of each).
     """
 
-    def __init__(self, max_updates: int = CACHE_UPDATES, seconds: float = CACHE_SECONDS) -> None:
-        self.max_updates = max_updates
+    def __init__(self, capacity: int = CACHE_UPDATES, seconds: float = CACHE_SECONDS) -> None:
+        self.capacity = capacity
         self.seconds = seconds
         self.lock = threading.Lock()
-        self.entries: dict[int, tuple[float, int, tuple[int, _Split]]] = {}
-        self.updates = 0
+        self.entries: dict[int, tuple[float, int, tuple[int, dict[int, Any]]]] = {}
+        self.weight = 0
 
-    def get(self, first: int) -> tuple[int, _Split] | None:
+    def get(self, first: int) -> tuple[int, dict[int, Any]] | None:
         with self.lock:
             entry = self.entries.get(first)
         return None if entry is None else entry[2]
 
-    def put(self, first: int, value: tuple[int, _Split], updates: int) -> None:
+    def put(self, first: int, value: tuple[int, dict[int, Any]], weight: int) -> None:
         now = time.monotonic()
         with self.lock:
             if first in self.entries:
                 return
-            if self.updates + updates > self.max_updates:
+            if self.weight + weight > self.capacity:
                 for key, (added, count, _) in list(self.entries.items()):
                     if now - added > self.seconds:
                         del self.entries[key]
-                        self.updates -= count
-            if self.updates + updates > self.max_updates:
+                        self.weight -= count
+            if self.weight + weight > self.capacity:
                 return
-            self.entries[first] = (now, updates, value)
-            self.updates += updates
+            self.entries[first] = (now, weight, value)
+            self.weight += weight
 
 
 _Split = dict[int, tuple[list[int], list[Update]]]
@@ -313,11 +404,13 @@ def _split(first: int, batch: list[Update]) -> _Split:
 _caches_lock = threading.Lock()
 
 
-def _cache_of(server: Any) -> RangeCache:
+def _cache_of(server: Any, name: str, capacity: int) -> RangeCache:
+    """The publisher's cache ``name`` (one per kind of read), made on first use."""
     with _caches_lock:
-        cache: RangeCache | None = getattr(server, "range_cache", None)
+        cache: RangeCache | None = getattr(server, name, None)
         if cache is None:
-            cache = server.range_cache = RangeCache()
+            cache = RangeCache(capacity)
+            setattr(server, name, cache)
         return cache
 
 
@@ -472,16 +565,30 @@ class TcpRemoteLog:
         return dict(body.datamarkers)
 
     def read(self, shard: int, start: int, end: int) -> Iterator[tuple[list[int], list[Update]]]:
+        for kind, body in self._range(shard, start, end, "rows"):
+            if kind != p.BATCH:
+                raise RemoteLogError(
+                    f"publisher {self.address}: shard {shard}: a columns frame in a read of rows"
+                )
+            yield body.seqs, body.updates
+
+    def read_columns(self, shard: int, start: int, end: int) -> Iterator[UpdateColumns]:
+        for kind, body in self._range(shard, start, end, "columns"):
+            # A publisher from before columns answers with rows: made columns here.
+            yield body if kind == p.COLUMNS else columns_of(body.seqs, body.updates)
+
+    def _range(self, shard: int, start: int, end: int, layout: str) -> Iterator[tuple[int, Any]]:
+        """The frames of a read, checked: every update of the shard, in order, each once."""
         if start >= end:
             return
         with self._session() as sock:
-            sock.sendall(p.encode(p.READ, p.Read(shard=shard, start=start, end=end)))
+            sock.sendall(p.encode(p.READ, p.Read(shard=shard, start=start, end=end, layout=layout)))
             count = 0
             last = start - 1
             while True:
                 kind, body = self._read_frame(sock)
                 if kind == p.BATCH:
-                    seqs: list[int] = body.seqs
+                    seqs: Any = body.seqs
                     if len(seqs) != len(body.updates) or any(
                         u.shard != shard for u in body.updates
                     ):
@@ -489,15 +596,16 @@ class TcpRemoteLog:
                             f"publisher {self.address}: shard {shard}: a batch of the range "
                             f"[{start}, {end}) does not match its seqs or shard"
                         )
-                    if seqs:
-                        if not (last < seqs[0] and seqs[-1] < end and seqs == sorted(seqs)):
-                            raise RemoteLogError(
-                                f"publisher {self.address}: shard {shard}: seqs out of order "
-                                f"in the range [{start}, {end})"
-                            )
-                        last = seqs[-1]
-                        yield seqs, body.updates
-                    count += len(body.updates)
+                    rows = len(seqs)
+                elif kind == p.COLUMNS:
+                    head, body = body
+                    if head.shard != shard:
+                        raise RemoteLogError(
+                            f"publisher {self.address}: shard {shard}: a columns frame of "
+                            f"shard {head.shard} in the range [{start}, {end})"
+                        )
+                    seqs = body.seqs()
+                    rows = body.rows
                 elif kind == p.READ_END:
                     if body.updates != count:
                         raise RemoteLogError(
@@ -505,11 +613,26 @@ class TcpRemoteLog:
                             f"{end}) held {body.updates} updates, {count} arrived"
                         )
                     return
-                elif kind != p.HEARTBEAT:
+                elif kind == p.HEARTBEAT:
+                    continue
+                else:
                     raise RemoteLogError(
                         f"publisher {self.address}: unexpected {p.NAMES.get(kind, kind)} frame "
                         f"during a read"
                     )
+                if rows:
+                    if not (
+                        last < seqs[0]
+                        and seqs[-1] < end
+                        and all(a < b for a, b in itertools.pairwise(seqs))
+                    ):
+                        raise RemoteLogError(
+                            f"publisher {self.address}: shard {shard}: seqs out of order "
+                            f"in the range [{start}, {end})"
+                        )
+                    last = seqs[-1]
+                    yield kind, body
+                count += rows
 
     def _read_frame(self, sock: socket.socket | ssl.SSLSocket) -> tuple[int, Any]:
         started = time.monotonic()
@@ -534,6 +657,11 @@ class TcpRemoteLog:
                 return kind, _decode_read_batch(payload)
             except msgspec.DecodeError as exc:
                 raise RemoteLogError(f"publisher {self.address}: malformed batch: {exc}") from exc
+        if kind == p.COLUMNS:
+            try:
+                return kind, p.decode_columns(payload)
+            except p.ProtocolError as exc:
+                raise RemoteLogError(f"publisher {self.address}: {exc}") from exc
         if kind == p.REFUSE:
             refuse = msgspec.json.decode(payload, type=p.Refuse)
             raise RemoteLogError(
