@@ -13,6 +13,7 @@ import logging
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from wormhole.core.assignment import spread
 from wormhole.core.flows import FlowState
@@ -327,8 +328,8 @@ class Hub:
         publisher_log = self._log()
         return publisher_log.first_seq, publisher_log.next_seq
 
-    def read_log(self, position: int) -> LogReader:
-        return self._log().reader(position)
+    def read_log(self, position: int, row_type: type[Any] = Update) -> LogReader:
+        return self._log().reader(position, row_type)
 
     def wait_for_log(self, position: int, timeout: float) -> bool:
         return self._log().wait_for(position, timeout)

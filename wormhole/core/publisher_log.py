@@ -83,6 +83,16 @@ class SegmentHeader(msgspec.Struct):
 _batch_decoder = msgspec.json.Decoder(tuple[Raw, list[Update]])
 _updates_only_decoder = msgspec.json.Decoder(tuple[Any, list[Update]])
 _header_decoder = msgspec.json.Decoder(SegmentHeader)
+_row_decoders: dict[type[Any], msgspec.json.Decoder[Any]] = {}
+
+
+def _row_decoder(row_type: type[Any]) -> msgspec.json.Decoder[Any]:
+    decoder = _row_decoders.get(row_type)
+    if decoder is None:
+        decoder = _row_decoders[row_type] = msgspec.json.Decoder(tuple[Any, list[row_type]])  # type: ignore[valid-type]
+    return decoder
+
+
 _encoder = msgspec.json.Encoder()
 
 
@@ -563,8 +573,11 @@ class PublisherLog:
             self.appended.wait(timeout)
             return self.next_seq > seq
 
-    def reader(self, position: int) -> LogReader:
-        return LogReader(self, position)
+    def reader(self, position: int, row_type: type[Any] = Update) -> LogReader:
+        """A reader from ``position``. ``row_type``: what updates read from disk are decoded
+        as (a lighter struct with the fields of :class:`Update` a reader needs, such as
+        :class:`wormhole.core.update.ColumnRow`); those still in memory are Updates."""
+        return LogReader(self, position, row_type)
 
     def _from_tail(self, position: int) -> Batch | None:
         # Caller holds the lock.
@@ -629,9 +642,12 @@ class PublisherLog:
 class LogReader:
     """Reads batches in order from ``position``: from memory at the tail, else from disk."""
 
-    def __init__(self, publisher_log: PublisherLog, position: int) -> None:
+    def __init__(
+        self, publisher_log: PublisherLog, position: int, row_type: type[Any] = Update
+    ) -> None:
         self.publisher_log = publisher_log
         self.position = position
+        self._decoder = _updates_only_decoder if row_type is Update else _row_decoder(row_type)
         self.bytes_read = 0
         self._file: BinaryIO | None = None
         self._file_path: Path | None = None
@@ -710,7 +726,7 @@ class LogReader:
             )
         f = self._open(segment)
         record = read_record_at(f, str(segment.path), offset)
-        _, updates = _updates_only_decoder.decode(record.payload)
+        _, updates = self._decoder.decode(record.payload)
         size = HEADER_SIZE + len(record.payload)
         self.bytes_read += size
         with self.publisher_log._lock:

@@ -9,6 +9,7 @@ that needs column values calls :meth:`Update.after_row` / :meth:`Update.before_r
 
 from __future__ import annotations
 
+import bisect
 import struct
 import sys
 from array import array
@@ -335,44 +336,126 @@ class UpdateColumns:
         )
 
 
-def _string_column(values: list[Any]) -> tuple[bytes, bytes]:
-    return _little(array("i", map(len, values))), b"".join(values)
+class ColumnRow(msgspec.Struct, gc=False):
+    """An update as :class:`UpdateColumns` needs it, decoded from the publisher log without
+    the rest: the key stays raw JSON (no dictionary is made, nor encoded again)."""
+
+    key: Raw
+    op: str = "c"
+    before: Raw = NULL
+    after: Raw = NULL
+    table: str = ""
+    shard: int = 0
+    position: str = ""
+    logical: str = ""
+    ts_ms: int | None = None
+    audience: str = ""
 
 
-def columns_of(seqs: list[int] | range, updates: list[Update]) -> UpdateColumns:
-    """``updates`` (``seqs[i]`` the seq of ``updates[i]``) as :class:`UpdateColumns`."""
+def _texts(values: list[str]) -> tuple[array[int], bytes]:
+    """A string column's lengths (in bytes) and data, encoded in one go when all ASCII."""
+    lengths = array("i", map(len, values))
+    data = "".join(values).encode()
+    if len(data) != sum(lengths):  # not all ASCII: lengths in bytes, value by value
+        encoded = [v.encode() for v in values]
+        lengths = array("i", map(len, encoded))
+        data = b"".join(encoded)
+    return lengths, data
+
+
+def _blobs(values: list[Any]) -> tuple[array[int], bytes]:
+    return array("i", map(len, values)), b"".join(values)
+
+
+def _columns(
+    seqs: list[int] | range, updates: list[Any]
+) -> tuple[array[int], array[int], list[tuple[array[int], bytes]]]:
+    """``updates`` (:class:`Update` or :class:`ColumnRow`) as native arrays and data."""
     null = NULL
-    encode = _json_encode
-    columns = (
-        _string_column([u.op.encode() for u in updates]),
-        _string_column([u.table.encode() for u in updates]),
-        _string_column([encode(u.key) for u in updates]),
-        _string_column([b"" if u.before == null else u.before for u in updates]),
-        _string_column([b"" if u.after == null else u.after for u in updates]),
-        _string_column([u.position.encode() for u in updates]),
-        _string_column([u.logical.encode() for u in updates]),
-    )
+    if updates and isinstance(updates[0].key, Raw):
+        keys = [u.key for u in updates]
+    else:
+        encode = _json_encode
+        keys = [encode(u.key) for u in updates]
+    strings = [
+        _texts([u.op for u in updates]),
+        _texts([u.table for u in updates]),
+        _blobs(keys),
+        _blobs([b"" if u.before == null else u.before for u in updates]),
+        _blobs([b"" if u.after == null else u.after for u in updates]),
+        _texts([u.position for u in updates]),
+        _texts([u.logical for u in updates]),
+    ]
+    ts = array("q", [NO_TS if u.ts_ms is None else u.ts_ms for u in updates])
+    return array("q", seqs), ts, strings
+
+
+def _piece(
+    seq: array[int],
+    ts: array[int],
+    strings: list[tuple[array[int], bytes]],
+    offsets: list[int],
+    start: int,
+    stop: int,
+) -> UpdateColumns:
+    """Rows ``start`` to ``stop - 1`` of whole-batch columns; ``offsets`` holds each string
+    column's byte offset at ``start`` and is moved on to ``stop``."""
+    lengths_out: list[bytes | memoryview] = []
+    data_out: list[bytes | memoryview] = []
+    for i, (lengths, data) in enumerate(strings):
+        begin = offsets[i]
+        end = begin + sum(lengths[start:stop])
+        offsets[i] = end
+        lengths_out.append(_little(lengths[start:stop]))
+        data_out.append(memoryview(data)[begin:end])
     return UpdateColumns(
-        len(updates),
-        _little(array("q", seqs)),
-        _little(array("q", [NO_TS if u.ts_ms is None else u.ts_ms for u in updates])),
-        tuple(c[0] for c in columns),
-        tuple(c[1] for c in columns),
+        stop - start,
+        _little(seq[start:stop]),
+        _little(ts[start:stop]),
+        tuple(lengths_out),
+        tuple(data_out),
     )
+
+
+def columns_of(seqs: list[int] | range, updates: list[Any]) -> UpdateColumns:
+    """``updates`` (``seqs[i]`` the seq of ``updates[i]``) as :class:`UpdateColumns`."""
+    seq, ts, strings = _columns(seqs, updates)
+    return _piece(seq, ts, strings, [0] * len(strings), 0, len(updates))
 
 
 def split_columns(
-    first_seq: int, updates: list[Update], application: str | None = None
+    first_seq: int, updates: list[Any], application: str | None = None
 ) -> dict[int, UpdateColumns]:
     """A publisher-log batch's updates (seqs from ``first_seq``) by shard, as columns; with
-    ``application``, only the updates meant for it (see :func:`for_application`)."""
-    parts: dict[int, tuple[list[int], list[Update]]] = {}
-    for seq, update in enumerate(updates, first_seq):
-        if application is not None and update.audience and update.audience != application:
-            continue
-        part = parts.get(update.shard)
-        if part is None:
-            part = parts[update.shard] = ([], [])
-        part[0].append(seq)
-        part[1].append(update)
-    return {shard: columns_of(seqs, ups) for shard, (seqs, ups) in parts.items()}
+    ``application``, only the updates meant for it (see :func:`for_application`).
+
+    The batch is ordered by shard once (stably: each shard's updates keep their order) and
+    made columns once; each shard's columns are then a run of them.
+    """
+    seqs: list[int] | range = range(first_seq, first_seq + len(updates))
+    if application is not None:
+        kept = [
+            (seq, u)
+            for seq, u in zip(seqs, updates, strict=True)
+            if not u.audience or u.audience == application
+        ]
+        seqs = [seq for seq, _ in kept]
+        updates = [u for _, u in kept]
+    if not updates:
+        return {}
+    shards = [u.shard for u in updates]
+    if shards.count(shards[0]) != len(shards):
+        order = sorted(range(len(shards)), key=shards.__getitem__)
+        updates = [updates[i] for i in order]
+        seqs = [seqs[i] for i in order]
+        shards = [shards[i] for i in order]
+    seq, ts, strings = _columns(seqs, updates)
+    offsets = [0] * len(strings)
+    out: dict[int, UpdateColumns] = {}
+    start = 0
+    while start < len(shards):
+        shard = shards[start]
+        stop = bisect.bisect_right(shards, shard, start)
+        out[shard] = _piece(seq, ts, strings, offsets, start, stop)
+        start = stop
+    return out

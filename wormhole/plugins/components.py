@@ -547,8 +547,10 @@ class PublisherView(Protocol):
     def log_range(self) -> tuple[int, int]:
         """The retained publisher log: (first seq, seq after the last update)."""
 
-    def read_log(self, position: int) -> LogCursor:
-        """A reader of the publisher log from ``position``."""
+    def read_log(self, position: int, row_type: type[Any] = Update) -> LogCursor:
+        """A reader of the publisher log from ``position``. ``row_type``: what updates read
+        from disk are decoded as, for a reader that needs only some of their fields (such
+        as :class:`wormhole.core.update.ColumnRow`); updates still in memory are Updates."""
 
     def wait_for_log(self, position: int, timeout: float) -> bool:
         """Wait until the log holds updates past ``position``; False on timeout."""

@@ -32,7 +32,7 @@ import msgspec
 
 from wormhole.connectors.tcp import protocol as p
 from wormhole.core.publisher_log import Batch
-from wormhole.core.update import Update, UpdateColumns, columns_of, split_columns
+from wormhole.core.update import ColumnRow, Update, UpdateColumns, columns_of, split_columns
 from wormhole.plugins.components import (
     Datamarker,
     LogPositions,
@@ -168,6 +168,7 @@ class ReaderSession:
         end: int,
         cache: RangeCache,
         split: Callable[[Batch], tuple[dict[int, Any], int | None]],
+        row_type: type[Any] = Update,
     ) -> Iterator[Any]:
         """The shard's part of every publisher-log batch from ``start`` until ``end``, as
         ``split`` makes it from a batch (``(parts by shard, weight to cache them by, or
@@ -176,25 +177,27 @@ class ReaderSession:
         position = start
         try:
             while position < end:
-                hit = cache.get(position)
-                if hit is None:
+
+                def make(at: int = position) -> tuple[tuple[int, dict[int, Any]], int | None]:
+                    nonlocal cursor
                     if cursor is None:
-                        cursor = self.hub.read_log(position)
-                    cursor.position = position
+                        cursor = self.hub.read_log(at, row_type)
+                    cursor.position = at
                     try:
                         batch = cursor.read()
                     except LookupError as exc:
                         raise _Refused(f"shard {shard}: {exc}") from None
                     if batch is None:
                         raise _Refused(
-                            f"shard {shard}: the publisher log ends at {position}, before "
-                            f"the end of the range {end}"
+                            f"shard {shard}: the publisher log ends at {at}, before the end "
+                            f"of the range {end}"
                         )
+                    # The entry holds the updates from ``at`` on (the batch is cut there
+                    # when a range starts inside it): what any reader at ``at`` needs.
                     parts, weight = split(batch)
-                    hit = (batch.end_seq, parts)
-                    if position != start and weight is not None:
-                        # A whole batch (the first may be cut at start).
-                        cache.put(position, hit, weight)
+                    return (batch.end_seq, parts), weight
+
+                hit = cache.get_or_make(position, make)
                 end_seq, parts = hit
                 yield parts.get(shard)
                 position = end_seq
@@ -253,7 +256,7 @@ class ReaderSession:
         pending: list[UpdateColumns] = []
         rows = size = 0
         first_of_frame = start
-        for part in self._walk(shard, start, end, cache, split):
+        for part in self._walk(shard, start, end, cache, split, ColumnRow):
             if part is None or not part.rows:
                 continue
             if part.first_seq() < start or part.last_seq() >= end:
@@ -345,6 +348,9 @@ COLUMN_CACHE_BYTES = 128 << 20
 FRAME_ROWS = 8192
 """Updates per ``columns`` frame of a read, at most (and at most ``max_batch_frame`` bytes)."""
 CACHE_SECONDS = 60.0
+BUILD_WAIT_S = 5.0
+"""How long a reader waits for another that is making the entry it needs, before making its
+own."""
 """A cached batch older than this makes room for a new one."""
 
 
@@ -364,11 +370,48 @@ class RangeCache:
         self.lock = threading.Lock()
         self.entries: dict[int, tuple[float, int, tuple[int, dict[int, Any]]]] = {}
         self.weight = 0
+        self.building: dict[int, threading.Event] = {}
+        """Entries a reader is making now: the others wait for it rather than make their own
+        (the flows of a range are read side by side, and would each decode every batch)."""
+        self.builds = 0
+        """How many entries readers made (a test's measure of what the cache saved)."""
 
     def get(self, first: int) -> tuple[int, dict[int, Any]] | None:
         with self.lock:
             entry = self.entries.get(first)
         return None if entry is None else entry[2]
+
+    def get_or_make(
+        self,
+        first: int,
+        make: Callable[[], tuple[tuple[int, dict[int, Any]], int | None]],
+    ) -> tuple[int, dict[int, Any]]:
+        """The entry at ``first``, made by ``make`` (``(entry, weight or None not to keep
+        it)``) unless another reader is making it: then once it has, or has failed."""
+        while True:
+            with self.lock:
+                entry = self.entries.get(first)
+                if entry is not None:
+                    return entry[2]
+                pending = self.building.get(first)
+                if pending is None:
+                    pending = self.building[first] = threading.Event()
+                    break
+            if not pending.wait(BUILD_WAIT_S):
+                self.builds += 1
+                return make()[0]  # it takes too long: make it here too
+            # Made: kept (found above), or not kept or failed (then made here).
+        try:
+            self.builds += 1
+            value, weight = make()
+            if weight is not None:
+                self.put(first, value, weight)
+            return value
+        finally:
+            with self.lock:
+                if self.building.get(first) is pending:
+                    del self.building[first]
+            pending.set()
 
     def put(self, first: int, value: tuple[int, dict[int, Any]], weight: int) -> None:
         now = time.monotonic()
