@@ -7,15 +7,18 @@ remote subscribers.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pydantic import Field
 
-from wormhole.core.dead_letters import guard_sink
 from wormhole.core.errors import ConfigError
-from wormhole.core.subscriber import LocalSubscriber, open_sink
 from wormhole.plugins.components import ComponentSpec, Options, PublisherView
 from wormhole.plugins.hookspecs import hookimpl
+
+if TYPE_CHECKING:
+    # Imported where used: loading the plugin (every process that looks a component up, a
+    # Spark task's included) should not load the subscriber machinery.
+    from wormhole.core.subscriber import LocalSubscriber
 
 
 class InprocessOptions(Options):
@@ -52,6 +55,9 @@ class InprocessTransport:
         n = app.config.subscribers
         component = app.config.sink
         assert component is not None, "validation requires a sink with this transport"
+        from wormhole.core.dead_letters import guard_sink
+        from wormhole.core.subscriber import LocalSubscriber, open_sink
+
         for index in range(n):
             sink = open_sink(component, pipeline, app.config, index)
             subscriber = LocalSubscriber(

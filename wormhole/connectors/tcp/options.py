@@ -72,6 +72,12 @@ class TcpOptions(Options):
         description="largest batch frame sent to a subscriber: larger publisher-log batches "
         "are split into several frames",
     )
+    read_cache: ByteSize = Field(
+        ByteSize(256 << 20),
+        ge=0,
+        description="memory the log readers' cache may hold: the flows of one range (a Spark "
+        "micro-batch) decode each publisher-log batch once while it fits (0: no cache)",
+    )
     datamarker_updates: int = Field(
         10_000, ge=1, description="send a flow's datamarker at least every N updates ..."
     )

@@ -88,6 +88,10 @@ class ReaderSession:
                     kind, body = p.read_frame(self.sock, max_frame)
                 except TimeoutError:
                     return  # an idle reader: it connects again for its next request
+                for name in ("range_cache", "column_cache"):
+                    cache: RangeCache | None = getattr(self.server, name, None)
+                    if cache is not None:
+                        cache.expire()
                 if kind == p.OFFSETS:
                     self._send(p.encode(p.POSITIONS, self._positions()))
                 elif kind == p.READ:
@@ -242,7 +246,7 @@ class ReaderSession:
     def _read_columns(self, shard: int, start: int, end: int) -> int:
         limit = int(self.server.options.max_batch_frame)
         application = self.application
-        cache = _cache_of(self.server, "column_cache", COLUMN_CACHE_BYTES)
+        cache = _cache_of(self.server, "column_cache", int(self.server.options.read_cache))
 
         def split(batch: Batch) -> tuple[dict[int, Any], int | None]:
             updates = batch.updates
@@ -343,8 +347,6 @@ class ReaderSession:
 
 CACHE_UPDATES = 1 << 18
 """Updates the cache of ``rows`` reads holds at most (about 128 MiB of rows of 500 bytes)."""
-COLUMN_CACHE_BYTES = 128 << 20
-"""Bytes of columns the cache of ``columns`` reads holds at most."""
 FRAME_ROWS = 8192
 """Updates per ``columns`` frame of a read, at most (and at most ``max_batch_frame`` bytes)."""
 CACHE_SECONDS = 60.0
@@ -418,15 +420,23 @@ class RangeCache:
         with self.lock:
             if first in self.entries:
                 return
-            if self.weight + weight > self.capacity:
-                for key, (added, count, _) in list(self.entries.items()):
-                    if now - added > self.seconds:
-                        del self.entries[key]
-                        self.weight -= count
+            self._expire(now)
             if self.weight + weight > self.capacity:
                 return
             self.entries[first] = (now, weight, value)
             self.weight += weight
+
+    def expire(self) -> None:
+        """Drop the entries older than ``seconds`` (after every request of a reader, so a
+        publisher whose readers went quiet does not hold on to its cache)."""
+        with self.lock:
+            self._expire(time.monotonic())
+
+    def _expire(self, now: float) -> None:
+        for key, (added, weight, _) in list(self.entries.items()):
+            if now - added > self.seconds:
+                del self.entries[key]
+                self.weight -= weight
 
 
 _Split = dict[int, tuple[list[int], list[Update]]]
