@@ -249,3 +249,137 @@ def test_a_reader_speaks_mutual_tls_and_a_reader_without_its_certificate_is_turn
             _remote(pub.port, token="t").positions()  # plaintext
     finally:
         pub.stop()
+
+
+def _columns(remote: TcpRemoteLog, shard: int, start: int, end: int) -> list[tuple[Any, ...]]:
+    """A columns read, value by value: (seq, op, table, key, after)."""
+    out = []
+    for chunk in remote.read_columns(shard, start, end):
+        seqs = list(chunk.seqs())
+        values = []
+        for index in (0, 1, 2, 4):  # op, table, key, after
+            sizes = list(memoryview(bytes(chunk.lengths[index])).cast("i"))
+            data, at, column = bytes(chunk.data[index]), 0, []
+            for size in sizes:
+                column.append(data[at : at + size].decode())
+                at += size
+            values.append(column)
+        out += list(zip(seqs, *values, strict=True))
+    return out
+
+
+def test_columns_reads_hold_what_row_reads_hold_and_readers_side_by_side_share_the_work(
+    publisher: _Publisher,
+) -> None:
+    import threading
+
+    _write(publisher.data, 50, range(0, 40))
+    publisher.wait_for(2000, token="s3cret")
+    remote = _remote(publisher.port, token="s3cret")
+
+    def as_rows(shard: int, start: int, end: int) -> list[tuple[Any, ...]]:
+        return [
+            (seq, u.op, u.table, json.dumps(u.key, separators=(",", ":")), bytes(u.after).decode())
+            for seq, u in _flat(remote, shard, start, end)
+        ]
+
+    # Every flow read side by side (as a micro-batch's tasks do), whole and in parts cut
+    # inside publisher-log batches: the same updates, values and seqs as a read of rows.
+    got: dict[tuple[int, int, int], list[tuple[Any, ...]]] = {}
+    ranges = [(s, a, b) for s in range(16) for a, b in ((0, 2000), (7, 1234), (1234, 1999))]
+
+    def read(part: list[tuple[int, int, int]]) -> None:
+        for key in part:
+            got[key] = _columns(_remote(publisher.port, token="s3cret"), *key)
+
+    threads = [threading.Thread(target=read, args=(ranges[i::4],)) for i in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(120)
+    assert len(got) == len(ranges)
+    for key in ranges:
+        assert got[key] == as_rows(*key), key
+    assert sum(len(got[(s, 0, 2000)]) for s in range(16)) == 2000
+
+
+def test_a_read_in_an_unknown_layout_is_refused(publisher: _Publisher) -> None:
+    _write(publisher.data, 10, range(0, 2))
+    publisher.wait_for(20, token="s3cret")
+    remote = _remote(publisher.port, token="s3cret")
+    with pytest.raises(RemoteLogError, match=r"bad read: layout 'sideways' \(rows or columns\)"):
+        list(remote._range(0, 0, 20, "sideways"))
+
+
+def test_a_columns_read_from_a_publisher_that_answers_rows_is_made_columns_by_the_reader() -> None:
+    """A publisher from before ``layout`` ignores it and answers ``batch`` frames. No such
+    publisher is installed here: a socket speaking its side of the protocol stands in."""
+    import socket
+    import threading
+
+    from wormhole.connectors.tcp.ranges import ReadBatch
+    from wormhole.core.update import Update
+
+    listener = socket.create_server(("127.0.0.1", 0))
+    port = listener.getsockname()[1]
+    updates = [Update.create(op="u", key={"id": i}, table="t", after={"n": i}) for i in range(5)]
+
+    def serve() -> None:
+        conn, _ = listener.accept()
+        with conn:
+            p.read_preamble(conn)
+            p.read_frame(conn, 1 << 20)  # hello
+            welcome = p.Welcome(
+                version=2, publisher="old", pipeline="x", shards=1, heartbeat_ms=1000
+            )
+            conn.sendall(p.encode(p.WELCOME, welcome))
+            kind, read = p.read_frame(conn, 1 << 20)
+            assert kind == p.READ and read.layout == "columns"
+            batch = ReadBatch(id=1, first=10, end=15, seqs=list(range(10, 15)), updates=updates)
+            conn.sendall(p.encode(p.BATCH, batch))
+            done = p.ReadEnd(shard=0, start=10, end=15, updates=5)
+            conn.sendall(p.encode(p.READ_END, done))
+            p.read_frame(conn, 1 << 20)  # bye
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    try:
+        rows = _columns(_remote(port), 0, 10, 15)
+    finally:
+        thread.join(30)
+        listener.close()
+    assert rows == [(10 + i, "u", "t", f'{{"id":{i}}}', f'{{"n":{i}}}') for i in range(5)]
+
+
+def test_readers_of_one_batch_side_by_side_make_it_once() -> None:
+    import threading
+
+    from wormhole.connectors.tcp.ranges import RangeCache
+
+    cache = RangeCache(capacity=100, seconds=3600)
+    made = []
+    gate = threading.Event()
+
+    def make() -> tuple[tuple[int, dict[int, Any]], int | None]:
+        made.append(1)
+        gate.wait(30)
+        return (7, {0: "part"}), 1
+
+    results: list[Any] = []
+    threads = [
+        threading.Thread(target=lambda: results.append(cache.get_or_make(0, make)))
+        for _ in range(4)
+    ]
+    for thread in threads:
+        thread.start()
+    wait_until(lambda: len(made) == 1 and len(cache.building) == 1, 10, "one reader making")
+    gate.set()
+    for thread in threads:
+        thread.join(30)
+    assert results == [(7, {0: "part"})] * 4 and made == [1]
+    # Not kept (no room): the next reader makes it again, and nothing is left pending.
+    full = RangeCache(capacity=0, seconds=3600)
+    gate.set()
+    assert full.get_or_make(0, make) == (7, {0: "part"}) and len(made) == 2
+    assert full.get_or_make(0, make) == (7, {0: "part"}) and len(made) == 3
+    assert full.building == {} and full.entries == {}
