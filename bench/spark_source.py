@@ -2,7 +2,7 @@
 (tasks read their flow's range from the publisher over TCP) next to the file mode (tasks
 read the publisher log files), in the same run, on the same log.
 
-Run: ``python bench/spark_source.py --updates 400000``. Needs Java 17 and the ``spark``
+Run: ``python bench/spark_source.py`` (``--updates 1000000`` by default). Needs Java 17 and the ``spark``
 extra.
 
 A ``wormhole publish`` process (file-log source, ``tcp`` transport, one external
@@ -207,7 +207,7 @@ def _ceilings(spark: Any, rows: int, partitions: int, out: Path) -> dict[str, fl
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--updates", type=int, default=400_000)
+    parser.add_argument("--updates", type=int, default=1_000_000)
     parser.add_argument("--shards", type=int, default=16)
     parser.add_argument("--repeat", type=int, default=2)
     args = parser.parse_args()
