@@ -2,8 +2,8 @@
 (tasks read their flow's range from the publisher over TCP) next to the file mode (tasks
 read the publisher log files), in the same run, on the same log.
 
-Run: ``python bench/spark_source.py`` (``--updates 1000000`` by default). Needs Java 17 and the ``spark``
-extra.
+Run: ``python bench/spark_source.py`` (``--updates 1000000`` by default). Needs Java 17 and
+the ``spark`` extra.
 
 A ``wormhole publish`` process (file-log source, ``tcp`` transport, one external
 application) holds the log. Each measurement is one ``Trigger.AvailableNow`` query from
