@@ -42,6 +42,7 @@ bench: $(STAMP)
 	$(BIN)/python bench/backfill.py
 	$(BIN)/python bench/backfill_mysql.py
 	$(BIN)/python bench/spark_sink.py
+	$(BIN)/python bench/spark_source.py
 	$(BIN)/python bench/memcache_sink.py
 	$(BIN)/python bench/search_sink.py
 	$(BIN)/python bench/kafka_transport.py
