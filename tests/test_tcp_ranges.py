@@ -212,12 +212,12 @@ def test_the_range_cache_keeps_what_it_has_when_full_and_makes_room_from_old_ent
     from wormhole.connectors.tcp.ranges import RangeCache
 
     cache = RangeCache(capacity=10, seconds=3600)
-    cache.put(0, (6, {}), 6)
-    cache.put(6, (12, {}), 6)  # no room: not kept, and the older entry stays
-    assert cache.get(0) == (6, {}) and cache.get(6) is None
+    cache.put(0, (6, {0: "a"}), 6)
+    cache.put(6, (12, {0: "b"}), 6)  # no room: not kept, and the older entry stays
+    assert cache.get(0) == (6, {0: "a"}) and cache.get(6) is None
     cache.seconds = 0.0  # every entry is now old enough to make room
-    cache.put(6, (12, {}), 6)
-    assert cache.get(0) is None and cache.get(6) == (12, {})
+    cache.put(6, (12, {0: "b"}), 6)
+    assert cache.get(0) is None and cache.get(6) == (12, {0: "b"})
 
 
 def test_a_reader_speaks_mutual_tls_and_a_reader_without_its_certificate_is_turned_away(
@@ -269,8 +269,18 @@ def _columns(remote: TcpRemoteLog, shard: int, start: int, end: int) -> list[tup
 
 
 def test_columns_reads_hold_what_row_reads_hold_and_readers_side_by_side_share_the_work(
-    publisher: _Publisher,
+    tmp_path: Path,
 ) -> None:
+
+    # A short tail in memory: most of the range is decoded from the log files.
+    publisher = _Publisher(tmp_path, token="s3cret", log={"tail_updates": 100})
+    try:
+        _check_columns_against_rows(publisher)
+    finally:
+        publisher.stop()
+
+
+def _check_columns_against_rows(publisher: _Publisher) -> None:
     import threading
 
     _write(publisher.data, 50, range(0, 40))
@@ -351,35 +361,64 @@ def test_a_columns_read_from_a_publisher_that_answers_rows_is_made_columns_by_th
     assert rows == [(10 + i, "u", "t", f'{{"id":{i}}}', f'{{"n":{i}}}') for i in range(5)]
 
 
-def test_readers_of_one_batch_side_by_side_make_it_once() -> None:
+def _side_by_side(capacity: int) -> None:
     import threading
 
     from wormhole.connectors.tcp.ranges import RangeCache
 
-    cache = RangeCache(capacity=100, seconds=3600)
+    cache = RangeCache(capacity=capacity, seconds=3600)
     made = []
     gate = threading.Event()
 
     def make() -> tuple[tuple[int, dict[int, Any]], int | None]:
         made.append(1)
         gate.wait(30)
-        return (7, {0: "part"}), 1
+        return (7, {s: f"part {s}" for s in range(4)}), 1
 
     results: list[Any] = []
-    threads = [
-        threading.Thread(target=lambda: results.append(cache.get_or_make(0, make)))
-        for _ in range(4)
-    ]
+
+    def read(shard: int) -> None:
+        results.append(cache.get_or_make(0, shard, make))
+
+    threads = [threading.Thread(target=read, args=(s,)) for s in range(4)]
     for thread in threads:
         thread.start()
-    wait_until(lambda: len(made) == 1 and len(cache.building) == 1, 10, "one reader making")
+    wait_until(lambda: len(cache.making) == 1, 10, "one reader making")
     gate.set()
     for thread in threads:
         thread.join(30)
-    assert results == [(7, {0: "part"})] * 4 and made == [1]
-    # Not kept (no room): the next reader makes it again, and nothing is left pending.
-    full = RangeCache(capacity=0, seconds=3600)
-    gate.set()
-    assert full.get_or_make(0, make) == (7, {0: "part"}) and len(made) == 2
-    assert full.get_or_make(0, make) == (7, {0: "part"}) and len(made) == 3
-    assert full.building == {} and full.entries == {}
+    assert results == [(7, {s: f"part {s}" for s in range(4)})] * 4 and made == [1]
+    # Every shard took its part: nothing is held, nothing is pending.
+    assert cache.entries == {} and cache.weight == 0 and cache.making == {}
+    # Not kept: the next reader makes it again.
+    cache.get_or_make(0, 0, make)
+    assert len(made) == 2
+
+
+def test_readers_of_one_batch_side_by_side_make_it_once_kept_or_not() -> None:
+    _side_by_side(100)  # kept until every shard took its part
+    _side_by_side(0)  # no room: the waiters still share what was made
+
+
+def test_the_cache_drops_an_entry_once_its_shards_took_their_parts_or_it_is_old() -> None:
+    from wormhole.connectors.tcp.ranges import RangeCache
+
+    cache = RangeCache(capacity=10, seconds=3600)
+    cache.put(0, (6, {1: "a", 2: "b"}), 6)
+    cache.put(6, (12, {1: "c"}), 6)  # no room: not kept, and the older entry stays
+    assert cache.get(6) is None and cache.get(0, shard=1) == (6, {1: "a", 2: "b"})
+    assert cache.get(0, shard=2) is not None and cache.get(0) is None  # both parts taken
+    cache.put(6, (12, {1: "c"}), 6)  # room again
+    assert cache.weight == 6
+    # A reader that failed midway never takes its part: the entry goes once old, on the next
+    # request, or by the timer when no request comes.
+    quiet = RangeCache(capacity=10, seconds=0.05)
+    quiet.put(0, (6, {1: "a", 2: "b"}), 6)
+    assert quiet.get(0, shard=1) is not None
+    wait_until(lambda: not quiet.entries, 10, "the timer to drop the old entry")
+    assert quiet.weight == 0
+    # Dropping old entries looks at the old ones only: many entries, quickly.
+    many = RangeCache(capacity=1 << 30, seconds=3600)
+    for first in range(20_000):
+        many.put(first, (first + 1, {0: "x"}), 1)
+    assert len(many.entries) == 20_000

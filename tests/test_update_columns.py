@@ -134,3 +134,23 @@ def test_a_columns_frame_that_does_not_add_up_is_refused() -> None:
         p.decode_columns(len(bad).to_bytes(4, "big") + bad + frame[4 + head_size :])
     with pytest.raises(p.ProtocolError, match="malformed columns frame"):
         p.decode_columns(b"\x00\x00\x00\x09not json!")
+
+
+def test_the_spark_source_names_the_flow_of_columns_that_are_not_text() -> None:
+    from wormhole.connectors.spark.stream import _arrow_batches
+
+    batch = [Update.create(op="c", key={"id": 1}, table="t", after={"id": 1})]
+    good = columns_of([5], batch)
+    (arrow,) = _arrow_batches(iter([good]), 3, "ds", "publisher h:1, flow 3 of [0, 9)")
+    assert arrow.to_pylist()[0]["after"] == '{"id":1}' and arrow.to_pylist()[0]["seq"] == 5
+    data = list(good.data)
+    data[1] = b"\xff"  # table ("t"): one byte that is not UTF-8
+    bad = UpdateColumns(
+        1,
+        good.seq,
+        good.ts_ms,
+        good.lengths,
+        tuple(data),
+    )
+    with pytest.raises(ValueError, match=r"publisher h:1, flow 3 of \[0, 9\): the columns"):
+        list(_arrow_batches(iter([bad]), 3, "ds", "publisher h:1, flow 3 of [0, 9)"))

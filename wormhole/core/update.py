@@ -304,7 +304,9 @@ class UpdateColumns:
         start, stop = max(0, start), min(self.rows, stop)
         if start <= 0 and stop >= self.rows:
             return self
-        stop = max(start, stop)
+        if stop <= start:
+            empty = (b"",) * len(COLUMN_STRINGS)
+            return UpdateColumns(0, b"", b"", empty, empty)
         lengths_out: list[bytes | memoryview] = []
         data_out: list[bytes | memoryview] = []
         for size, blob in zip(self.lengths, self.data, strict=True):
@@ -386,7 +388,14 @@ def _columns(
         _texts([u.position for u in updates]),
         _texts([u.logical for u in updates]),
     ]
-    ts = array("q", [NO_TS if u.ts_ms is None else u.ts_ms for u in updates])
+    try:
+        ts = array("q", [NO_TS if u.ts_ms is None else u.ts_ms for u in updates])
+    except OverflowError:
+        bad = next(u for u in updates if u.ts_ms is not None and not -(1 << 63) < u.ts_ms < 1 << 63)
+        raise ValueError(
+            f"an update of table {bad.table!r} has ts_ms {bad.ts_ms}, outside the 64-bit "
+            f"range columns carry; read it by rows"
+        ) from None
     return array("q", seqs), ts, strings
 
 

@@ -109,7 +109,9 @@ ARROW_ROWS = 8192
 row); a network read hands over the publisher's ``columns`` frames, up to 8,192 rows each."""
 
 
-def _arrow_batches(chunks: Iterator[UpdateColumns], shard: int, datastore: str) -> Iterator[Any]:
+def _arrow_batches(
+    chunks: Iterator[UpdateColumns], shard: int, datastore: str, where: str = ""
+) -> Iterator[Any]:
     """One flow's updates, as :class:`UpdateColumns` chunks, as Arrow record batches of the
     source's schema. The chunks' buffers become the arrays' buffers: no Python object per
     row or per value (the value offsets are the lengths' running sums, computed by Arrow,
@@ -126,10 +128,8 @@ def _arrow_batches(chunks: Iterator[UpdateColumns], shard: int, datastore: str) 
     def numbers(kind: Any, n: int, data: Any) -> Any:
         return pa.Array.from_buffers(kind, n, [None, pa.py_buffer(_native(data, kind))])
 
-    for columns in chunks:
+    def batch_of(columns: UpdateColumns) -> Any:
         n = columns.rows
-        if not n:
-            continue
         strings = {}
         for name, lengths, data in zip(COLUMN_STRINGS, columns.lengths, columns.data, strict=True):
             sizes = numbers(int32, n, lengths)
@@ -160,6 +160,18 @@ def _arrow_batches(chunks: Iterator[UpdateColumns], shard: int, datastore: str) 
             schema=schema,
         )
         batch.validate(full=True)
+        return batch
+
+    for columns in chunks:
+        if not columns.rows:
+            continue
+        try:
+            batch = batch_of(columns)
+        except (pa.ArrowInvalid, ValueError) as exc:
+            raise ValueError(
+                f"wormhole source: {where or f'flow {shard}'}: the columns received are not "
+                f"valid ({exc}); the publisher sent a malformed columns frame"
+            ) from None
         yield batch
 
 
@@ -232,7 +244,8 @@ def _read_flow(partition: FlowRange) -> Iterator[Any]:
             chunks = remote.read_columns(shard, start, end)
         else:
             chunks = (columns_of(seqs, ups) for seqs, ups in remote.read(shard, start, end))
-        yield from _arrow_batches(chunks, shard, partition.datastore)
+        where = f"publisher {partition.address}, flow {shard} of [{start}, {end})"
+        yield from _arrow_batches(chunks, shard, partition.datastore, where)
     finally:
         remote.close()
 

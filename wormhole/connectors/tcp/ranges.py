@@ -198,10 +198,13 @@ class ReaderSession:
                         )
                     # The entry holds the updates from ``at`` on (the batch is cut there
                     # when a range starts inside it): what any reader at ``at`` needs.
-                    parts, weight = split(batch)
+                    try:
+                        parts, weight = split(batch)
+                    except ValueError as exc:  # an update the reader cannot be given
+                        raise _Refused(f"shard {shard}: {exc}") from None
                     return (batch.end_seq, parts), weight
 
-                hit = cache.get_or_make(position, make)
+                hit = cache.get_or_make(position, shard, make)
                 end_seq, parts = hit
                 yield parts.get(shard)
                 position = end_seq
@@ -268,15 +271,21 @@ class ReaderSession:
                 part = part.slice(bisect.bisect_left(seqs, start), bisect.bisect_left(seqs, end))
                 if not part.rows:
                     continue
-            pending.append(part)
-            rows += part.rows
-            size += part.nbytes
-            if rows >= FRAME_ROWS or size >= limit // 2:
-                next_first = part.last_seq() + 1
-                self._send_columns(shard, first_of_frame, next_first, pending, limit)
-                count += rows
-                first_of_frame = next_first
-                pending, rows, size = [], 0, 0
+            while part.rows:
+                room = FRAME_ROWS - rows
+                if part.rows <= room:
+                    piece, part = part, part.slice(0, 0)
+                else:  # a large batch's part: cut at the frame's row limit
+                    piece, part = part.slice(0, room), part.slice(room, part.rows)
+                pending.append(piece)
+                rows += piece.rows
+                size += piece.nbytes
+                if rows >= FRAME_ROWS or size >= limit // 2:
+                    next_first = piece.last_seq() + 1
+                    self._send_columns(shard, first_of_frame, next_first, pending, limit)
+                    count += rows
+                    first_of_frame = next_first
+                    pending, rows, size = [], 0, 0
         if pending:
             self._send_columns(shard, first_of_frame, end, pending, limit)
             count += rows
@@ -350,93 +359,146 @@ CACHE_UPDATES = 1 << 18
 FRAME_ROWS = 8192
 """Updates per ``columns`` frame of a read, at most (and at most ``max_batch_frame`` bytes)."""
 CACHE_SECONDS = 60.0
+"""A cached batch is dropped this long after it was made, if its flows have not all taken
+their part by then."""
 BUILD_WAIT_S = 5.0
 """How long a reader waits for another that is making the entry it needs, before making its
 own."""
-"""A cached batch older than this makes room for a new one."""
+
+_Entry = tuple[int, dict[int, Any]]
+"""``(end seq, parts by shard)``: what a reader at the entry's position needs of a batch."""
+
+
+class _Making:
+    """An entry a reader is making: the others wait for it and take what it made."""
+
+    def __init__(self) -> None:
+        self.done = threading.Event()
+        self.value: _Entry | None = None
+        """What was made, for the waiters (None: failed, or only for the reader's own use)."""
 
 
 class RangeCache:
     """Publisher-log batches split by shard, shared by the log readers of one publisher.
 
-    Readers of one micro-batch each read one flow of the same range: the first to read a
-    batch decodes and splits it, the others take their shard's part. Entries weigh what the
-    reader says (updates, or bytes); when full, entries older than ``CACHE_SECONDS`` make
-    room; otherwise new batches are not kept (a range larger than the cache is then partly
-    cached for every reader, rather than evicted ahead of each).
+    Readers of one micro-batch each read one flow of the same range, a few side by side: the
+    first to reach a batch decodes and splits it, the others wait for it and take their
+    shard's part. An entry is dropped once every shard with a part in it has taken it (the
+    flows of a micro-batch read each batch once), or ``seconds`` after it was made. Entries
+    weigh what the reader says (updates, or bytes); a new entry that does not fit is not kept
+    (a range larger than the cache is then partly cached for every flow, rather than evicted
+    ahead of each).
     """
 
     def __init__(self, capacity: int = CACHE_UPDATES, seconds: float = CACHE_SECONDS) -> None:
         self.capacity = capacity
         self.seconds = seconds
         self.lock = threading.Lock()
-        self.entries: dict[int, tuple[float, int, tuple[int, dict[int, Any]]]] = {}
+        self.entries: dict[int, tuple[float, int, _Entry, set[int]]] = {}
+        """By position, oldest first: (made at, weight, entry, shards yet to take theirs)."""
         self.weight = 0
-        self.building: dict[int, threading.Event] = {}
-        """Entries a reader is making now: the others wait for it rather than make their own
-        (the flows of a range are read side by side, and would each decode every batch)."""
+        self.making: dict[int, _Making] = {}
         self.builds = 0
-        """How many entries readers made (a test's measure of what the cache saved)."""
+        """How many entries readers made (a measure of what the cache saved)."""
+        self._sweeper: threading.Timer | None = None
 
-    def get(self, first: int) -> tuple[int, dict[int, Any]] | None:
+    def get(self, first: int, shard: int | None = None) -> _Entry | None:
         with self.lock:
             entry = self.entries.get(first)
-        return None if entry is None else entry[2]
+            if entry is None:
+                return None
+            if shard is not None:
+                self._taken(first, entry, shard)
+        return entry[2]
 
     def get_or_make(
         self,
         first: int,
-        make: Callable[[], tuple[tuple[int, dict[int, Any]], int | None]],
-    ) -> tuple[int, dict[int, Any]]:
-        """The entry at ``first``, made by ``make`` (``(entry, weight or None not to keep
-        it)``) unless another reader is making it: then once it has, or has failed."""
+        shard: int,
+        make: Callable[[], tuple[_Entry, int | None]],
+    ) -> _Entry:
+        """The entry at ``first`` for ``shard``'s reader, made by ``make`` (``(entry, weight,
+        or None when it is only for this reader)``) unless another reader is making it: then
+        what that one made."""
         while True:
             with self.lock:
                 entry = self.entries.get(first)
                 if entry is not None:
+                    self._taken(first, entry, shard)
                     return entry[2]
-                pending = self.building.get(first)
-                if pending is None:
-                    pending = self.building[first] = threading.Event()
+                making = self.making.get(first)
+                if making is None:
+                    making = self.making[first] = _Making()
                     break
-            if not pending.wait(BUILD_WAIT_S):
-                self.builds += 1
-                return make()[0]  # it takes too long: make it here too
-            # Made: kept (found above), or not kept or failed (then made here).
-        try:
+            if not making.done.wait(BUILD_WAIT_S):
+                break  # it takes too long: make it here too
+            with self.lock:
+                entry = self.entries.get(first)
+                if entry is not None:
+                    self._taken(first, entry, shard)
+                    return entry[2]
+            if making.value is not None:
+                return making.value  # made, not kept (no room): shared all the same
+            # It failed, or made it for its own application only: make it here.
+        with self.lock:
             self.builds += 1
+        try:
             value, weight = make()
             if weight is not None:
-                self.put(first, value, weight)
+                making.value = value
+                self.put(first, value, weight, exclude=shard)
             return value
         finally:
             with self.lock:
-                if self.building.get(first) is pending:
-                    del self.building[first]
-            pending.set()
+                if self.making.get(first) is making:
+                    del self.making[first]
+            making.done.set()
 
-    def put(self, first: int, value: tuple[int, dict[int, Any]], weight: int) -> None:
+    def put(self, first: int, value: _Entry, weight: int, exclude: int | None = None) -> None:
+        """Keep ``value`` if it fits; ``exclude``: a shard whose reader already has its part."""
+        waiting = set(value[1]) - {exclude}
         now = time.monotonic()
         with self.lock:
-            if first in self.entries:
-                return
             self._expire(now)
-            if self.weight + weight > self.capacity:
+            if first in self.entries or not waiting or self.weight + weight > self.capacity:
                 return
-            self.entries[first] = (now, weight, value)
+            self.entries[first] = (now, weight, value, waiting)
             self.weight += weight
+            if self._sweeper is None:
+                self._sweeper = threading.Timer(self.seconds, self._sweep)
+                self._sweeper.daemon = True
+                self._sweeper.start()
 
     def expire(self) -> None:
-        """Drop the entries older than ``seconds`` (after every request of a reader, so a
-        publisher whose readers went quiet does not hold on to its cache)."""
+        """Drop the entries made more than ``seconds`` ago."""
         with self.lock:
             self._expire(time.monotonic())
 
+    def _sweep(self) -> None:
+        # Readers that went quiet send no request: a timer drops what they left.
+        with self.lock:
+            self._sweeper = None
+            self._expire(time.monotonic())
+            if self.entries:
+                self._sweeper = threading.Timer(self.seconds, self._sweep)
+                self._sweeper.daemon = True
+                self._sweeper.start()
+
     def _expire(self, now: float) -> None:
-        for key, (added, weight, _) in list(self.entries.items()):
-            if now - added > self.seconds:
-                del self.entries[key]
-                self.weight -= weight
+        # Entries are kept in the order they were made: the oldest come first.
+        while self.entries:
+            first, (made, weight, _, _) = next(iter(self.entries.items()))
+            if now - made <= self.seconds:
+                return
+            del self.entries[first]
+            self.weight -= weight
+
+    def _taken(self, first: int, entry: tuple[float, int, _Entry, set[int]], shard: int) -> None:
+        waiting = entry[3]
+        waiting.discard(shard)
+        if not waiting:
+            del self.entries[first]
+            self.weight -= entry[1]
 
 
 _Split = dict[int, tuple[list[int], list[Update]]]
