@@ -422,3 +422,21 @@ def test_the_cache_drops_an_entry_once_its_shards_took_their_parts_or_it_is_old(
     for first in range(20_000):
         many.put(first, (first + 1, {0: "x"}), 1)
     assert len(many.entries) == 20_000
+
+
+def test_columns_frames_hold_at_most_8192_updates_even_from_a_larger_batch(
+    tmp_path: Path,
+) -> None:
+    from wormhole.connectors.tcp.ranges import FRAME_ROWS
+
+    # One shard: a publisher-log batch's part is the whole batch, thousands of updates.
+    pub = _Publisher(tmp_path, audit=False, dataset={"shards": 1})
+    try:
+        _write(pub.data, 1000, range(0, 20))
+        pub.wait_for(20_000)
+        chunks = list(_remote(pub.port).read_columns(0, 0, 20_000))
+    finally:
+        pub.stop()
+    assert max(c.rows for c in chunks) == FRAME_ROWS == 8192
+    seqs = [seq for c in chunks for seq in c.seqs()]
+    assert seqs == list(range(20_000))

@@ -154,3 +154,9 @@ def test_the_spark_source_names_the_flow_of_columns_that_are_not_text() -> None:
     )
     with pytest.raises(ValueError, match=r"publisher h:1, flow 3 of \[0, 9\): the columns"):
         list(_arrow_batches(iter([bad]), 3, "ds", "publisher h:1, flow 3 of [0, 9)"))
+
+
+def test_a_ts_ms_outside_64_bits_is_refused_naming_its_table() -> None:
+    batch = [Update.create(op="c", key={"id": 1}, table="rides", after={"id": 1}, ts_ms=1 << 63)]
+    with pytest.raises(ValueError, match=r"table 'rides' has ts_ms 9223372036854775808"):
+        split_columns(0, batch)

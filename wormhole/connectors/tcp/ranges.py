@@ -398,8 +398,6 @@ class RangeCache:
         """By position, oldest first: (made at, weight, entry, shards yet to take theirs)."""
         self.weight = 0
         self.making: dict[int, _Making] = {}
-        self.builds = 0
-        """How many entries readers made (a measure of what the cache saved)."""
         self._sweeper: threading.Timer | None = None
 
     def get(self, first: int, shard: int | None = None) -> _Entry | None:
@@ -440,8 +438,6 @@ class RangeCache:
             if making.value is not None:
                 return making.value  # made, not kept (no room): shared all the same
             # It failed, or made it for its own application only: make it here.
-        with self.lock:
-            self.builds += 1
         try:
             value, weight = make()
             if weight is not None:
