@@ -58,14 +58,27 @@ class Process:
             text=True,
         )
         self.stderr_lines: list[str] = []
-        self.stdout = ""
-        self._reader = threading.Thread(target=self._collect, daemon=True)
-        self._reader.start()
+        self.stdout_lines: list[str] = []
+        # Each stream has one reader (`communicate` would read stderr too, and take lines
+        # from under this one's feet).
+        self._readers = [
+            threading.Thread(target=self._collect, args=(stream, lines), daemon=True)
+            for stream, lines in (
+                (self.proc.stderr, self.stderr_lines),
+                (self.proc.stdout, self.stdout_lines),
+            )
+        ]
+        for reader in self._readers:
+            reader.start()
 
-    def _collect(self) -> None:
-        assert self.proc.stderr is not None
-        for line in self.proc.stderr:
-            self.stderr_lines.append(line)
+    @staticmethod
+    def _collect(stream: Any, lines: list[str]) -> None:
+        for line in stream:
+            lines.append(line)
+
+    @property
+    def stdout(self) -> str:
+        return "".join(self.stdout_lines)
 
     @property
     def stderr(self) -> str:
@@ -76,9 +89,9 @@ class Process:
         return self.proc.pid
 
     def wait(self, timeout: float = 60) -> int:
-        out, _ = self.proc.communicate(timeout=timeout)
-        self.stdout = out or ""
-        self._reader.join(5)
+        self.proc.wait(timeout=timeout)
+        for reader in self._readers:
+            reader.join(5)
         return self.proc.returncode
 
     def stop(self, timeout: float = 60) -> int:

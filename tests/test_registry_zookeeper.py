@@ -27,7 +27,7 @@ from wormhole.connectors.zookeeper.registry import (
     ZooKeeperOptions,
     ZooKeeperRegistry,
 )
-from wormhole.core.errors import ConfigError, StateError
+from wormhole.core.errors import ConfigError, StateError, Stopped
 from wormhole.plugins.components import (
     DatastoreHeld,
     InvalidEntry,
@@ -148,7 +148,7 @@ def test_open_stops_waiting_when_asked() -> None:
     stop = threading.Event()
     threading.Timer(0.5, stop.set).start()
     started = time.monotonic()
-    with pytest.raises(StateError, match="stopped while connecting"):
+    with pytest.raises(Stopped, match="stopped while connecting"):
         registry.open("shop", stop)
     assert time.monotonic() - started < 10
 

@@ -16,7 +16,7 @@ from typing import Any
 
 from wormhole.core.backfill import summary as backfill_summary
 from wormhole.core.dead_letters import count_dead_letters
-from wormhole.core.errors import ConfigError, WormholeError
+from wormhole.core.errors import ConfigError, Stopped, WormholeError
 from wormhole.core.metrics import count_errors, parse_listen, serve
 from wormhole.core.pipeline import MetricsSettings, Pipeline, load_pipeline
 from wormhole.core.publisher import Publisher, RunSummary, tune_gc
@@ -1094,6 +1094,9 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as exc:
         print(exc.render(), file=sys.stderr)
         return EXIT_USAGE
+    except Stopped as exc:  # a stop asked for while starting: not a failure
+        logging.getLogger("wormhole").info("%s", exc)
+        return EXIT_OK
     except WormholeError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return exc.exit_code

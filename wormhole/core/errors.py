@@ -31,6 +31,14 @@ class ConfigError(WormholeError):
         return "\n".join(lines)
 
 
+class Stopped(WormholeError):
+    """A stop was asked for (SIGTERM, Ctrl-C, ``stop()``) before the command got going:
+    while it waited for the registry, say. Not a failure: the command exits 0, as a stop
+    does later, and nothing was claimed or acknowledged."""
+
+    exit_code = 0
+
+
 class StateError(WormholeError):
     """The state directory cannot be used (unwritable, or inconsistent with the pipeline)."""
 

@@ -22,7 +22,7 @@ from collections.abc import Callable
 from typing import Any
 from urllib.parse import urlsplit
 
-from wormhole.core.errors import ConfigError, StateError
+from wormhole.core.errors import ConfigError, Stopped
 from wormhole.core.pipeline import Application, Component, Pipeline, parse_application
 from wormhole.plugins.components import (
     DatasetRegistry,
@@ -38,12 +38,13 @@ RawApplications = dict[str, dict[str, Any] | InvalidEntry]
 
 
 def open_registry(component: Component, dataset: str, stop: threading.Event) -> DatasetRegistry:
-    """Create and open the pipeline's registry component."""
+    """Create and open the pipeline's registry component (:class:`Stopped` when ``stop`` is
+    set before it is open: not a failure)."""
     registry: DatasetRegistry = component.create()
     registry.open(dataset, stop)
     if stop.is_set():
         registry.close()
-        raise StateError(f"stopped while connecting to {registry.describe()}")
+        raise Stopped(f"stopped while connecting to {registry.describe()}")
     return registry
 
 
@@ -105,15 +106,15 @@ def subscriber_application(pipeline: Pipeline, name: str, library: str) -> Appli
     component = pipeline.dataset_registry
     if component is None or not component.registered.spec.shared:
         return sink_application(pipeline, name, library)[0]
-    registry = open_registry(component, pipeline.name, threading.Event())
+    from wormhole.core.subscriber import stop_signalled
+
+    registry = open_registry(component, pipeline.name, stop_signalled)
     try:
         if not registry.holds_applications():
             return sink_application(pipeline, name, library)[0]
-        from wormhole.core.subscriber import stop_signalled
-
         raw = wait_for_application(registry, pipeline.name, name, stop_signalled.is_set)
         if raw is None:
-            raise StateError(f"stopped while waiting for application {name} to be registered")
+            raise Stopped(f"stopped while waiting for application {name} to be registered")
         apps, problems = registered_applications(pipeline, registry, {name: raw[name]})
     finally:
         registry.close()
@@ -263,8 +264,12 @@ class PublisherMembership:
                         exc,
                         exc.expiry_s + 2.0,
                     )
-                if time.monotonic() >= deadline or stop.wait(0.5):
+                if time.monotonic() >= deadline:
                     raise
+                if stop.wait(0.5):
+                    raise Stopped(
+                        f"stopped while waiting for datastore {self.entry.datastore} to be free"
+                    ) from exc
 
     # -------------------------------------------------------- applications
     def applications(self) -> tuple[dict[str, Application], dict[str, str]] | None:

@@ -693,7 +693,8 @@ class DatasetRegistry(Protocol):
     def open(self, dataset: str, stop: threading.Event) -> None:
         """Connect, retrying with backoff (a clear message naming where it connects) until
         connected or ``stop`` is set; a configuration that can never work raises
-        ``ConfigError`` at once."""
+        ``ConfigError`` at once. Stopped, it may raise
+        :class:`wormhole.core.errors.Stopped` or return (the caller then raises it)."""
 
     def describe(self) -> str:
         """Where it is, for messages: ``zookeeper 10.0.0.1:2181/wormhole``."""

@@ -50,7 +50,7 @@ from typing import Any
 
 from wormhole.connectors.tcp import protocol as p
 from wormhole.core.backoff import Backoff
-from wormhole.core.errors import WormholeError
+from wormhole.core.errors import Stopped, WormholeError
 from wormhole.core.flows import Flow
 from wormhole.core.metrics import reconnecting
 from wormhole.core.subscriber import Handlers, run_handlers
@@ -168,7 +168,11 @@ class Subscriber(Handlers):
             registry_component(self.registry) if isinstance(self.registry, str) else self.registry
         )
         assert self.dataset is not None
-        registry = open_registry(component, self.dataset, self._stop)
+        try:
+            registry = open_registry(component, self.dataset, self._stop)
+        except Stopped as exc:
+            log.info("%s/%s: %s", self.app, self.instance, exc)
+            return  # stopped before it subscribed: nothing to leave
         entries: dict[str, PublisherEntry] = {}
         lock = threading.Lock()
 

@@ -54,7 +54,7 @@ from typing import Any, Generic, TypeVar
 
 from pydantic import Field, field_validator
 
-from wormhole.core.errors import ConfigError, StateError
+from wormhole.core.errors import ConfigError, StateError, Stopped
 from wormhole.plugins.components import (
     DatastoreHeld,
     InvalidEntry,
@@ -350,14 +350,11 @@ class ZooKeeperRegistry:
                 client.remove_listener(self._on_state)
                 client.stop()
                 client.close()
-                why = (
-                    "stopped while connecting"
-                    if stop.is_set()
-                    else f"no answer within {self.options.connect_timeout_s:g}s"
-                )
+                if stop.is_set():
+                    raise Stopped(f"stopped while connecting to the registry, ZooKeeper at {hosts}")
                 raise StateError(
-                    f"cannot connect to the registry, ZooKeeper at {hosts} ({why}): "
-                    f"{self._unreachable()}"
+                    f"cannot connect to the registry, ZooKeeper at {hosts} (no answer within "
+                    f"{self.options.connect_timeout_s:g}s): {self._unreachable()}"
                 )
             if now >= next_warning:
                 log.warning(
