@@ -73,8 +73,9 @@ class Process:
 
     @staticmethod
     def _collect(stream: Any, lines: list[str]) -> None:
-        for line in stream:
-            lines.append(line)
+        with stream:
+            for line in stream:
+                lines.append(line)
 
     @property
     def stdout(self) -> str:

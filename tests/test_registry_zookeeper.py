@@ -664,3 +664,49 @@ def test_a_save_while_disconnected_fails_at_once_and_gives_the_claim_up(
         client.stop()
         client.close()
     assert holder.claim_serving("search", "db1", "a") == 2
+
+
+class _StoppedAsItConnects:
+    """A stand-in registry component whose ``open`` connects just as the stop comes (it
+    sets the stop event, then returns): a moment a real ZooKeeper gives only by chance."""
+
+    def __init__(self) -> None:
+        self.closed = False
+
+    def create(self) -> _StoppedAsItConnects:
+        return self
+
+    def open(self, dataset: str, stop: threading.Event) -> None:
+        stop.set()
+
+    def describe(self) -> str:
+        return "stand-in registry"
+
+    def close(self) -> None:
+        self.closed = True
+
+
+def test_a_stop_that_comes_as_the_registry_connects_is_a_stop() -> None:
+    from wormhole.connectors.tcp.client import Subscriber
+    from wormhole.core.registry import open_registry
+
+    component = _StoppedAsItConnects()
+    with pytest.raises(Stopped, match="stopped while connecting to stand-in registry"):
+        open_registry(component, "shop", threading.Event())  # type: ignore[arg-type]
+    assert component.closed
+    # A subscriber that connects as it is stopped leaves at once: `run` returns.
+    component = _StoppedAsItConnects()
+    subscriber = Subscriber("search", registry=component, dataset="shop")
+    raised: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            subscriber.run()
+        except BaseException as exc:
+            raised.append(exc)
+
+    runner = threading.Thread(target=run, daemon=True)
+    runner.start()
+    runner.join(10)
+    assert not runner.is_alive() and component.closed
+    assert raised == []

@@ -423,7 +423,7 @@ def count_dead_letters(state_dir: Path) -> dict[str, int]:
 
 
 # ------------------------------------------------------------- the policy
-class Stopped(Exception):
+class RetryStopped(Exception):
     """The subscriber stopped while a batch was being retried (it is not acknowledged)."""
 
 
@@ -546,7 +546,9 @@ class GuardedSink:
                     attempt,
                     retries,
                 ):
-                    raise Stopped(f"{self.application}: stopped while retrying a batch") from exc
+                    raise RetryStopped(
+                        f"{self.application}: stopped while retrying a batch"
+                    ) from exc
 
     def _isolate(self, updates: list[Update], error: Exception) -> None:
         if len(updates) == 1:

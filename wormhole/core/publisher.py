@@ -23,7 +23,13 @@ from typing import Any
 from wormhole.core.backfill import Backfiller, BackfillStore
 from wormhole.core.caravan import CaravanManager
 from wormhole.core.copies import CopyCoordinator
-from wormhole.core.errors import BackfillError, ConfigError, StateError, WormholeError
+from wormhole.core.errors import (
+    BackfillError,
+    ConfigError,
+    StateError,
+    Stopped,
+    WormholeError,
+)
 from wormhole.core.flows import application_filter, start_flows
 from wormhole.core.hub import ApplicationRuntime, Hub
 from wormhole.core.metrics import REGISTRY, MetricsServer, PublisherCollector, serve
@@ -201,7 +207,12 @@ class Publisher:
         membership = self.membership = PublisherMembership(self.pipeline, self.stop_requested)
         membership.claim(self.stop_requested)
         cleanup.callback(membership.close)
-        found = membership.applications()
+        try:
+            found = membership.applications()
+        except StateError as exc:
+            if self.stop_requested.is_set():  # ZooKeeper went away as a stop came: a stop
+                raise Stopped(f"stopped while reading the registry's applications ({exc})") from exc
+            raise
         if found is None:
             return
         apps, problems = found

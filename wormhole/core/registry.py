@@ -264,12 +264,12 @@ class PublisherMembership:
                         exc,
                         exc.expiry_s + 2.0,
                     )
-                if time.monotonic() >= deadline:
-                    raise
-                if stop.wait(0.5):
+                if stop.is_set() or (time.monotonic() < deadline and stop.wait(0.5)):
                     raise Stopped(
                         f"stopped while waiting for datastore {self.entry.datastore} to be free"
                     ) from exc
+                if time.monotonic() >= deadline:
+                    raise
 
     # -------------------------------------------------------- applications
     def applications(self) -> tuple[dict[str, Application], dict[str, str]] | None:

@@ -372,6 +372,7 @@ class ZooKeeperRegistry:
                     self._do("ensure_path", f"{self._base}/{part}")
                     for part in ("publishers", "status", "applications")
                 ],
+                stop,
             )
         except BaseException:
             self.close()
@@ -452,14 +453,16 @@ class ZooKeeperRegistry:
         wait = timeout if timeout is not None else self.options.session_timeout_ms / 1000
         return result.get(timeout=wait)
 
-    def _retrying(self, what: str, op: Callable[[], T]) -> T:
+    def _retrying(self, what: str, op: Callable[[], T], stop: threading.Event | None = None) -> T:
         """``op()``, again while ZooKeeper cannot be reached, up to ``connect_timeout_s``;
-        then StateError."""
+        then StateError (Stopped once ``stop`` is set)."""
         deadline = time.monotonic() + self.options.connect_timeout_s
         errors = self._errors()
         while True:
             if self._closed:
                 raise StateError(f"cannot {what}: the registry ({self.describe()}) is closed")
+            if stop is not None and stop.is_set():
+                raise Stopped(f"stopped while trying to {what} in {self.describe()}")
             try:
                 return op()
             except errors as exc:
