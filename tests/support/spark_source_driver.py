@@ -6,6 +6,15 @@ Parquet, on the cluster given by ``--master``.
 
 Without ``--available-now`` it runs micro-batches until killed. ``--trip PATH`` runs one
 task that opens PATH on an executor and prints what happened (the guard's check).
+``--pipeline PATH`` reads in the file mode instead of from ``--publishers``.
+
+``--pause-at POINT --pause-file PATH`` holds the query at one moment so that a test can kill
+the driver there for real: ``initial`` (asked for its first offset: nothing planned yet),
+``plan`` (a batch planned, its offsets written, no task started), ``read`` (a task of a batch
+is reading), ``commit`` (a batch committed to the checkpoint; Spark is handing its end to the
+source). The driver writes PATH when it gets there and waits to be killed. ``plan`` and
+``commit`` hold at their ``--pause-call``-th call, so that earlier batches complete first;
+``read`` holds in the first task that reaches it, on whichever executor.
 """
 
 from __future__ import annotations
@@ -13,10 +22,67 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from typing import Any
 
 from pyspark.sql import SparkSession
 
 from wormhole.connectors.spark import register
+from wormhole.connectors.spark.stream import WormholeDataSource, WormholeStreamReader, _Options
+
+HOLD_S = 300
+"""How long a held query waits to be killed before it gives up (a test that never kills)."""
+
+
+def _hold(path: str) -> None:
+    """Say we got here (once, whichever process is first), then wait to be killed."""
+    import threading
+
+    try:
+        fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+    except FileExistsError:
+        return  # another task holds the batch already: this one runs on
+    os.write(fd, str(os.getpid()).encode())
+    os.close(fd)
+    threading.Event().wait(HOLD_S)
+    raise RuntimeError(f"held at {path} for {HOLD_S}s and never killed")
+
+
+def pausing_source(point: str, path: str, call: int) -> type[WormholeDataSource]:
+    """The ``wormhole`` format with the pause of ``--pause-at`` (the reader is the real one)."""
+    calls = {"n": 0}
+
+    def due(at: str) -> bool:
+        if at != point:
+            return False
+        calls["n"] += 1
+        return calls["n"] == call
+
+    class Reader(WormholeStreamReader):
+        def initialOffset(self) -> Any:
+            if due("initial"):
+                _hold(path)
+            return super().initialOffset()
+
+        def partitions(self, start: Any, end: Any) -> Any:
+            if due("plan"):
+                _hold(path)
+            return super().partitions(start, end)
+
+        def read(self, partition: Any) -> Any:
+            if point == "read":
+                _hold(path)
+            return super().read(partition)
+
+        def commit(self, end: Any) -> None:
+            if due("commit"):
+                _hold(path)
+            super().commit(end)
+
+    class Source(WormholeDataSource):
+        def streamReader(self, schema: Any) -> Any:
+            return Reader(_Options(self.options))
+
+    return Source
 
 
 def main() -> int:
@@ -30,6 +96,10 @@ def main() -> int:
     parser.add_argument("--max-updates", default="")
     parser.add_argument("--available-now", action="store_true")
     parser.add_argument("--trip", default="")
+    parser.add_argument("--pipeline", default="")
+    parser.add_argument("--pause-at", choices=["initial", "plan", "read", "commit"])
+    parser.add_argument("--pause-file", default="")
+    parser.add_argument("--pause-call", type=int, default=1)
     args = parser.parse_args()
 
     builder = (
@@ -41,6 +111,8 @@ def main() -> int:
         .config("spark.executor.memory", "512m")
         .config("spark.sql.shuffle.partitions", "2")
         .config("spark.task.maxFailures", "8")
+        # A short-lived JVM: the first JIT tier only starts it in about 0.6 of the time.
+        .config("spark.driver.extraJavaOptions", "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC")
     )
     # The executors' Python workers load the guard (tests/guard/sitecustomize.py).
     for name in ("PYTHONPATH", "WORMHOLE_GUARD_DIR", "WORMHOLE_GUARD_LOG"):
@@ -62,13 +134,15 @@ def main() -> int:
         spark.stop()
         return 0
 
-    register(spark)
-    reader = (
-        spark.readStream.format("wormhole")
-        .option("publishers", args.publishers)
-        .option("application", args.application)
-        .option("token", args.token)
-    )
+    if args.pause_at:
+        spark.dataSource.register(pausing_source(args.pause_at, args.pause_file, args.pause_call))
+    else:
+        register(spark)
+    reader = spark.readStream.format("wormhole").option("application", args.application)
+    if args.pipeline:
+        reader = reader.option("pipeline", args.pipeline)
+    else:
+        reader = reader.option("publishers", args.publishers).option("token", args.token)
     if args.max_updates:
         reader = reader.option("maxUpdatesPerTrigger", args.max_updates)
     writer = (

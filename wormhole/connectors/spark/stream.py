@@ -452,7 +452,11 @@ class _NetworkFlows:
         addresses = self._registered() if self.registry_url else self.publishers
         out: dict[str, Any] = {}
         for address in addresses:
-            positions = self._remote(address).positions()
+            remote = self._remote(address)
+            try:
+                positions = remote.positions()
+            finally:
+                remote.close()
             datastore = positions.datastore or address
             if datastore in out:
                 raise ValueError(
@@ -491,6 +495,14 @@ class _NetworkFlows:
             out.setdefault(datastore, dict(flows))
         return out
 
+    def address(self, datastore: str) -> str | None:
+        """Where ``datastore``'s publisher is. A reader that has not asked yet asks now: after
+        a restart Spark may first replay a planned batch (``partitions``) or commit one,
+        before it asks for any offset."""
+        if datastore not in self.addresses:
+            self.positions()
+        return self.addresses.get(datastore)
+
     def partitions(
         self, start: dict[str, dict[str, int]], end: dict[str, dict[str, int]]
     ) -> list[FlowRange]:
@@ -499,7 +511,7 @@ class _NetworkFlows:
             begin = start.get(datastore)
             if begin is None:
                 begin = self.stored().get(datastore, {})
-            address = self.addresses.get(datastore)
+            address = self.address(datastore)
             for shard, stop in sorted(flows.items(), key=lambda kv: int(kv[0])):
                 first = int(begin.get(shard, stop))
                 if first >= int(stop):
@@ -525,10 +537,14 @@ class _NetworkFlows:
 
     def save(self, end: dict[str, dict[str, int]]) -> None:
         for datastore, flows in end.items():
-            address = self.addresses.get(datastore)
+            address = self.address(datastore)
             if address is None:
                 continue  # committed again with a later batch, once it is back
-            self._remote(address).commit({int(s): int(v) for s, v in flows.items()})
+            remote = self._remote(address)
+            try:
+                remote.commit({int(s): int(v) for s, v in flows.items()})
+            finally:
+                remote.close()
 
     def close(self) -> None:
         if self._registry is not None:
