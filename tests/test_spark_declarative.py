@@ -27,7 +27,9 @@ def _project(tmp_path: Path, spec_name: str = "spark-pipeline.yml") -> Path:
     shutil.copytree(
         EXAMPLE,
         project,
-        ignore=shutil.ignore_patterns(".wormhole", "spark-warehouse", "__pycache__"),
+        ignore=shutil.ignore_patterns(
+            ".wormhole", "spark-warehouse", "metastore_db", "derby.log", "__pycache__"
+        ),
     )
     for old in (project / "orders").iterdir():
         old.unlink()
@@ -162,3 +164,62 @@ def test_the_auto_cdc_variant_is_a_valid_graph_and_needs_a_table_format_with_mer
     run = _spark_pipelines(project, spark_connect.url, "run", "--spec", "auto-cdc.yml")
     assert run.returncode != 0
     assert "AUTOCDC_TARGET_DOES_NOT_SUPPORT_MERGE" in run.stdout + run.stderr
+
+
+def _documented_run() -> list[str]:
+    """The arguments of ``spark-pipelines`` in docs/spark.md's command for the example."""
+    docs = (REPO / "docs" / "spark.md").read_text()
+    lines = [line for line in docs.splitlines() if " spark-pipelines " in line and "run" in line]
+    assert len(lines) == 1, lines
+    return lines[0].split(" spark-pipelines ", 1)[1].split()
+
+
+def test_the_example_runs_again_on_a_local_server_exactly_as_documented(tmp_path: Path) -> None:
+    """No ``--remote``: ``spark-pipelines`` starts a local Spark Connect server for each run,
+    and the server's catalog must outlive it as the tables' files do. Three runs from a fresh
+    copy of the example, with docs/spark.md's command: the second has nothing new and appends
+    nothing; the third appends only what was published since."""
+    import pyspark
+
+    project = _project(tmp_path)
+    warehouse = project / "spark-warehouse"
+    command = Path(pyspark.__file__).parent / "bin" / "spark-pipelines"
+    env = {**os.environ, "PYSPARK_PYTHON": sys.executable, "PYSPARK_DRIVER_PYTHON": sys.executable}
+
+    def run() -> None:
+        result = subprocess.run(
+            ["bash", str(command), *_documented_run()],
+            cwd=project,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
+        output = result.stdout + result.stderr
+        assert result.returncode == 0, output[-5000:]
+        assert "Run is COMPLETED" in output
+
+    first = [_upsert(k, 1) for k in range(6)] + [_delete(2)]
+    _publish(project, "0001.jsonl", first)
+    run()
+    expected = [
+        (seq, u["op"], "orders", json.dumps(u["key"]).replace(" ", ""), u.get("after"))
+        for seq, u in enumerate(first)
+    ]
+    assert _updates(warehouse) == expected
+
+    run()  # nothing new: nothing appended
+    assert _updates(warehouse) == expected
+
+    second = [_upsert(2, 5), _upsert(3, 6)]
+    _publish(project, "0002.jsonl", second)
+    run()
+    expected += [
+        (len(first) + n, u["op"], "orders", json.dumps(u["key"]).replace(" ", ""), u.get("after"))
+        for n, u in enumerate(second)
+    ]
+    assert _updates(warehouse) == expected
+    live = {f'{{"id":{k}}}': {"id": k, "item": f"item{k}", "qty": 1} for k in range(6)}
+    live['{"id":2}']["qty"] = 5
+    live['{"id":3}']["qty"] = 6
+    assert _current(warehouse) == live

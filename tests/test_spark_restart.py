@@ -5,7 +5,9 @@ query is started again on the same checkpoint, with the default trigger or with
 per-key order, and the application's datamarkers never pass what Spark committed.
 
 The driver (tests/support/spark_source_driver.py) holds the query at the point asked for and
-writes a file when it is there; the test then kills its process group. The points:
+writes a file when it is there; the test then kills its process group. A chain kills the
+driver at several points in turn on one checkpoint, each restarted driver holding at the next
+point after a batch of its own; the last one runs to the end. The points:
 
 - ``initial``: the query asked for its first offset, nothing is planned;
 - ``plan``: a batch is planned (its offsets are in the checkpoint), no task started;
@@ -42,24 +44,28 @@ TOTAL = KEYS * ROUNDS
 SHARDS = 4
 PER_TRIGGER = 100  # 24 micro-batches from an empty checkpoint
 DRIVER = REPO / "tests" / "support" / "spark_source_driver.py"
-KILLS = [
-    # (where the driver is killed, the trigger of the restart that follows): each point is
-    # followed once by a restart with the default trigger and once with available-now.
-    ("initial", "default"),
-    ("plan", "available-now"),
-    ("read", "default"),
-    ("written", "available-now"),
-    ("commit", "default"),
-    ("plan", "default"),
-    ("read", "available-now"),
-    ("written", "default"),
-    ("commit", "available-now"),
-]
+# Each point is followed once by a restart with the default trigger and once with
+# Trigger.AvailableNow, over the three chains: (where the driver is killed, the trigger of the
+# restart that follows).
 CHAINS = {
     # name: (master, how it reads, the kills in order)
-    "local": ("local", "network", KILLS),
-    "cluster": ("cluster", "network", [("initial", "available-now"), ("read", "default")]),
-    "file": ("local", "file", [("plan", "available-now"), ("read", "default")]),
+    "local": (
+        "local",
+        "network",
+        [
+            ("initial", "default"),
+            ("plan", "available-now"),
+            ("read", "default"),
+            ("written", "available-now"),
+            ("commit", "default"),
+        ],
+    ),
+    "cluster": ("cluster", "network", [("read", "available-now"), ("plan", "default")]),
+    "file": (
+        "local",
+        "file",
+        [("initial", "available-now"), ("written", "default"), ("commit", "available-now")],
+    ),
 }
 
 

@@ -275,6 +275,16 @@ def _read(partition: InputPartition) -> Iterator[Any]:
     return _read_shard(partition)
 
 
+def _limit(options: dict[str, str]) -> int | None:
+    """Option ``maxUpdatesPerTrigger``: at most this many log positions a micro-batch."""
+    limit = options.get("maxUpdatesPerTrigger", "")
+    if limit and (not limit.isdigit() or int(limit) < 1):
+        raise ValueError(
+            f"wormhole source: option maxUpdatesPerTrigger: {limit!r} is not a positive number"
+        )
+    return int(limit) if limit else None
+
+
 class _Flows:
     """The external application's datamarkers, through the pipeline's datamarker store."""
 
@@ -305,6 +315,7 @@ class _Flows:
         self.state_dir = Path(options.get("stateDir") or pipeline.state_dir)
         self.log_dir = str(self.state_dir / "log")
         self.shards = pipeline.shards
+        self.limit = _limit(options)
 
     def _store(self) -> Any:
         store = self.pipeline.datamarker_store.create()
@@ -390,12 +401,7 @@ class _NetworkFlows:
                 )
         self.transport = options.get("transport", "tcp")
         self.options = {k: options[k] for k in CONNECTION_OPTIONS if options.get(k)}
-        limit = options.get("maxUpdatesPerTrigger", "")
-        if limit and (not limit.isdigit() or int(limit) < 1):
-            raise ValueError(
-                f"wormhole source: option maxUpdatesPerTrigger: {limit!r} is not a positive number"
-            )
-        self.limit = int(limit) if limit else None
+        self.limit = _limit(options)
         self.addresses: dict[str, str] = {}
         """Each datastore's publisher, as last seen (driver only)."""
         self.target: dict[str, int] | None = None
@@ -600,6 +606,9 @@ class WormholeStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             return self.flows.latest(start, getattr(limit, "max_rows", None))
         end = self.flows.end() if self.target is None else self.target
         base = start or self.flows.stored()
+        for cap in (getattr(limit, "max_rows", None), self.flows.limit):
+            if cap is not None:
+                end = min(end, min(int(v) for v in base.values()) + cap)
         return {shard: max(int(position), end) for shard, position in base.items()}
 
     def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> list[InputPartition]:
