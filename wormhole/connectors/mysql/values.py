@@ -144,20 +144,21 @@ def _fixed_binary(length: int) -> Converter:
     return convert
 
 
-def _json_value(value: Any) -> Any:
+def json_value(value: Any) -> Any:
+    """A JSON document as the binlog reader parsed it, with its byte strings as text."""
     if isinstance(value, bytes):
         return value.decode("utf-8", "replace")
     if isinstance(value, dict):
-        return {_json_value(k): _json_value(v) for k, v in value.items()}
+        return {json_value(k): json_value(v) for k, v in value.items()}
     if isinstance(value, list):
-        return [_json_value(v) for v in value]
+        return [json_value(v) for v in value]
     return value
 
 
 def _json(value: Any) -> Any:
     if isinstance(value, (str, type(None))):
         return value
-    return json.dumps(_json_value(value), ensure_ascii=False)
+    return json.dumps(json_value(value), ensure_ascii=False)
 
 
 class Layout:
