@@ -319,3 +319,20 @@ def test_an_undecodable_value_is_delivered_as_its_bytes_with_a_warning_or_stops_
     finally:
         source.close()
         stopping.close()
+
+
+def test_enum_and_set_members_are_decoded_by_their_columns_character_set(
+    tmp_path: Path, mariadb_server: MariaDBServer, mysql_database: str
+) -> None:
+    rows = stream(
+        tmp_path,
+        mariadb_server,
+        mysql_database,
+        "CREATE TABLE m (id INT PRIMARY KEY, "
+        "e1 ENUM('é', 'ü') CHARACTER SET latin1, s1 SET('é', 'ü') CHARACTER SET latin1, "
+        "e2 ENUM('a', 'ж') CHARACTER SET ucs2, s2 SET('a', '🐍') CHARACTER SET utf32, "
+        "e3 ENUM('Ω', 'ж') CHARACTER SET utf8mb4)",
+        "INSERT INTO m VALUES (1, 'ü', 'é,ü', 'ж', 'a,🐍', 'Ω')",
+        changes=1,
+    )
+    assert rows == [{"id": 1, "e1": "ü", "s1": "é,ü", "e2": "ж", "s2": "a,🐍", "e3": "Ω"}]

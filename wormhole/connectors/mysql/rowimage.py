@@ -510,9 +510,10 @@ def _reader(column: Any, collation: int | None, charsets: Charsets) -> Reader:
     if t == _BIT:
         return _bit(column.bits, column.bytes)
     if t == _ENUM:
-        return _enum(list(column.enum_values or [""])[1:], column.size)
+        members = _members(list(column.enum_values or [""])[1:], collation, charsets)
+        return _enum(members, column.size)
     if t == _SET:
-        return _set(list(column.set_values or []), column.size)
+        return _set(_members(list(column.set_values or []), collation, charsets), column.size)
     if t == _JSON:
         return _json_binary(column.length_size)
     if t == _GEOMETRY:
@@ -526,6 +527,47 @@ def _reader(column: Any, collation: int | None, charsets: Charsets) -> Reader:
     if t in _BLOBS:
         return _text(column.length_size, charset, decode)
     raise ValueError(f"column {column.name} has binlog type {t}, which the source cannot read")
+
+
+def _members(members: list[str], collation: int | None, charsets: Charsets) -> list[str]:
+    """ENUM/SET members decoded by their column's character set (the table map holds them in
+    it; :func:`keep_member_bytes` keeps each byte of them)."""
+    _charset, decode = charsets.text(collation)
+    if decode is None:
+        return members
+    out = []
+    for member in members:
+        raw = member.encode("utf-8", "surrogateescape")
+        try:
+            out.append(decode(raw))
+        except ValueError:
+            out.append(raw.decode("utf-8", "replace"))
+    return out
+
+
+def keep_member_bytes(table_map_event: Any) -> None:
+    """Make the library keep every byte of the ENUM/SET members a table map holds.
+
+    It decodes them as UTF-8 and drops a member that is not (latin1's ``é``); here each
+    stays UTF-8 with surrogate escapes, which :func:`_members` turns back into the bytes
+    and decodes by the column's character set.
+    """
+
+    def read_type_values(self: Any, length: int) -> list[list[str]]:
+        packet = self.packet
+        result = []
+        read_until = packet.read_bytes + length
+        while packet.read_bytes < read_until:
+            count = packet.read_length_coded_binary()
+            result.append(
+                [
+                    packet.read_variable_length_string().decode("utf-8", "surrogateescape")
+                    for _ in range(count)
+                ]
+            )
+        return result
+
+    table_map_event._read_type_values = read_type_values
 
 
 def _is_character(column_type: int, mariadb: bool) -> bool:

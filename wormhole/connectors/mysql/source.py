@@ -77,6 +77,9 @@ try:  # optional dependency: the `mysql` extra
         WriteRowsEvent,
     )
 
+    from wormhole.connectors.mysql.rowimage import keep_member_bytes
+
+    keep_member_bytes(TableMapEvent)
     HAVE_DRIVER = True
 except ImportError:  # pragma: no cover - reported at open()
     HAVE_DRIVER = False
