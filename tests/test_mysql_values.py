@@ -122,7 +122,9 @@ def test_negative_time_keeps_its_fraction_at_every_precision(
 ) -> None:
     values = ["-00:00:00.6", "-838:59:59.9", "-00:00:00.000001", "-01:02:03.123456", "-12:00:00"]
     columns = ", ".join(f"t{n} TIME({n})" for n in FSPS)
-    inserts = ", ".join(f"({i}, " + ", ".join(f"'{v}'" for _ in FSPS) + ")" for i, v in enumerate(values))
+    inserts = ", ".join(
+        f"({i}, " + ", ".join(f"'{v}'" for _ in FSPS) + ")" for i, v in enumerate(values)
+    )
     rows = stream(
         tmp_path,
         mariadb_server,
@@ -171,9 +173,7 @@ def test_dates_with_zero_parts_year_0_or_invalid_days_keep_their_parts_and_fract
         + " FROM d ORDER BY id",
         database=mysql_database,
     )
-    assert rows == [
-        {"id": r[0], "d": r[1]} | {f"dt{n}": r[n + 2] for n in FSPS} for r in expected
-    ]
+    assert rows == [{"id": r[0], "d": r[1]} | {f"dt{n}": r[n + 2] for n in FSPS} for r in expected]
     assert rows[0]["d"] == "2024-00-15" and rows[1]["dt6"] == "2024-05-00 10:00:00.500000"
     assert rows[2]["dt6"] == "0000-01-01 23:59:59.999999" and rows[3]["d"] == "2001-02-29"
 
@@ -297,7 +297,8 @@ def test_an_undecodable_value_is_delivered_as_its_bytes_with_a_warning_or_stops_
     source = open_source(tmp_path, mariadb_server, db)
     try:
         mariadb_server.sql(
-            "INSERT INTO a VALUES (1, x'41ff'), (2, 'ok')", "INSERT INTO a VALUES (3, 'next')",
+            "INSERT INTO a VALUES (1, x'41ff'), (2, 'ok')",
+            "INSERT INTO a VALUES (3, 'next')",
             database=db,
         )
         with caplog.at_level(logging.WARNING, logger="wormhole.mysql"):

@@ -80,7 +80,7 @@ PARKED = Counter(
 )
 UNDECODED = Counter(
     "wormhole_source_undecoded_values",
-    "Values a source could not decode and delivered as their bytes ({\"undecoded\": hex}), "
+    'Values a source could not decode and delivered as their bytes ({"undecoded": hex}), '
     "by table and column.",
     ["table", "column"],
     registry=REGISTRY,

@@ -53,7 +53,7 @@ def chunk_layout(columns: list[tuple[Any, ...]], keys: list[str]) -> Layout:
     layout = schema_layout([c[:4] for c in columns], keys)
     text = {c[0] for c in columns if str(c[1]).lower() in AS_TEXT}
     special = [(n, f) for n, f in layout.special if n not in text]
-    return Layout(layout.columns, layout.key, special, layout.zero)
+    return Layout(layout.columns, layout.key, special)
 
 
 def members(column_type: str) -> list[str]:

@@ -48,7 +48,7 @@ class MySQLOptions(Options):
     on_decode_error: Literal["fallback", "stop"] = Field(
         "fallback",
         description="a value the source cannot decode (bytes its column's character set "
-        "does not map): deliver it as {\"undecoded\": HEX} with a warning (fallback), or "
+        'does not map): deliver it as {"undecoded": HEX} with a warning (fallback), or '
         "stop the source with that message (stop)",
     )
     signal_table: str = Field(

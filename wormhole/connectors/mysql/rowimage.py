@@ -24,25 +24,33 @@ metadata, character sets, ENUM/SET members, signedness, names).
 
 from __future__ import annotations
 
-import codecs
 import struct
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from wormhole.connectors.mysql.charsets import Charsets, Text, members_text
+from wormhole.connectors.mysql.values import float32, json_value
+
 # FIELD_TYPE codes of the binlog (mysql/field_types.h)
 _DECIMAL_OLD, _TINY, _SHORT, _LONG, _FLOAT, _DOUBLE = 0, 1, 2, 3, 4, 5
-_TIMESTAMP, _LONGLONG, _INT24, _DATE, _TIME, _DATETIME, _YEAR, _NEWDATE = 7, 8, 9, 10, 11, 12, 13, 14
+_TIMESTAMP, _LONGLONG, _INT24, _DATE, _TIME, _DATETIME, _YEAR, _NEWDATE = (
+    7,
+    8,
+    9,
+    10,
+    11,
+    12,
+    13,
+    14,
+)
 _VARCHAR, _BIT, _TIMESTAMP2, _DATETIME2, _TIME2 = 15, 16, 17, 18, 19
 _JSON, _NEWDECIMAL, _ENUM, _SET = 245, 246, 247, 248
 _BLOBS = frozenset({249, 250, 251, 252})
 _VAR_STRING, _STRING, _GEOMETRY = 253, 254, 255
-BINARY_COLLATION = 63
 
 Reader = Callable[[bytes, int], tuple[Any, int]]
 """Reads one value at an offset of a row image: (value, offset after it)."""
-Text = Callable[[bytes], str]
-"""Decodes a character set's bytes; raises ValueError (UnicodeDecodeError) if it cannot."""
 
 
 class Undecodable(Exception):
@@ -58,128 +66,6 @@ class Undecodable(Exception):
 def undecoded(raw: bytes) -> dict[str, str]:
     """The documented rendering of a value that cannot be decoded: its bytes, in hex."""
     return {"undecoded": raw.hex()}
-
-
-# ------------------------------------------------------------------ character sets
-# Multi-byte character sets and the Python codec that decodes them as the server does.
-MULTIBYTE_CODECS = {
-    "utf8mb3": "utf-8",
-    "utf8mb4": "utf-8",
-    "utf8": "utf-8",
-    "ucs2": "utf-16-be",
-    "utf16": "utf-16-be",
-    "utf16le": "utf-16-le",
-    "utf32": "utf-32-be",
-    "big5": "big5",
-    "cp932": "cp932",
-    "sjis": "shift_jis",
-    "ujis": "euc_jp",
-    "eucjpms": "euc_jp",
-    "euckr": "euc_kr",
-    "gb2312": "gb2312",
-    "gbk": "gbk",
-    "gb18030": "gb18030",
-}
-_ALL_BYTES = bytes(range(256)).hex()
-_UNMAPPED = "\ufffe"  # charmap_decode's "undefined"
-
-
-def single_byte_table(utf32_hex: str) -> str:
-    """A charmap decoding table from the server's conversion of bytes 0..255 to utf32.
-
-    The server converts a byte it does not map to ``?``; such a byte maps to nothing.
-    """
-    table = []
-    for byte in range(256):
-        point = int(utf32_hex[byte * 8 : byte * 8 + 8], 16)
-        table.append(_UNMAPPED if point == 0x3F and byte != 0x3F else chr(point))
-    return "".join(table)
-
-
-class Charsets:
-    """The server's collations and character sets, as decoders of column bytes."""
-
-    def __init__(self, collations: dict[int, str], single_byte: dict[str, str]) -> None:
-        self.collations = collations
-        self.decoders: dict[str, Text] = {}
-        for name, table in single_byte.items():
-            self.decoders[name] = _charmap(table)
-        for name, codec in MULTIBYTE_CODECS.items():
-            self.decoders.setdefault(name, _codec(codec))
-
-    @classmethod
-    def from_server(cls, query: Callable[[str], Sequence[Sequence[Any]]]) -> Charsets:
-        """Read the collations and the single-byte character sets' tables from the server."""
-        collations = {
-            int(i): str(c)
-            for i, c in query(
-                "SELECT ID, CHARACTER_SET_NAME FROM information_schema.COLLATIONS "
-                "WHERE ID IS NOT NULL"
-            )
-        }
-        names = [
-            str(r[0])
-            for r in query(
-                "SELECT CHARACTER_SET_NAME FROM information_schema.CHARACTER_SETS "
-                "WHERE MAXLEN = 1 AND CHARACTER_SET_NAME <> 'binary' ORDER BY 1"
-            )
-        ]
-        single: dict[str, str] = {}
-        if names:
-            select = ", ".join(
-                f"HEX(CONVERT(CAST(UNHEX('{_ALL_BYTES}') AS CHAR CHARACTER SET {n}) USING utf32))"
-                for n in names
-                if n.isidentifier()
-            )
-            (row,) = query(f"SELECT {select}")
-            single = {
-                n: single_byte_table(str(h))
-                for n, h in zip([n for n in names if n.isidentifier()], row, strict=True)
-            }
-        return cls(collations, single)
-
-    def charset(self, collation: int | None) -> str | None:
-        if collation is None:
-            return None
-        return self.collations.get(collation)
-
-    def text(self, collation: int | None) -> tuple[str, Text | None]:
-        """(character set name, its decoder); decoder None for ``binary``."""
-        if collation == BINARY_COLLATION:
-            return "binary", None
-        name = self.charset(collation)
-        if name is None:  # no metadata (an old server): the server's default
-            return f"collation {collation}" if collation else "utf8mb4", (
-                self.decoders["utf8mb4"] if collation is None else _unknown(collation)
-            )
-        if name == "binary":
-            return name, None
-        return name, self.decoders.get(name) or _unknown(name)
-
-
-def _charmap(table: str) -> Text:
-    decode = codecs.charmap_decode
-
-    def text(raw: bytes) -> str:
-        return decode(raw, "strict", table)[0]
-
-    return text
-
-
-def _codec(codec: str) -> Text:
-    decoder = codecs.getdecoder(codec)
-
-    def text(raw: bytes) -> str:
-        return decoder(raw, "strict")[0]
-
-    return text
-
-
-def _unknown(what: Any) -> Text:
-    def text(raw: bytes) -> str:
-        raise ValueError(f"the character set {what} has no decoder here")
-
-    return text
 
 
 # ------------------------------------------------------------------ readers
@@ -200,21 +86,11 @@ def _int24(signed: bool) -> Reader:
     return read
 
 
-def float32_text(value: float) -> float:
-    """The shortest decimal that is the same single-precision value."""
-    packed = struct.pack("<f", value)
-    for digits in range(6, 10):
-        shortest = float(f"{value:.{digits}g}")
-        if struct.pack("<f", shortest) == packed:
-            return shortest
-    return value
-
-
 def _float() -> Reader:
     unpack = struct.Struct("<f").unpack_from
 
     def read(buf: bytes, pos: int) -> tuple[Any, int]:
-        return float32_text(unpack(buf, pos)[0]), pos + 4
+        return float32(unpack(buf, pos)[0]), pos + 4
 
     return read
 
@@ -454,8 +330,6 @@ def _json_binary(length_size: int) -> Reader:
 
     from pymysqlreplication.json_binary import parse_json
 
-    from wormhole.connectors.mysql.values import json_value
-
     raw_of = _counted(length_size)
 
     def read(buf: bytes, pos: int) -> tuple[Any, int]:
@@ -464,7 +338,7 @@ def _json_binary(length_size: int) -> Reader:
             return "null", end
         try:
             document = parse_json(raw[0], raw[1:])
-        except Exception as exc:  # noqa: BLE001 - the library's parser: any failure
+        except Exception as exc:
             raise Undecodable(raw, f"not valid binary JSON ({exc!r})", end) from None
         return json.dumps(json_value(document), ensure_ascii=False), end
 
@@ -510,10 +384,10 @@ def _reader(column: Any, collation: int | None, charsets: Charsets) -> Reader:
     if t == _BIT:
         return _bit(column.bits, column.bytes)
     if t == _ENUM:
-        members = _members(list(column.enum_values or [""])[1:], collation, charsets)
+        members = members_text(list(column.enum_values or [""])[1:], collation, charsets)
         return _enum(members, column.size)
     if t == _SET:
-        return _set(_members(list(column.set_values or []), collation, charsets), column.size)
+        return _set(members_text(list(column.set_values or []), collation, charsets), column.size)
     if t == _JSON:
         return _json_binary(column.length_size)
     if t == _GEOMETRY:
@@ -527,47 +401,6 @@ def _reader(column: Any, collation: int | None, charsets: Charsets) -> Reader:
     if t in _BLOBS:
         return _text(column.length_size, charset, decode)
     raise ValueError(f"column {column.name} has binlog type {t}, which the source cannot read")
-
-
-def _members(members: list[str], collation: int | None, charsets: Charsets) -> list[str]:
-    """ENUM/SET members decoded by their column's character set (the table map holds them in
-    it; :func:`keep_member_bytes` keeps each byte of them)."""
-    _charset, decode = charsets.text(collation)
-    if decode is None:
-        return members
-    out = []
-    for member in members:
-        raw = member.encode("utf-8", "surrogateescape")
-        try:
-            out.append(decode(raw))
-        except ValueError:
-            out.append(raw.decode("utf-8", "replace"))
-    return out
-
-
-def keep_member_bytes(table_map_event: Any) -> None:
-    """Make the library keep every byte of the ENUM/SET members a table map holds.
-
-    It decodes them as UTF-8 and drops a member that is not (latin1's ``é``); here each
-    stays UTF-8 with surrogate escapes, which :func:`_members` turns back into the bytes
-    and decodes by the column's character set.
-    """
-
-    def read_type_values(self: Any, length: int) -> list[list[str]]:
-        packet = self.packet
-        result = []
-        read_until = packet.read_bytes + length
-        while packet.read_bytes < read_until:
-            count = packet.read_length_coded_binary()
-            result.append(
-                [
-                    packet.read_variable_length_string().decode("utf-8", "surrogateescape")
-                    for _ in range(count)
-                ]
-            )
-        return result
-
-    table_map_event._read_type_values = read_type_values
 
 
 def _is_character(column_type: int, mariadb: bool) -> bool:
@@ -621,7 +454,7 @@ OnError = Callable[[str, bytes, str, int], Any]
 class RowDecoder:
     """Decodes the row images of one table layout."""
 
-    __slots__ = ("names", "readers", "key")
+    __slots__ = ("key", "names", "readers")
 
     def __init__(
         self,

@@ -39,9 +39,9 @@ from wormhole.connectors.mysql.backfill import (
     qualified,
     select_list,
 )
+from wormhole.connectors.mysql.charsets import Charsets, keep_member_bytes
 from wormhole.connectors.mysql.options import MySQLOptions
 from wormhole.connectors.mysql.rowimage import (
-    Charsets,
     RowDecoder,
     collations,
     present_columns,
@@ -76,8 +76,6 @@ try:  # optional dependency: the `mysql` extra
         UpdateRowsEvent,
         WriteRowsEvent,
     )
-
-    from wormhole.connectors.mysql.rowimage import keep_member_bytes
 
     keep_member_bytes(TableMapEvent)
     HAVE_DRIVER = True
