@@ -92,6 +92,7 @@ def test_a_value_the_library_could_not_decode_no_longer_stops_the_stream(
         {"id": 4, "a": "\x81\x8d\x8f\x90\x9d€", "b": "x", "d": "2024-02-29"},
         {"id": 5, "a": "after", "b": "after", "d": "2000-01-01"},
     ]
+    assert snapshot_rows(tmp_path, mariadb_server, mysql_database, "l") == rows
 
 
 def test_timestamp_zero_is_the_zero_datetime_at_every_precision(
@@ -115,6 +116,7 @@ def test_timestamp_zero_is_the_zero_datetime_at_every_precision(
     assert rows[1] == {"id": 2} | {
         f"t{n}": "1970-01-01 00:00:01" + ("." + "0" * n if n else "") for n in FSPS
     }
+    assert snapshot_rows(tmp_path, mariadb_server, mysql_database, "z") == rows
 
 
 def test_negative_time_keeps_its_fraction_at_every_precision(
@@ -140,6 +142,7 @@ def test_negative_time_keeps_its_fraction_at_every_precision(
     assert rows == [{"id": r[0]} | {f"t{n}": r[n + 1] for n in FSPS} for r in expected]
     # The server's own text, spelled out for the reproductions:
     assert rows[0]["t1"] == "-00:00:00.6" and rows[1]["t1"] == "-838:59:59.9"
+    assert snapshot_rows(tmp_path, mariadb_server, mysql_database, "t") == rows
     assert rows[3]["t6"] == "-01:02:03.123456" and rows[3]["t3"] == "-01:02:03.123"
 
 
@@ -176,6 +179,7 @@ def test_dates_with_zero_parts_year_0_or_invalid_days_keep_their_parts_and_fract
     assert rows == [{"id": r[0], "d": r[1]} | {f"dt{n}": r[n + 2] for n in FSPS} for r in expected]
     assert rows[0]["d"] == "2024-00-15" and rows[1]["dt6"] == "2024-05-00 10:00:00.500000"
     assert rows[2]["dt6"] == "0000-01-01 23:59:59.999999" and rows[3]["d"] == "2001-02-29"
+    assert snapshot_rows(tmp_path, mariadb_server, mysql_database, "d") == rows
 
 
 def test_set_members_and_binary_length_follow_alter_table(
@@ -208,6 +212,7 @@ def test_year_0_is_0000(tmp_path: Path, mariadb_server: MariaDBServer, mysql_dat
         changes=4,
     )
     assert [r["y"] for r in rows] == ["0000", "1901", "2155", "0000"]
+    assert snapshot_rows(tmp_path, mariadb_server, mysql_database, "y") == rows
 
 
 @pytest.mark.parametrize("charset", ["ucs2", "utf16", "utf16le", "utf32"])
@@ -225,6 +230,7 @@ def test_unicode_character_sets_decode_by_their_byte_order(
         changes=1,
     )
     assert rows == [{"id": 1, "c": text, "v": text, "t": text}]
+    assert snapshot_rows(tmp_path, mariadb_server, mysql_database, "u") == rows
 
 
 SAMPLE = "abc é ü ß Ω Ж א ع ก ą ğ ő ™ € 日本語 한국어 中文 ｶﾅ 🐍"
@@ -278,6 +284,7 @@ def test_every_character_set_of_the_server_decodes_as_the_server_converts_it(
     # latin1 as MariaDB defines it maps every byte; ascii maps none above 0x7f.
     assert "latin1" not in undecoded and "ascii" in undecoded
     assert rows[0]["c_utf8mb4"] == SAMPLE and rows[0]["c_utf32"] == SAMPLE
+    assert snapshot_rows(tmp_path, mariadb_server, db, "cs") == rows
 
 
 def test_an_undecodable_value_is_delivered_as_its_bytes_with_a_warning_or_stops_the_source(
@@ -317,6 +324,10 @@ def test_an_undecodable_value_is_delivered_as_its_bytes_with_a_warning_or_stops_
             read_changes(stopping, 1)
         assert f"cannot decode column v of {db}.a at {updates[0].position}" in str(stopped.value)
         assert "on_decode_error: fallback" in str(stopped.value)
+        # The snapshot reads the column's bytes and decodes them the same way.
+        snapshot = snapshot_rows(tmp_path, mariadb_server, db, "a")
+        assert snapshot[0] == {"id": 1, "v": {"undecoded": "41ff"}}
+        assert UNDECODED.labels(f"{db}.a", "v")._value.get() == counted + 2
     finally:
         source.close()
         stopping.close()
@@ -337,3 +348,20 @@ def test_enum_and_set_members_are_decoded_by_their_columns_character_set(
         changes=1,
     )
     assert rows == [{"id": 1, "e1": "ü", "s1": "é,ü", "e2": "ж", "s2": "a,🐍", "e3": "Ω"}]
+    assert snapshot_rows(tmp_path, mariadb_server, mysql_database, "m") == rows
+
+
+def snapshot_rows(tmp_path: Path, server: MariaDBServer, db: str, table: str) -> list[Any]:
+    """The initial snapshot's rows of ``db.table``, in key order."""
+    source = MySQLSource(MySQLOptions(dsn=server.dsn(), tables=[f"{db}.{table}"]))
+    context = SourceContext(
+        "snap", tmp_path / "snap", 4, threading.Event(), logging.getLogger("snap")
+    )
+    source.open(context, None)
+    try:
+        rows = []
+        while (batch := source.read(0.5)) is not None:
+            rows += [after(u) for u in batch.updates if u.op == "r"]
+        return sorted(rows, key=lambda r: r["id"])
+    finally:
+        source.close()

@@ -95,6 +95,8 @@ _FATAL_HINTS = {
 # Column types whose values a backfill's chunks keep as the server's text.
 _TEXT_FIELDS = (0, 246, 7, 10, 11, 12, 13, 14)  # DECIMAL, NEWDECIMAL, TIMESTAMP, DATE, TIME,
 # DATETIME, YEAR, NEWDATE
+_TEXT_TYPES = frozenset({"char", "varchar", "tinytext", "text", "mediumtext", "longtext"})
+_UTF8 = frozenset({None, "utf8mb3", "utf8mb4", "utf8", "binary"})
 # Errors of a backfill's chunk that reading it again cannot fix: the request fails.
 _CHUNK_FATAL = frozenset({1054, 1064, 1142, 1143, 1146, 1305, 1792})
 # Errors writing the signal table that trying again cannot fix (privileges).
@@ -385,9 +387,9 @@ class MySQLSource(DatabaseSource):
             if not self._wanted(schema, table):
                 continue
             columns = self._query(
-                "SELECT COLUMN_NAME, DATA_TYPE, DATETIME_PRECISION, NUMERIC_PRECISION "
-                "FROM information_schema.COLUMNS WHERE TABLE_SCHEMA = %s AND TABLE_NAME = %s "
-                "ORDER BY ORDINAL_POSITION",
+                "SELECT COLUMN_NAME, DATA_TYPE, DATETIME_PRECISION, NUMERIC_PRECISION, "
+                "CHARACTER_SET_NAME FROM information_schema.COLUMNS WHERE TABLE_SCHEMA = %s "
+                "AND TABLE_NAME = %s ORDER BY ORDINAL_POSITION",
                 (schema, table),
             )
             key = [
@@ -398,8 +400,40 @@ class MySQLSource(DatabaseSource):
                     (schema, table),
                 )
             ]
-            plan.append((schema, table, schema_layout(columns, key), select_list(columns)))
+            layout = schema_layout([c[:4] for c in columns], key)
+            as_bytes = self._text_as_bytes(schema, table, columns, layout)
+            plan.append((schema, table, layout, select_list(columns, as_bytes)))
         return plan
+
+    def _text_as_bytes(
+        self, schema: str, table: str, columns: list[tuple[Any, ...]], layout: Layout
+    ) -> set[str]:
+        """Text columns the snapshot reads as their bytes and decodes as the stream does: those
+        of a character set other than UTF-8, which the server's conversion to the connection's
+        utf8mb4 would turn into ``?`` where it cannot map a byte."""
+        assert self.charsets is not None
+        as_bytes: set[str] = set()
+        for name, data_type, _dt, _num, charset in columns:
+            if str(data_type).lower() not in _TEXT_TYPES or charset in _UTF8:
+                continue
+            decode = self.charsets.decoders.get(str(charset))
+            if decode is None:
+                continue
+            as_bytes.add(name)
+            layout.special.append((name, self._snapshot_text(f"{schema}.{table}", name, decode)))
+        return as_bytes
+
+    def _snapshot_text(self, table: str, column: str, decode: Any) -> Any:
+        def convert(value: Any) -> Any:
+            if not isinstance(value, (bytes, bytearray)):
+                return value
+            try:
+                return decode(bytes(value))
+            except ValueError as exc:
+                at = f"the snapshot at {self.snapshot_position}"
+                return self._undecodable(table, column, bytes(value), str(exc), at, "table")
+
+        return convert
 
     def _open_snapshot_table(self, table: tuple[str, str, Layout, str]) -> SnapshotTable:
         schema, name, layout, select = table
@@ -1058,7 +1092,8 @@ class MySQLSource(DatabaseSource):
         first = self.txn_index + 1
 
         def on_error(column: str, raw: bytes, reason: str, row: int) -> Any:
-            return self._undecodable(table, column, raw, reason, first + row)
+            at = f"{self.txn_position}:{first + row} (GTID {self.txn_gtid or '-'})"
+            return self._undecodable(table, column, raw, reason, at)
 
         return decoder.rows(body, present, present_after, on_error)
 
@@ -1068,16 +1103,16 @@ class MySQLSource(DatabaseSource):
             found = self.present[(bitmap, count)] = present_columns(bitmap, count)
         return found
 
-    def _undecodable(self, table: str, column: str, raw: bytes, reason: str, index: int) -> Any:
-        """A value that cannot be decoded: stop, or deliver its bytes with a warning."""
+    def _undecodable(
+        self, table: str, column: str, raw: bytes, reason: str, at: str, kept: str = "binlog"
+    ) -> Any:
+        """A value that cannot be decoded: stop, or deliver its bytes with a warning. ``at``:
+        where it is (the change's position); ``kept``: what keeps it (binlog, table)."""
         shown = raw[:64].hex() + ("..." if len(raw) > 64 else "")
-        where = (
-            f"column {column} of {table} at {self.txn_position}:{index} "
-            f"(GTID {self.txn_gtid or '-'})"
-        )
+        where = f"column {column} of {table} at {at}"
         if self.options.on_decode_error == "stop":
             raise SourceError(
-                f"source: cannot decode {where}: {reason}; bytes {shown}. The binlog keeps "
+                f"source: cannot decode {where}: {reason}; bytes {shown}. The {kept} keeps "
                 f"the value: set source.on_decode_error: fallback to deliver it as "
                 f'{{"undecoded": "<hex>"}}, and give the column a character set that holds '
                 f"it (ALTER TABLE ... CONVERT TO CHARACTER SET utf8mb4) for the rows to come"
