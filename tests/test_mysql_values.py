@@ -365,3 +365,39 @@ def snapshot_rows(tmp_path: Path, server: MariaDBServer, db: str, table: str) ->
         return sorted(rows, key=lambda r: r["id"])
     finally:
         source.close()
+
+
+def test_temporals_of_the_pre_10_1_format_decode_or_stop_with_the_fix(
+    tmp_path: Path, mariadb_server: MariaDBServer, mysql_database: str
+) -> None:
+    db = mysql_database
+    source = open_source(tmp_path, mariadb_server, db)
+    try:
+        mariadb_server.sql("SET GLOBAL mysql56_temporal_format = OFF")
+        try:
+            mariadb_server.sql(
+                "CREATE TABLE old0 (id INT PRIMARY KEY, t TIME, d DATETIME, s TIMESTAMP NULL)",
+                "CREATE TABLE old3 (id INT PRIMARY KEY, t TIME(3))",
+                database=db,
+            )
+        finally:
+            mariadb_server.sql("SET GLOBAL mysql56_temporal_format = ON")
+        mariadb_server.sql(
+            "SET SESSION sql_mode = '', time_zone = '+00:00'",
+            "INSERT INTO old0 VALUES (1, '-01:02:03', '2024-00-29 01:02:03', "
+            "'2024-01-01 00:00:01'), (2, '838:59:59', '0000-00-00 00:00:00', 0)",
+            database=db,
+        )
+        rows = [after(u) for u in read_changes(source, 2)]
+        assert rows == [
+            {"id": 1, "t": "-01:02:03", "d": "2024-00-29 01:02:03", "s": "2024-01-01 00:00:01"},
+            {"id": 2, "t": "838:59:59", "d": "0000-00-00 00:00:00", "s": "0000-00-00 00:00:00"},
+        ]
+        mariadb_server.sql("INSERT INTO old3 VALUES (1, '01:02:03.5')", database=db)
+        with pytest.raises(SourceError) as stopped:
+            read_changes(source, 1)
+        message = str(stopped.value)
+        assert f"{db}.old3 has columns in the temporal format of MariaDB before 10.1" in message
+        assert f"ALTER TABLE `{db}`.`old3` FORCE" in message
+    finally:
+        source.close()

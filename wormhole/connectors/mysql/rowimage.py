@@ -34,16 +34,11 @@ from wormhole.connectors.mysql.values import float32, json_value
 
 # FIELD_TYPE codes of the binlog (mysql/field_types.h)
 _DECIMAL_OLD, _TINY, _SHORT, _LONG, _FLOAT, _DOUBLE = 0, 1, 2, 3, 4, 5
-_TIMESTAMP, _LONGLONG, _INT24, _DATE, _TIME, _DATETIME, _YEAR, _NEWDATE = (
-    7,
-    8,
-    9,
-    10,
-    11,
-    12,
-    13,
-    14,
-)
+_TIMESTAMP, _LONGLONG, _INT24, _DATE, _TIME = 7, 8, 9, 10, 11
+_DATETIME, _YEAR, _NEWDATE = 12, 13, 14
+OLD_TEMPORALS = frozenset({_TIMESTAMP, _TIME, _DATETIME})
+"""The temporal types of the pre-MariaDB-10.1 format, whose fractional variants have no
+length in the table map."""
 _VARCHAR, _BIT, _TIMESTAMP2, _DATETIME2, _TIME2 = 15, 16, 17, 18, 19
 _JSON, _NEWDECIMAL, _ENUM, _SET = 245, 246, 247, 248
 _BLOBS = frozenset({249, 250, 251, 252})
@@ -61,6 +56,10 @@ class Undecodable(Exception):
         self.raw = raw
         self.reason = reason
         self.end = end
+
+
+class Unframed(Exception):
+    """The row images do not match their table map: no value of the event can be read."""
 
 
 def undecoded(raw: bytes) -> dict[str, str]:
@@ -499,14 +498,19 @@ class RowDecoder:
         """Every row of a rows event's body: dicts, or (before, after) pairs for updates."""
         out: list[Any] = []
         pos, end, image = 0, len(buf), self.image
-        while pos < end:
-            row = len(out)
-            before, pos = image(buf, pos, present, on_error, row)
-            if present_after is None:
-                out.append(before)
-            else:
-                after, pos = image(buf, pos, present_after, on_error, row)
-                out.append((before, after))
+        try:
+            while pos < end:
+                row = len(out)
+                before, pos = image(buf, pos, present, on_error, row)
+                if present_after is None:
+                    out.append(before)
+                else:
+                    after, pos = image(buf, pos, present_after, on_error, row)
+                    out.append((before, after))
+        except (IndexError, struct.error) as exc:
+            raise Unframed(f"row {len(out)} runs past the event's end ({exc})") from exc
+        if pos != end:
+            raise Unframed(f"the rows end at byte {pos} of the event's {end}")
         return out
 
 

@@ -42,7 +42,9 @@ from wormhole.connectors.mysql.backfill import (
 from wormhole.connectors.mysql.charsets import Charsets, keep_member_bytes
 from wormhole.connectors.mysql.options import MySQLOptions
 from wormhole.connectors.mysql.rowimage import (
+    OLD_TEMPORALS,
     RowDecoder,
+    Unframed,
     collations,
     present_columns,
     signature,
@@ -1072,6 +1074,8 @@ class MySQLSource(DatabaseSource):
             else:
                 keys = list(primary_key or ())
             assert self.charsets is not None
+            if any(c.type in OLD_TEMPORALS for c in columns):
+                self._check_old_temporals(event.schema, event.table, columns)
             try:
                 decoder = RowDecoder(columns, ids, self.charsets, keys)
             except ValueError as exc:
@@ -1095,7 +1099,37 @@ class MySQLSource(DatabaseSource):
             at = f"{self.txn_position}:{first + row} (GTID {self.txn_gtid or '-'})"
             return self._undecodable(table, column, raw, reason, at)
 
-        return decoder.rows(body, present, present_after, on_error)
+        try:
+            return decoder.rows(body, present, present_after, on_error)
+        except Unframed as exc:
+            raise SourceError(
+                f"source: the rows of {table} at {self.txn_position} (GTID "
+                f"{self.txn_gtid or '-'}) do not match their table map: {exc}; leave the table "
+                f"out (exclude_tables) and report it with the table's SHOW CREATE TABLE"
+            ) from exc
+
+    def _check_old_temporals(self, schema: str, table: str, columns: list[Any]) -> None:
+        """TIME, DATETIME and TIMESTAMP in the pre-10.1 format carry no length in the binlog:
+        readable only without fractional seconds (the catalog says which they have)."""
+        names = [str(c.name) for c in columns if c.type in OLD_TEMPORALS]
+        marks = ", ".join(["%s"] * len(names))
+        fractional = [
+            str(r[0])
+            for r in self._query(
+                "SELECT COLUMN_NAME FROM information_schema.COLUMNS WHERE TABLE_SCHEMA = %s AND "
+                f"TABLE_NAME = %s AND COLUMN_NAME IN ({marks}) AND DATETIME_PRECISION > 0",
+                (schema, table, *names),
+            )
+        ]
+        if fractional:
+            raise SourceError(
+                f"source: {schema}.{table} has columns in the temporal format of MariaDB before "
+                f"10.1 with fractional seconds ({', '.join(fractional)}), whose values carry no "
+                f"length in the binlog: neither the source nor mariadb-binlog can read its rows. "
+                f"Rebuild the table in the current format (mysql56_temporal_format=ON, the "
+                f"default, then ALTER TABLE {_quote(schema)}.{_quote(table)} FORCE), or leave it "
+                f"out (exclude_tables)"
+            )
 
     def _present(self, bitmap: bytes, count: int) -> list[int]:
         found = self.present.get((bitmap, count))
