@@ -166,6 +166,14 @@ def _datetime2(fsp: int) -> Reader:
     return read
 
 
+def _utc(seconds: int) -> str:
+    t = time.gmtime(seconds)
+    return (
+        f"{t.tm_year:04d}-{t.tm_mon:02d}-{t.tm_mday:02d} "
+        f"{t.tm_hour:02d}:{t.tm_min:02d}:{t.tm_sec:02d}"
+    )
+
+
 def _timestamp2(fsp: int) -> Reader:
     size = (fsp + 1) // 2
     zero = "0000-00-00 00:00:00" + ("." + "0" * fsp if fsp else "")
@@ -176,12 +184,7 @@ def _timestamp2(fsp: int) -> Reader:
         frac = int.from_bytes(buf[pos + 4 : end], "big") if size else 0
         if seconds == 0 and frac == 0:
             return zero, end
-        t = time.gmtime(seconds)
-        text = (
-            f"{t.tm_year:04d}-{t.tm_mon:02d}-{t.tm_mday:02d} "
-            f"{t.tm_hour:02d}:{t.tm_min:02d}:{t.tm_sec:02d}"
-        )
-        return text + _fraction(size, fsp, frac), end
+        return _utc(seconds) + _fraction(size, fsp, frac), end
 
     return read
 
@@ -235,10 +238,9 @@ def _datetime_old() -> Reader:
 
 
 def _timestamp_old() -> Reader:
-    inner = _timestamp2(0)
-
     def read(buf: bytes, pos: int) -> tuple[Any, int]:
-        return inner(int.from_bytes(buf[pos : pos + 4], "little").to_bytes(4, "big"), 0)[0], pos + 4
+        seconds = int.from_bytes(buf[pos : pos + 4], "little")
+        return (_utc(seconds) if seconds else "0000-00-00 00:00:00"), pos + 4
 
     return read
 
