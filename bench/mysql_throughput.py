@@ -5,9 +5,9 @@ Needs the MariaDB server (Debian package mariadb-server).
 
 A throwaway server is started and one bulk of rows is inserted. The baseline
 reads the same binlog range with python-mysql-replication's BinLogStreamReader
-and touches every row (``event.rows``: the decoding any consumer pays); the
-pipeline run is ``wormhole run --once`` in-process with the null sink (convert
-values, build updates, shard, append + fsync to the publisher log, fan out,
+and touches every row (``event.rows``: the library's own value decoding); the
+pipeline run is ``wormhole run --once`` in-process with the null sink (decode
+the row images, build updates, shard, append + fsync to the publisher log, fan out,
 acknowledge). Both are timed from start to the last row, in the same run.
 """
 

@@ -78,6 +78,13 @@ PARKED = Counter(
     ["application"],
     registry=REGISTRY,
 )
+UNDECODED = Counter(
+    "wormhole_source_undecoded_values",
+    'Values a source could not decode and delivered as their bytes ({"undecoded": hex}), '
+    "by table and column.",
+    ["table", "column"],
+    registry=REGISTRY,
+)
 SINK_WRITE_SECONDS = Histogram(
     "wormhole_sink_write_seconds",
     "Time a sink took to make one batch durable (successful writes), subscriber side.",
@@ -102,6 +109,11 @@ def retried(logger: str) -> None:
 def reconnecting(logger: str) -> None:
     """A lost connection is about to be tried again."""
     RECONNECTS.labels(logger).inc()
+
+
+def undecoded_value(table: str, column: str) -> None:
+    """A source delivered a value of ``table``.``column`` it could not decode as its bytes."""
+    UNDECODED.labels(table, column).inc()
 
 
 def dead_lettered(application: str, updates: int = 1) -> None:

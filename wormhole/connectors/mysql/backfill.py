@@ -36,12 +36,19 @@ def qualified(schema: str, table: str) -> str:
     return f"{quote(schema)}.{quote(table)}"
 
 
-def select_list(columns: list[tuple[Any, ...]]) -> str:
+def select_list(columns: list[tuple[Any, ...]], as_bytes: set[str] | None = None) -> str:
     """The SELECT list of a table's columns ``(name, data_type, ...)``, as the snapshot
     reads them: FLOAT as text has about 6 digits; as a double it has the stored value,
-    which the layout renders exactly as the binlog's."""
+    which the layout renders exactly as the binlog's. The columns of ``as_bytes`` are read
+    as their bytes (text the layout decodes by its character set)."""
+    as_bytes = as_bytes or set()
     return ", ".join(
-        f"({quote(c[0])} + 0e0)" if str(c[1]).lower() == "float" else quote(c[0]) for c in columns
+        f"({quote(c[0])} + 0e0)"
+        if str(c[1]).lower() == "float"
+        else f"CAST({quote(c[0])} AS BINARY)"
+        if c[0] in as_bytes
+        else quote(c[0])
+        for c in columns
     )
 
 
@@ -53,7 +60,7 @@ def chunk_layout(columns: list[tuple[Any, ...]], keys: list[str]) -> Layout:
     layout = schema_layout([c[:4] for c in columns], keys)
     text = {c[0] for c in columns if str(c[1]).lower() in AS_TEXT}
     special = [(n, f) for n, f in layout.special if n not in text]
-    return Layout(layout.columns, layout.key, special, layout.zero)
+    return Layout(layout.columns, layout.key, special)
 
 
 def members(column_type: str) -> list[str]:

@@ -45,6 +45,12 @@ class MySQLOptions(Options):
         "sends a heartbeat (how quickly an idle stream notices a stop or --once end)",
     )
     connect_timeout_s: float = Field(10.0, gt=0, description="connect timeout")
+    on_decode_error: Literal["fallback", "stop"] = Field(
+        "fallback",
+        description="a value the source cannot decode (bytes its column's character set "
+        'does not map): deliver it as {"undecoded": HEX} with a warning (fallback), or '
+        "stop the source with that message (stop)",
+    )
     signal_table: str = Field(
         "wormhole.signal",
         description="schema.table where backfills write their watermarks (one row per "

@@ -39,8 +39,19 @@ from wormhole.connectors.mysql.backfill import (
     qualified,
     select_list,
 )
+from wormhole.connectors.mysql.charsets import Charsets, keep_member_bytes
 from wormhole.connectors.mysql.options import MySQLOptions
-from wormhole.connectors.mysql.values import Layout, binlog_layout, schema_layout
+from wormhole.connectors.mysql.rowimage import (
+    OLD_TEMPORALS,
+    RowDecoder,
+    Unframed,
+    collations,
+    present_columns,
+    signature,
+    undecoded,
+)
+from wormhole.connectors.mysql.values import Layout, schema_layout
+from wormhole.core import metrics
 from wormhole.core.errors import BackfillError, SourceError
 from wormhole.core.update import Update, snapshot_read
 from wormhole.plugins.components import BackfillPlan, SourceBatch, SourceContext, Watermark
@@ -68,6 +79,7 @@ try:  # optional dependency: the `mysql` extra
         WriteRowsEvent,
     )
 
+    keep_member_bytes(TableMapEvent)
     HAVE_DRIVER = True
 except ImportError:  # pragma: no cover - reported at open()
     HAVE_DRIVER = False
@@ -85,6 +97,8 @@ _FATAL_HINTS = {
 # Column types whose values a backfill's chunks keep as the server's text.
 _TEXT_FIELDS = (0, 246, 7, 10, 11, 12, 13, 14)  # DECIMAL, NEWDECIMAL, TIMESTAMP, DATE, TIME,
 # DATETIME, YEAR, NEWDATE
+_TEXT_TYPES = frozenset({"char", "varchar", "tinytext", "text", "mediumtext", "longtext"})
+_UTF8 = frozenset({None, "utf8mb3", "utf8mb4", "utf8", "binary"})
 # Errors of a backfill's chunk that reading it again cannot fix: the request fails.
 _CHUNK_FATAL = frozenset({1054, 1064, 1142, 1143, 1146, 1305, 1792})
 # Errors writing the signal table that trying again cannot fix (privileges).
@@ -156,7 +170,13 @@ class MySQLSource(DatabaseSource):
         self.txn_seq = 0
         self.txn_began = False
         self.skip_txn = False
-        self.layouts: dict[tuple[Any, ...], Layout] = {}
+        # Row decoders: by table id (set by each table map), and by everything of a table
+        # map that decoding depends on (types, their metadata, character sets, members).
+        self.charsets: Charsets | None = None
+        self.decoders: dict[int, RowDecoder] = {}
+        self.decoder_cache: dict[tuple[Any, ...], RowDecoder] = {}
+        self.present: dict[tuple[bytes, int], list[int]] = {}
+        self.undecoded_logged: dict[tuple[str, str], int] = {}
         # Primary keys that the table map describes as PRIMARY_KEY_WITH_PREFIX, by table id.
         self.prefix_keys: dict[int, tuple[str, ...]] = {}
         self.included: dict[tuple[str, str], bool] = {}
@@ -274,6 +294,9 @@ class MySQLSource(DatabaseSource):
                 f"source.dsn: cannot read the binlog position ({message}); "
                 f"{_FATAL_HINTS.get(code, '')}"
             ) from exc
+        if self.charsets is None:
+            # The server's own collations and single-byte character sets, for text.
+            self.charsets = Charsets.from_server(self._query)
 
     def _binlog_end(self) -> tuple[str, int]:
         try:
@@ -366,9 +389,9 @@ class MySQLSource(DatabaseSource):
             if not self._wanted(schema, table):
                 continue
             columns = self._query(
-                "SELECT COLUMN_NAME, DATA_TYPE, DATETIME_PRECISION, NUMERIC_PRECISION "
-                "FROM information_schema.COLUMNS WHERE TABLE_SCHEMA = %s AND TABLE_NAME = %s "
-                "ORDER BY ORDINAL_POSITION",
+                "SELECT COLUMN_NAME, DATA_TYPE, DATETIME_PRECISION, NUMERIC_PRECISION, "
+                "CHARACTER_SET_NAME FROM information_schema.COLUMNS WHERE TABLE_SCHEMA = %s "
+                "AND TABLE_NAME = %s ORDER BY ORDINAL_POSITION",
                 (schema, table),
             )
             key = [
@@ -379,8 +402,40 @@ class MySQLSource(DatabaseSource):
                     (schema, table),
                 )
             ]
-            plan.append((schema, table, schema_layout(columns, key), select_list(columns)))
+            layout = schema_layout([c[:4] for c in columns], key)
+            as_bytes = self._text_as_bytes(schema, table, columns, layout)
+            plan.append((schema, table, layout, select_list(columns, as_bytes)))
         return plan
+
+    def _text_as_bytes(
+        self, schema: str, table: str, columns: list[tuple[Any, ...]], layout: Layout
+    ) -> set[str]:
+        """Text columns the snapshot reads as their bytes and decodes as the stream does: those
+        of a character set other than UTF-8, which the server's conversion to the connection's
+        utf8mb4 would turn into ``?`` where it cannot map a byte."""
+        assert self.charsets is not None
+        as_bytes: set[str] = set()
+        for name, data_type, _dt, _num, charset in columns:
+            if str(data_type).lower() not in _TEXT_TYPES or charset in _UTF8:
+                continue
+            decode = self.charsets.decoders.get(str(charset))
+            if decode is None:
+                continue
+            as_bytes.add(name)
+            layout.special.append((name, self._snapshot_text(f"{schema}.{table}", name, decode)))
+        return as_bytes
+
+    def _snapshot_text(self, table: str, column: str, decode: Any) -> Any:
+        def convert(value: Any) -> Any:
+            if not isinstance(value, (bytes, bytearray)):
+                return value
+            try:
+                return decode(bytes(value))
+            except ValueError as exc:
+                at = f"the snapshot at {self.snapshot_position}"
+                return self._undecodable(table, column, bytes(value), str(exc), at, "table")
+
+        return convert
 
     def _open_snapshot_table(self, table: tuple[str, str, Layout, str]) -> SnapshotTable:
         schema, name, layout, select = table
@@ -828,16 +883,15 @@ class MySQLSource(DatabaseSource):
                     ):
                         self._signal_rows(event, kind is WriteRowsEvent)
                     continue
-                layout = self._layout(event)
                 table = f"{event.schema}.{event.table}"
+                layout = self._decoder(event, table)
                 op = "c" if kind is WriteRowsEvent else "u" if kind is UpdateRowsEvent else "d"
-                for row in event.rows:
+                for row in self._rows(event, layout, table, op == "u"):
                     self.txn_index += 1
                     if self.txn_gtid == self.skip_gtid and self.txn_index <= self.skip_index:
                         continue
                     if op == "u":
-                        before = layout.convert(row["before_values"], row["before_none_sources"])
-                        after = layout.convert(row["after_values"], row["after_none_sources"])
+                        before, after = row
                         old_key = {k: before[k] for k in layout.key}
                         new_key = {k: after[k] for k in layout.key}
                         if old_key != new_key:
@@ -848,7 +902,7 @@ class MySQLSource(DatabaseSource):
                         else:
                             append(self._update("u", table, new_key, before, after))
                     else:
-                        values = layout.convert(row["values"], row["none_sources"])
+                        values = row
                         key = {k: values[k] for k in layout.key}
                         if op == "c":
                             append(self._update("c", table, key, None, values))
@@ -994,24 +1048,123 @@ class MySQLSource(DatabaseSource):
             self.prefix_keys[event.table_id] = tuple(columns[i].name for i in sorted(prefixed))
         else:
             self.prefix_keys.pop(event.table_id, None)
+        if self._wanted(event.schema, event.table):
+            self._new_decoder(event)
 
-    def _layout(self, event: Any) -> Layout:
-        columns = event.columns
-        primary_key = event.primary_key or self.prefix_keys.get(event.table_id, "")
-        signature = (
-            event.schema,
-            event.table,
-            primary_key,
-            *(
-                (c.name, c.type, getattr(c, "fsp", 0), getattr(c, "bits", 0), c.character_set_name)
-                for c in columns
-            ),
-        )
-        layout = self.layouts.get(signature)
-        if layout is None:
-            layout = binlog_layout(columns, primary_key)
-            self.layouts[signature] = layout
-        return layout
+    def _decoder(self, event: Any, table: str) -> RowDecoder:
+        decoder = self.decoders.get(event.table_id)
+        if decoder is None:  # pragma: no cover - the server writes a table map first
+            raise SourceError(
+                f"source: a rows event of {table} came without its table map at "
+                f"{self.stream.log_file}:{self.stream.log_pos}"
+            )
+        return decoder
+
+    def _new_decoder(self, event: Any) -> None:
+        """The row decoder of a table map's layout (cached by everything decoding uses)."""
+        table_obj = event.get_table()
+        columns = table_obj.columns
+        primary_key = table_obj.primary_key or self.prefix_keys.get(event.table_id, "")
+        ids = collations(columns, event.optional_metadata, event.dbms == "mariadb")
+        key = (event.schema, event.table, primary_key, signature(columns, ids))
+        decoder = self.decoder_cache.get(key)
+        if decoder is None:
+            if isinstance(primary_key, str):
+                keys = [primary_key] if primary_key else []
+            else:
+                keys = list(primary_key or ())
+            assert self.charsets is not None
+            if any(c.type in OLD_TEMPORALS for c in columns):
+                self._check_old_temporals(event.schema, event.table, columns)
+            try:
+                decoder = RowDecoder(columns, ids, self.charsets, keys)
+            except ValueError as exc:
+                raise SourceError(
+                    f"source: cannot read the rows of {event.schema}.{event.table}: {exc}; "
+                    f"leave the table out (exclude_tables)"
+                ) from exc
+            self.decoder_cache[key] = decoder
+        self.decoders[event.table_id] = decoder
+
+    def _rows(self, event: Any, decoder: RowDecoder, table: str, update: bool) -> list[Any]:
+        """The rows of a rows event, decoded from its bytes: dicts, or (before, after)."""
+        packet = event.packet
+        body = packet.read(event.event_size - packet.read_bytes)
+        count = event.number_of_columns
+        present = self._present(event.columns_present_bitmap, count)
+        present_after = self._present(event.columns_present_bitmap2, count) if update else None
+        first = self.txn_index + 1
+
+        def on_error(column: str, raw: bytes, reason: str, row: int) -> Any:
+            at = f"{self.txn_position}:{first + row} (GTID {self.txn_gtid or '-'})"
+            return self._undecodable(table, column, raw, reason, at)
+
+        try:
+            return decoder.rows(body, present, present_after, on_error)
+        except Unframed as exc:
+            raise SourceError(
+                f"source: the rows of {table} at {self.txn_position} (GTID "
+                f"{self.txn_gtid or '-'}) do not match their table map: {exc}; leave the table "
+                f"out (exclude_tables) and report it with the table's SHOW CREATE TABLE"
+            ) from exc
+
+    def _check_old_temporals(self, schema: str, table: str, columns: list[Any]) -> None:
+        """TIME, DATETIME and TIMESTAMP in the pre-10.1 format carry no length in the binlog:
+        readable only without fractional seconds (the catalog says which they have)."""
+        names = [str(c.name) for c in columns if c.type in OLD_TEMPORALS]
+        marks = ", ".join(["%s"] * len(names))
+        fractional = [
+            str(r[0])
+            for r in self._query(
+                "SELECT COLUMN_NAME FROM information_schema.COLUMNS WHERE TABLE_SCHEMA = %s AND "
+                f"TABLE_NAME = %s AND COLUMN_NAME IN ({marks}) AND DATETIME_PRECISION > 0",
+                (schema, table, *names),
+            )
+        ]
+        if fractional:
+            raise SourceError(
+                f"source: {schema}.{table} has columns in the temporal format of MariaDB before "
+                f"10.1 with fractional seconds ({', '.join(fractional)}), whose values carry no "
+                f"length in the binlog: neither the source nor mariadb-binlog can read its rows. "
+                f"Rebuild the table in the current format (mysql56_temporal_format=ON, the "
+                f"default, then ALTER TABLE {_quote(schema)}.{_quote(table)} FORCE), or leave it "
+                f"out (exclude_tables)"
+            )
+
+    def _present(self, bitmap: bytes, count: int) -> list[int]:
+        found = self.present.get((bitmap, count))
+        if found is None:
+            found = self.present[(bitmap, count)] = present_columns(bitmap, count)
+        return found
+
+    def _undecodable(
+        self, table: str, column: str, raw: bytes, reason: str, at: str, kept: str = "binlog"
+    ) -> Any:
+        """A value that cannot be decoded: stop, or deliver its bytes with a warning. ``at``:
+        where it is (the change's position); ``kept``: what keeps it (binlog, table)."""
+        shown = raw[:64].hex() + ("..." if len(raw) > 64 else "")
+        where = f"column {column} of {table} at {at}"
+        if self.options.on_decode_error == "stop":
+            raise SourceError(
+                f"source: cannot decode {where}: {reason}; bytes {shown}. The {kept} keeps "
+                f"the value: set source.on_decode_error: fallback to deliver it as "
+                f'{{"undecoded": "<hex>"}}, and give the column a character set that holds '
+                f"it (ALTER TABLE ... CONVERT TO CHARACTER SET utf8mb4) for the rows to come"
+            )
+        metrics.undecoded_value(table, column)
+        logged = self.undecoded_logged.get((table, column), 0)
+        if logged < 10:
+            self.undecoded_logged[(table, column)] = logged + 1
+            log.warning(
+                'cannot decode %s: %s; delivered as {"undecoded": "%s"}. Give the column a '
+                "character set that holds the value (ALTER TABLE ... CONVERT TO CHARACTER SET "
+                "utf8mb4), or set source.on_decode_error: stop to stop at such a value%s",
+                where,
+                reason,
+                shown,
+                " (further ones of this column are only counted)" if logged == 9 else "",
+            )
+        return undecoded(raw)
 
     # --------------------------------------------------------------- --once
     def capture_end(self) -> Any:

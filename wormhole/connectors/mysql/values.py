@@ -18,9 +18,9 @@ JSON                      the document's text
 FLOAT                     the shortest decimal that is the same single-precision value
 ========================  ==========================================
 
-A converter is built once per table layout from either the binlog's column
-metadata (the stream) or ``information_schema`` (the snapshot); both take the
-Python values their reader produces to the same output.
+A converter is built once per table layout from ``information_schema`` for the
+values the snapshot's and backfills' SELECT gives; the stream decodes the binlog's
+row images itself to the same output (:mod:`wormhole.connectors.mysql.rowimage`).
 """
 
 from __future__ import annotations
@@ -34,18 +34,10 @@ from typing import Any
 
 Converter = Callable[[Any], Any]
 
-# FIELD_TYPE codes of the binlog (mysql/field_types.h)
-_FLOAT = 4
-_TIMESTAMP, _DATE, _TIME, _DATETIME, _YEAR, _NEWDATE = 7, 10, 11, 12, 13, 14
-_BIT, _TIMESTAMP2, _DATETIME2, _TIME2 = 16, 17, 18, 19
-_JSON, _NEWDECIMAL, _ENUM, _SET = 245, 246, 247, 248
-_BLOBS = frozenset({249, 250, 251, 252})
-_STRINGS = frozenset({15, 253, 254})
-_GEOMETRY = 255
-_DECIMAL = 0
 
-
-def _float32(value: Any) -> Any:
+def float32(value: Any) -> Any:
+    """A float read from a FLOAT column: the shortest decimal with the same single-precision
+    value."""
     if not isinstance(value, float):
         return value
     packed = struct.pack("<f", value)
@@ -134,111 +126,47 @@ def _binary(value: Any) -> Any:
     return value
 
 
-def _fixed_binary(length: int) -> Converter:
-    # The binlog drops BINARY(n)'s trailing zero bytes; the column holds all n.
-    def convert(value: Any) -> Any:
-        if isinstance(value, (bytes, bytearray)):
-            return "\\x" + bytes(value).ljust(length, b"\0").hex()
-        return value
-
-    return convert
-
-
-def _json_value(value: Any) -> Any:
+def json_value(value: Any) -> Any:
+    """A JSON document as the binlog reader parsed it, with its byte strings as text."""
     if isinstance(value, bytes):
         return value.decode("utf-8", "replace")
     if isinstance(value, dict):
-        return {_json_value(k): _json_value(v) for k, v in value.items()}
+        return {json_value(k): json_value(v) for k, v in value.items()}
     if isinstance(value, list):
-        return [_json_value(v) for v in value]
+        return [json_value(v) for v in value]
     return value
 
 
 def _json(value: Any) -> Any:
     if isinstance(value, (str, type(None))):
         return value
-    return json.dumps(_json_value(value), ensure_ascii=False)
+    return json.dumps(json_value(value), ensure_ascii=False)
 
 
 class Layout:
     """How to turn one table's rows into envelope values.
 
-    ``special`` lists (column, converter) for the columns that need one;
-    ``zero`` maps a column to the text of its zero value (empty SET, zero date),
-    which the binlog reader reports as None with a reason.
+    ``special`` lists (column, converter) for the columns that need one.
     """
 
-    __slots__ = ("columns", "key", "special", "zero")
+    __slots__ = ("columns", "key", "special")
 
     def __init__(
         self,
         columns: list[str],
         key: list[str],
         special: list[tuple[str, Converter]],
-        zero: dict[str, str],
     ) -> None:
         self.columns = columns
         self.key = key or list(columns)
         self.special = special
-        self.zero = zero
 
-    def convert(self, row: dict[str, Any], nones: dict[str, str] | None = None) -> dict[str, Any]:
+    def convert(self, row: dict[str, Any]) -> dict[str, Any]:
         for name, convert in self.special:
             value = row[name]
             if value is not None:
                 row[name] = convert(value)
-            elif nones and name in self.zero and nones.get(name, "null") != "null":
-                row[name] = self.zero[name]
         return row
-
-
-def _zero_datetime(fsp: int) -> str:
-    return "0000-00-00 00:00:00" + ("." + "0" * fsp if fsp else "")
-
-
-def binlog_layout(columns: list[Any], primary_key: Any) -> Layout:
-    """A layout from python-mysql-replication's column metadata."""
-    names = [c.name for c in columns]
-    special: list[tuple[str, Converter]] = []
-    zero: dict[str, str] = {}
-    for c in columns:
-        t = c.type
-        fsp = getattr(c, "fsp", 0) or 0
-        conv: Converter | None = None
-        if t == _FLOAT:
-            conv = _float32
-        elif t in (_NEWDECIMAL, _DECIMAL):
-            conv = _decimal
-        elif t in (_DATETIME, _DATETIME2, _TIMESTAMP, _TIMESTAMP2):
-            conv = _datetime(fsp)
-            zero[c.name] = _zero_datetime(fsp)
-        elif t in (_DATE, _NEWDATE):
-            conv = _date
-            zero[c.name] = "0000-00-00"
-        elif t in (_TIME, _TIME2):
-            conv = _time(fsp)
-        elif t == _YEAR:
-            conv = _year
-        elif t == _BIT:
-            conv = _bit(c.bits)
-        elif t == _SET:
-            conv = _set(c.set_values)
-            zero[c.name] = ""
-        elif t == _JSON:
-            conv = _json
-        elif t == 254 and c.character_set_name == "binary" and getattr(c, "max_length", 0):
-            conv = _fixed_binary(c.max_length)
-        elif t == _GEOMETRY or (
-            (t in _BLOBS or t in _STRINGS) and c.character_set_name in (None, "binary")
-        ):
-            conv = _binary
-        if conv is not None:
-            special.append((c.name, conv))
-    if isinstance(primary_key, str):
-        key = [primary_key] if primary_key else []
-    else:
-        key = list(primary_key or ())
-    return Layout(names, key, special, zero)
 
 
 _BINARY_TYPES = frozenset(
@@ -272,7 +200,7 @@ def schema_layout(rows: list[tuple[Any, ...]], key: list[str]) -> Layout:
         fsp = int(dt_precision or 0)
         conv: Converter | None = None
         if t == "float":
-            conv = _float32
+            conv = float32
         elif t == "decimal":
             conv = _decimal
         elif t in ("datetime", "timestamp"):
@@ -293,4 +221,4 @@ def schema_layout(rows: list[tuple[Any, ...]], key: list[str]) -> Layout:
             conv = _binary
         if conv is not None:
             special.append((name, conv))
-    return Layout(names, key, special, {})
+    return Layout(names, key, special)
