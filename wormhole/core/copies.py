@@ -134,7 +134,11 @@ class _App:
     reported: str = ""
     saved: dict[int, SharedDatamarker] = field(default_factory=dict)
     mapped: dict[int, tuple[Version, int]] = field(default_factory=dict)
-    """Standby: each shard's shared datamarker version and where it maps in this log."""
+    """Each shard's shared datamarker version and where it maps in this log: the seq after
+    the update it names (standby: as followed; serving: as taken over and shared)."""
+    loaded: bool = False
+    """The shared datamarkers were read since this copy started: until then, retention
+    keeps the whole log (:meth:`CopyCoordinator.retained`)."""
     ready: bool = False
     """Standby: every shared datamarker maps into this copy's log (it can take over now)."""
     claimed_ms: int = 0
@@ -327,6 +331,8 @@ class CopyCoordinator:
             ) from exc
         state.behind_since = None
         state.reported = ""
+        state.loaded = True
+        state.mapped.update({s: (targets[s], seq) for s, seq in positions.items()})
         state.epoch = epoch
         state.claimed_ms = int(time.time() * 1000)
         state.saved = dict(shared)
@@ -343,6 +349,8 @@ class CopyCoordinator:
     def _follow(self, state: _App) -> None:
         """Standby: map the shared datamarkers into this log; keep the log from them on."""
         shared = self.registry.load_datamarkers(state.name, self.datastore)
+        state.loaded = True
+        self._forget_collected(state)
         targets = {
             s: tuple(d.version)
             for s, d in shared.items()
@@ -364,7 +372,7 @@ class CopyCoordinator:
             return
         for shard, seq in positions.items():
             state.mapped[shard] = (targets[shard], seq)
-        state.ready = len(state.mapped) >= len(shared)
+        state.ready = all(s in state.mapped for s in shared if s < self.hub.shards)
         # Keep the update each shared datamarker names, so a takeover after a restart finds it.
         app = self.hub.applications.get(state.name)
         if app is not None:
@@ -372,6 +380,29 @@ class CopyCoordinator:
                 for shard, (_, seq) in state.mapped.items():
                     flow = app.flows[shard]
                     flow.datamarker = flow.delivered = max(0, seq - 1)
+
+    def _forget_collected(self, state: _App) -> None:
+        """Drop the mappings whose named update this log no longer holds: they are looked
+        up again (and refused as Gone), never reported ready from memory."""
+        first = self.publisher_log.first_seq
+        for shard, (_, seq) in list(state.mapped.items()):
+            if seq - 1 < first:
+                del state.mapped[shard]
+
+    def retained(self) -> int | None:
+        """The lowest seq of this publisher log that multiple-copy delivery needs: the
+        update each shared datamarker names, wherever this copy serves or stands by (0,
+        the whole log, for an application whose shared datamarkers it has not read yet).
+        None when no shared datamarker needs anything."""
+        with self.lock:
+            states = list(self.apps.values())
+        floor: int | None = None
+        for state in states:
+            if not state.loaded:
+                return 0
+            for _, seq in list(state.mapped.values()):
+                floor = seq - 1 if floor is None else min(floor, seq - 1)
+        return floor
 
     def _serve(self, state: _App, now: float) -> None:
         if not self._save(state):
@@ -452,6 +483,8 @@ class CopyCoordinator:
             self.hub.deactivate(state.name)
             return False
         state.saved.update(changed)
+        for shard, marker in changed.items():
+            state.mapped[shard] = (tuple(marker.version), positions[shard])
         return True
 
     def _at(self, seq: int) -> tuple[str, Version] | None:
