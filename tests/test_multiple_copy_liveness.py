@@ -8,11 +8,12 @@ that always serves"). The deployment is the two-copy one of ``test_multiple_copy
 
 from __future__ import annotations
 
+import threading
 from pathlib import Path
 from typing import Any
 
 import pytest
-from test_multiple_copy import Copies, reached, shared_versions
+from test_multiple_copy import Copies, reached, serving_epoch, shared_versions
 
 from wormhole.testing import wait_until
 
@@ -54,3 +55,57 @@ def test_a_copy_restarted_in_a_quiet_period_keeps_what_the_shared_datamarkers_na
     wait_until(lambda: reached(out, keys, 1), 30, "round 1, from the restarted copy a")
     assert copies.serving() == "a"
     assert "Gone" not in restarted.stderr and "older than" not in restarted.stderr, restarted.stderr
+
+
+def test_a_copy_whose_status_says_ready_from_before_a_pause_is_not_handed_the_application(
+    copies: Copies, tmp_path: Path
+) -> None:
+    """Copy b serves; the preferred copy a is live again, its status saying "ready" as it
+    did before a pause (when it was serving) while its publisher log is far behind the
+    shared datamarkers. b checks a's readiness against the datamarkers it would hand over,
+    at the moment it would: it keeps serving, under the same claim."""
+    from wormhole.connectors.zookeeper.registry import ZooKeeperOptions, ZooKeeperRegistry
+    from wormhole.plugins.components import PublisherEntry
+    from wormhole.plugins.manager import default_registry
+
+    keys = 10
+    for copy in "ab":
+        copies.pipeline(copy)
+    b = copies.publish("b")
+    wait_until(lambda: copies.serving() == "b", 60, "copy b (the only one) to serve")
+    copies.subscribe(0)
+    out = tmp_path / "search.jsonl"
+    copies.write(keys, 0)
+    wait_until(lambda: reached(out, keys, 0), 60, "round 0")
+    wait_until(
+        lambda: max(shared_versions(copies).values(), default=(0,)) == (keys,),
+        30,
+        "the shared datamarkers to reach the last update",
+    )
+    epoch = serving_epoch(copies)
+    options = ZooKeeperOptions(hosts=copies.zk.hosts, root=copies.root)
+    stale = default_registry().create("registry", "zookeeper", options)
+    assert isinstance(stale, ZooKeeperRegistry)
+    stale.open("shop", threading.Event())
+    try:
+        stale.register_publisher(PublisherEntry("db1", shards=8, copy="a", host="paused"))
+        stale.publish_status(
+            "db1@a",
+            {
+                "copies": {
+                    "copy": "a",
+                    "newest": [1],
+                    "serving": {},
+                    "copies_ready": {"search": True},
+                }
+            },
+        )
+        wait_until(lambda: "a is preferred but cannot take over" in b.stderr, 30, "b to hold on")
+        line = next(ln for ln in b.stderr_lines if "cannot take over yet" in ln)
+        assert f"reached version [1], the shared datamarkers ({keys},)" in line, line
+        copies.write(keys, 1)
+        wait_until(lambda: reached(out, keys, 1), 30, "round 1, from b")
+        assert serving_epoch(copies) == epoch, "b kept its claim"
+        assert "hands it over" not in b.stderr, b.stderr
+    finally:
+        stale.close()

@@ -143,6 +143,8 @@ class _App:
     """Standby: every shared datamarker maps into this copy's log (it can take over now)."""
     claimed_ms: int = 0
     """When this copy's claim was made (wall clock): a move requested later applies to it."""
+    waiting_for: str = ""
+    """The copy this serving copy would hand over to but which is not ready (logged once)."""
 
 
 class CopyCoordinator:
@@ -208,6 +210,11 @@ class CopyCoordinator:
     def _connection(self, connected: bool) -> None:
         with self.lock:
             self.connected = connected
+            for state in self.apps.values():
+                # Whether this copy could take over is found again once connected: what
+                # it was before (serving, so ready) says nothing of the shared datamarkers
+                # written meanwhile.
+                state.ready = False
             if not connected:
                 # The claims may be gone already: deliver nothing more under them.
                 for state in self.apps.values():
@@ -410,22 +417,33 @@ class CopyCoordinator:
         app = self.hub.applications.get(state.name)
         if app is None:
             return
+        target = self._hand_over_to(state, app)
         if state.handing_over is None:
-            target = self._hand_over_to(state, app)
-            if target is not None:
-                self.statuses = self.registry.statuses()
-                if self._ready(target, state.name):
-                    log.info(
-                        "application %s: copy %s hands it over to copy %s",
-                        state.name,
-                        self.copy,
-                        target,
-                    )
-                    state.handing_over = now
-                    self.hub.deactivate(state.name)
+            if target is not None and self._ready(state, target):
+                log.info(
+                    "application %s: copy %s hands it over to copy %s",
+                    state.name,
+                    self.copy,
+                    target,
+                )
+                state.handing_over = now
+                self.hub.deactivate(state.name)
             return
         if self.hub.settled(state.name) or now - state.handing_over > HANDOVER_TIMEOUT_S:
             self._save(state)
+            if target is None or not self._ready(state, target):
+                # Checked again at the moment of handing over: the other copy is not ready
+                # for the final datamarkers (or is gone). This copy serves on.
+                state.handing_over = None
+                self.hub.activate(state.name, state.epoch, {})
+                log.info(
+                    "application %s: copy %s keeps serving it: the hand-over to copy %s is "
+                    "called off",
+                    state.name,
+                    self.copy,
+                    target or "(none)",
+                )
+                return
             epoch, state.epoch, state.handing_over = state.epoch, 0, None
             self.registry.release_serving(state.name, self.datastore, epoch)
 
@@ -444,12 +462,34 @@ class CopyCoordinator:
             return None
         return preference[0]
 
-    def _ready(self, copy: str, name: str) -> bool:
-        """Whether the other copy ``copy`` can take ``name`` over now (its status says so)."""
+    def _ready(self, state: _App, copy: str) -> bool:
+        """Whether the other copy ``copy`` can take ``state``'s application over now: its
+        status, read now, says it is ready (it mapped every shared datamarker since it last
+        connected) and that its publisher log reached every datamarker this copy shared."""
+        self.statuses = self.registry.statuses()
         status = self.statuses.get(f"{self.datastore}@{copy}", {})
         # The publisher shares this coordinator's status under "copies".
-        ready: dict[str, Any] = status.get("copies", {}).get("copies_ready", {})
-        return bool(ready.get(name))
+        shared: dict[str, Any] = status.get("copies", {})
+        newest = shared.get("newest")
+        needed = max((tuple(d.version) for d in state.saved.values()), default=None)
+        if not shared.get("copies_ready", {}).get(state.name):
+            why = "it is not ready (it has not mapped every shared datamarker)"
+        elif needed is not None and (newest is None or tuple(newest) < needed):
+            why = f"its publisher log reached version {newest}, the shared datamarkers {needed}"
+        else:
+            state.waiting_for = ""
+            return True
+        if state.waiting_for != copy:
+            state.waiting_for = copy
+            log.info(
+                "application %s: copy %s is preferred but cannot take over yet: %s; copy %s "
+                "keeps serving it",
+                state.name,
+                copy,
+                why,
+                self.copy,
+            )
+        return False
 
     def _save(self, state: _App) -> bool:
         """Share the serving application's datamarkers; False if fenced (claim lost)."""
@@ -512,6 +552,7 @@ class CopyCoordinator:
             states = list(self.apps.values())
         return {
             "copy": self.copy,
+            "newest": self._newest(),
             "serving": {s.name: s.epoch for s in states if s.epoch},
             "copies_ready": {s.name: s.ready or bool(s.epoch) for s in states},
             "shared_datamarkers": {
@@ -520,6 +561,16 @@ class CopyCoordinator:
                 if s.epoch
             },
         }
+
+    def _newest(self) -> list[int] | None:
+        """The version of the newest update in this copy's publisher log (None if empty)."""
+        if self.publisher_log.next_seq <= self.publisher_log.first_seq:
+            return None
+        try:
+            newest = self._at(self.publisher_log.next_seq - 1)
+        except StateError:  # a source without versions: reported where it is used
+            return None
+        return list(newest[1]) if newest is not None else None
 
     def finish(self) -> None:
         """A graceful stop: share the final datamarkers and give every claim up."""
