@@ -13,9 +13,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 from test_multiple_copy import Copies, reached, serving_epoch, shared_versions
 
-from wormhole.testing import wait_until
+from wormhole.testing import free_port, wait_until, write_pipeline
+from wormhole.testing.prometheus import sample, scrape
 
 
 @pytest.fixture
@@ -109,3 +111,53 @@ def test_a_copy_whose_status_says_ready_from_before_a_pause_is_not_handed_the_ap
         assert "hands it over" not in b.stderr, b.stderr
     finally:
         stale.close()
+
+
+def test_a_preferred_copy_that_cannot_serve_does_not_block_a_ready_one(
+    copies: Copies, tmp_path: Path
+) -> None:
+    """Copy a is preferred but its datastore is behind the shared datamarkers; copy b, which
+    holds everything, stops gracefully and comes back. a must not claim the free application
+    in a loop (each claim restarting b's grace period): it does not claim what it cannot
+    serve, says why, and b takes the application over after its grace period."""
+    keys = 10
+    metrics = {}
+    for copy in "ab":
+        path = copies.pipeline(copy, {"failback": "auto"})
+        raw = yaml.safe_load(path.read_text())
+        metrics[copy] = raw["metrics"] = {"listen": f"127.0.0.1:{free_port()}"}
+        write_pipeline(path, raw)
+    b = copies.publish("b")
+    wait_until(lambda: copies.serving() == "b", 60, "copy b (the only one) to serve")
+    copies.subscribe(0)
+    out = tmp_path / "search.jsonl"
+    # Round 0 reaches copy b only: a's datastore is behind from the start.
+    lagging = copies.writers.pop("a")
+    copies.write(keys, 0)
+    wait_until(lambda: reached(out, keys, 0), 60, "round 0, from b")
+    wait_until(
+        lambda: max(shared_versions(copies).values(), default=(0,)) == (keys,),
+        30,
+        "the shared datamarkers to reach round 0",
+    )
+    a = copies.publish("a")
+    wait_until(lambda: "a is preferred but cannot take over" in b.stderr, 30, "a to be seen")
+    epoch = serving_epoch(copies)
+    assert b.stop() == 0
+    wait_until(lambda: "copy a cannot serve it" in a.stderr, 30, "a to say why it does not claim")
+    line = next(ln for ln in a.stderr_lines if "copy a cannot serve it" in ln)
+    assert "WARNING" in line and "has not reached the shared datamarker" in line, line
+    b = copies.publish("b")
+    wait_until(lambda: copies.serving() == "b", 30, "the restarted copy b to take over")
+    copies.write(keys, 1)
+    wait_until(lambda: reached(out, keys, 1), 30, "round 1, from b")
+    # a never claimed: the epoch moved by b's own claim only.
+    assert serving_epoch(copies) == epoch + 1
+    assert "serves it from epoch" not in a.stderr, a.stderr
+    claims = "wormhole_serving_claims_total"
+    exposition = scrape(metrics["a"]["listen"])
+    assert sample(exposition, claims, application="search", outcome="refused") is None
+    assert sample(exposition, claims, application="search", outcome="served") is None
+    exposition = scrape(metrics["b"]["listen"])
+    assert sample(exposition, claims, application="search", outcome="served") == 1
+    lagging.close()

@@ -28,6 +28,7 @@ from typing import Any
 
 from wormhole.core.errors import StateError
 from wormhole.core.hub import Hub
+from wormhole.core.metrics import SERVING_CLAIMS
 from wormhole.core.pipeline import Pipeline
 from wormhole.core.publisher_log import PublisherLog
 from wormhole.core.update import Update
@@ -132,6 +133,19 @@ class _App:
     """When this copy started giving the application back (failback, move)."""
     behind_since: float | None = None
     reported: str = ""
+    warned: bool = False
+    """This copy said (once) why it does not claim the application it is its turn to serve."""
+    why: str = ""
+    """Standby: why it is not ready (its log is behind, or no longer holds, a shared
+    datamarker's update)."""
+    behind: bool = False
+    """Standby: not ready because its log is behind (it may catch up)."""
+    refused_until: float = 0.0
+    """It gave a claim back without serving: no claim before this (monotonic) time."""
+    claim_seen: float | None = None
+    """When the current claim (another copy's or this one's) was first seen."""
+    free_before: float | None = None
+    """``free_since`` before the current claim: restored if the claim goes without serving."""
     saved: dict[int, SharedDatamarker] = field(default_factory=dict)
     mapped: dict[int, tuple[Version, int]] = field(default_factory=dict)
     """Each shard's shared datamarker version and where it maps in this log: the seq after
@@ -245,10 +259,7 @@ class CopyCoordinator:
             if state is None:
                 return
             state.claim = claim
-            if claim is None and state.free_since is None:
-                state.free_since = time.monotonic()
-            elif claim is not None:
-                state.free_since = None
+            self._free(state, claim, time.monotonic())
             if state.epoch and (
                 claim is None or claim.copy != self.copy or claim.epoch != state.epoch
             ):
@@ -262,6 +273,22 @@ class CopyCoordinator:
                 state.handing_over = None
                 self.hub.deactivate(name)
         self._wake()
+
+    @staticmethod
+    def _free(state: _App, claim: ServingClaim | None, now: float) -> None:
+        """Track since when the application has been free. A claim given back within the
+        grace period (a copy that claimed and could not serve) does not count as held: the
+        less preferred copies' wait goes on from before it, so claims that come and go do
+        not hold them off."""
+        if claim is not None:
+            if state.claim_seen is None:
+                state.claim_seen, state.free_before = now, state.free_since
+            state.free_since = None
+            return
+        if state.free_since is None:
+            brief = state.claim_seen is not None and now - state.claim_seen < CLAIM_GRACE_S
+            state.free_since = state.free_before if brief and state.free_before else now
+        state.claim_seen = state.free_before = None
 
     # -------------------------------------------------------------- tick
     def preference(self, name: str) -> list[str]:
@@ -299,44 +326,78 @@ class CopyCoordinator:
 
     def _stand_by(self, state: _App, now: float) -> None:
         self._follow(state)
-        claim = state.claim
-        if claim is not None:
+        if state.claim is not None or not self._my_turn(state, now):
+            state.behind_since = None
             return
-        preference = self.preference(state.name)
-        if self.copy not in preference:
+        if not state.ready:
+            self._cannot_serve(state, now)
             return
-        rank = preference.index(self.copy)
-        waited = now - (state.free_since or now)
-        if rank > 0 and waited < rank * CLAIM_GRACE_S:
-            return  # a more preferred copy gets the first chance
+        state.behind_since, state.warned = None, False
+        if now < state.refused_until:
+            return  # it refused lately: the less preferred copies get their turn first
         epoch = self.registry.claim_serving(state.name, self.datastore, self.copy)
         if epoch is None:
             return
         try:
-            self._take_over(state, epoch, now)
-        except StateError:
+            self._take_over(state, epoch)
+        except StateError as exc:
             self.registry.release_serving(state.name, self.datastore, epoch)
+            self._refused(state, now, str(exc))
             raise
 
-    def _take_over(self, state: _App, epoch: int, now: float) -> None:
+    def _my_turn(self, state: _App, now: float) -> bool:
+        """Whether this copy may claim the free application now: it is the most preferred
+        live copy, or the ones before it had their grace period (2 s per rank)."""
+        preference = self.preference(state.name)
+        if self.copy not in preference:
+            return False
+        rank = preference.index(self.copy)
+        waited = now - (state.free_since or now)
+        return rank == 0 or waited >= rank * CLAIM_GRACE_S
+
+    def _cannot_serve(self, state: _App, now: float) -> None:
+        """Its turn, but this copy cannot serve the application (its log is behind the shared
+        datamarkers, or no longer holds them): it does not claim it, says why once, and
+        after ``delivery.catch_up_ms`` behind reports it as an error."""
+        if state.behind_since is None:
+            state.behind_since = now
+        if not state.warned:
+            state.warned = True
+            log.warning(
+                "application %s: copy %s cannot serve it: %s; it does not claim it (a less "
+                "preferred ready copy takes it over after its grace period)",
+                state.name,
+                self.copy,
+                state.why or "it has not mapped the shared datamarkers",
+            )
+        if state.behind and now - state.behind_since >= self.pipeline.catch_up_s:
+            raise StateError(
+                f"{state.why}; waited {self.pipeline.catch_up_s:.0f}s (delivery.catch_up_ms) "
+                f"for it to catch up: this copy does not serve the application"
+            )
+
+    def _refused(self, state: _App, now: float, why: str) -> None:
+        """A claim given back without serving: it stays away past the grace period of every
+        less preferred copy, so that one of them serves meanwhile."""
+        SERVING_CLAIMS.labels(state.name, "refused").inc()
+        backoff = len(self.preference(state.name)) * CLAIM_GRACE_S
+        state.refused_until = now + backoff
+        log.warning(
+            "application %s: copy %s claimed it but cannot serve it: %s; it gave the claim "
+            "back and does not claim it again for %.0fs",
+            state.name,
+            self.copy,
+            why,
+            backoff,
+        )
+
+    def _take_over(self, state: _App, epoch: int) -> None:
         shared = self.registry.load_datamarkers(state.name, self.datastore)
         hints = [seq for _, seq in state.mapped.values()]
         start = min(hints) - 1 if hints else self.publisher_log.first_seq
         targets = {s: tuple(d.version) for s, d in shared.items() if s < self.hub.shards}
-        try:
-            positions = locate(self.publisher_log, targets, max(0, start))
-        except Behind as exc:
-            if state.behind_since is None:
-                state.behind_since = now
-            if now - state.behind_since < self.pipeline.catch_up_s:
-                log.info("application %s: waiting to take over: %s", state.name, exc)
-                self.registry.release_serving(state.name, self.datastore, epoch)
-                return
-            raise StateError(
-                f"{exc}; waited {self.pipeline.catch_up_s:.0f}s (delivery.catch_up_ms) for it to "
-                f"catch up: this copy does not serve the application"
-            ) from exc
-        state.behind_since = None
+        positions = locate(self.publisher_log, targets, max(0, start))
+        SERVING_CLAIMS.labels(state.name, "served").inc()
         state.reported = ""
         state.loaded = True
         state.mapped.update({s: (targets[s], seq) for s, seq in positions.items()})
@@ -370,11 +431,11 @@ class CopyCoordinator:
         start = min(hints) - 1 if hints else self.publisher_log.first_seq
         try:
             positions = locate(self.publisher_log, targets, max(0, start))
-        except Behind:
-            state.ready = False
+        except Behind as exc:
+            state.ready, state.why, state.behind = False, str(exc), True
             return
         except Gone as exc:
-            state.ready = False
+            state.ready, state.why, state.behind = False, str(exc), False
             self._report(state, f"cannot stand by: {exc}")
             return
         for shard, seq in positions.items():
