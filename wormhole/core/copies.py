@@ -19,20 +19,18 @@ takeover would need (and no more), and so that a takeover does not scan its whol
 
 from __future__ import annotations
 
-import bisect
 import logging
 import threading
 import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from wormhole.core.copy_positions import Behind, Gone, Version, locate, version
 from wormhole.core.errors import StateError
 from wormhole.core.hub import Hub
 from wormhole.core.metrics import SERVING_CLAIMS
 from wormhole.core.pipeline import Pipeline
 from wormhole.core.publisher_log import PublisherLog
-from wormhole.core.update import Update
-from wormhole.core.versions import version_of
 from wormhole.plugins.components import (
     DatasetRegistry,
     PublisherEntry,
@@ -42,83 +40,12 @@ from wormhole.plugins.components import (
 
 log = logging.getLogger("wormhole.copies")
 
-Version = tuple[int, ...]
-
 CLAIM_GRACE_S = 2.0
 """How long each less preferred copy waits, per rank, before claiming a free application."""
 HANDOVER_TIMEOUT_S = 10.0
 """How long a copy giving an application back waits for its subscribers to let go."""
-
-
-class Behind(StateError):
-    """This copy's publisher log has not reached a shared datamarker yet."""
-
-
-class Gone(StateError):
-    """A shared datamarker is older than this copy's publisher log: it cannot serve from it
-    without skipping updates."""
-
-
-def version(update: Update) -> Version:
-    found = version_of(update)
-    if found is None:
-        raise StateError(
-            f"multiple-copy delivery: updates of {update.connector or 'this source'} carry no "
-            f"position comparable across copies (position {update.position!r}, logical "
-            f"{update.logical!r}); use a source whose position mapper gives versions "
-            f"(MariaDB GTIDs, LogWriter logs, PostgreSQL commit LSNs)"
-        )
-    return tuple(found)
-
-
-def locate(publisher_log: PublisherLog, targets: dict[int, Version], start: int) -> dict[int, int]:
-    """For each target version, the first seq of this publisher log, at or after ``start``,
-    whose update's version is greater (the log's end when none is, as long as the log
-    holds the target's own update). Raises :class:`Behind` for targets the log has not
-    reached, :class:`Gone` for targets older than where the scan starts."""
-    pending = sorted(targets.items(), key=lambda item: item[1])
-    found: dict[int, int] = {}
-    if not pending:
-        return found
-    first_seq = publisher_log.first_seq
-    start = max(start, first_seq)
-    reader = publisher_log.reader(start)
-    last: Version | None = None
-    try:
-        while pending:
-            batch = reader.read()
-            if batch is None:
-                break
-            if not batch.updates:
-                continue
-            if last is None:
-                head = version(batch.updates[0])
-                if head > pending[0][1]:
-                    shard, target = pending[0]
-                    raise Gone(
-                        f"the shared datamarker of shard {shard} (version {target}) is older "
-                        f"than this copy's publisher log from seq {start} (version {head}): "
-                        f"this copy does not hold the updates after it"
-                    )
-            versions = [version(u) for u in batch.updates]
-            last = versions[-1]
-            while pending and pending[0][1] < last:
-                shard, target = pending.pop(0)
-                found[shard] = batch.first_seq + bisect.bisect_right(versions, target)
-        if pending and last is not None and last >= pending[-1][1]:
-            # The log ends exactly at the targets' own updates: serve from its end.
-            for shard, _ in pending:
-                found[shard] = publisher_log.next_seq
-            pending = []
-    finally:
-        reader.close()
-    if pending:
-        shard, target = pending[-1]
-        raise Behind(
-            f"this copy's publisher log has not reached the shared datamarker of shard {shard} "
-            f"(version {target}; its newest update: {last})"
-        )
-    return found
+HANDOVER_READY_S = 5.0
+"""Then how long it waits for the other copy to be ready for the final datamarkers."""
 
 
 @dataclass
@@ -131,6 +58,8 @@ class _App:
     free_since: float | None = None
     handing_over: float | None = None
     """When this copy started giving the application back (failback, move)."""
+    settled_at: float | None = None
+    """Handing over: when its subscribers had let go (the final datamarkers are shared)."""
     behind_since: float | None = None
     reported: str = ""
     warned: bool = False
@@ -242,7 +171,7 @@ class CopyCoordinator:
                             state.epoch,
                         )
                         state.epoch = 0
-                        state.handing_over = None
+                        state.handing_over = state.settled_at = None
                         self.hub.deactivate(state.name)
         self._wake()
 
@@ -270,7 +199,7 @@ class CopyCoordinator:
                     state.epoch,
                 )
                 state.epoch = 0
-                state.handing_over = None
+                state.handing_over = state.settled_at = None
                 self.hub.deactivate(name)
         self._wake()
 
@@ -490,23 +419,29 @@ class CopyCoordinator:
                 state.handing_over = now
                 self.hub.deactivate(state.name)
             return
-        if self.hub.settled(state.name) or now - state.handing_over > HANDOVER_TIMEOUT_S:
-            self._save(state)
-            if target is None or not self._ready(state, target):
-                # Checked again at the moment of handing over: the other copy is not ready
-                # for the final datamarkers (or is gone). This copy serves on.
-                state.handing_over = None
-                self.hub.activate(state.name, state.epoch, {})
-                log.info(
-                    "application %s: copy %s keeps serving it: the hand-over to copy %s is "
-                    "called off",
-                    state.name,
-                    self.copy,
-                    target or "(none)",
-                )
+        if state.settled_at is None:
+            if not self.hub.settled(state.name) and now - state.handing_over <= HANDOVER_TIMEOUT_S:
                 return
-            epoch, state.epoch, state.handing_over = state.epoch, 0, None
+            state.settled_at = now
+        if not self._save(state):
+            return  # the claim is lost meanwhile: nothing to hand over
+        # Checked again at the moment of handing over, with the final datamarkers: the other
+        # copy's log must have reached them (it may take a status interval to say so).
+        if target is not None and self._ready(state, target):
+            epoch, state.epoch = state.epoch, 0
+            state.handing_over = state.settled_at = None
             self.registry.release_serving(state.name, self.datastore, epoch)
+        elif target is None or now - state.settled_at > HANDOVER_READY_S:
+            state.handing_over = state.settled_at = None
+            self.hub.activate(state.name, state.epoch, {})
+            log.info(
+                "application %s: copy %s keeps serving it: copy %s did not become ready to "
+                "take it over within %.0fs; the hand-over is called off",
+                state.name,
+                self.copy,
+                target or "(none)",
+                HANDOVER_READY_S,
+            )
 
     def _hand_over_to(self, state: _App, app: Any) -> str | None:
         """The copy this serving copy should give the application to, if any: the one a
@@ -581,6 +516,7 @@ class CopyCoordinator:
                 state.epoch,
             )
             state.epoch = 0
+            state.handing_over = state.settled_at = None
             self.hub.deactivate(state.name)
             return False
         state.saved.update(changed)
