@@ -161,3 +161,47 @@ def test_a_preferred_copy_that_cannot_serve_does_not_block_a_ready_one(
     exposition = scrape(metrics["b"]["listen"])
     assert sample(exposition, claims, application="search", outcome="served") == 1
     lagging.close()
+
+
+def test_a_serving_copy_keeps_what_the_shared_datamarkers_name_through_a_registry_blip(
+    copies: Copies, tmp_path: Path
+) -> None:
+    """The only copy is restarted in a quiet period and takes the application over at once;
+    its own datamarkers then stand at the end of its previous session, ahead of the update
+    the shared datamarkers name. Its retention must keep that update: when ZooKeeper goes
+    away and comes back, the copy claims the application again from the shared datamarkers
+    (a Gone or Behind there leaves it with no copy serving)."""
+    keys = 10
+    copies.pipeline("a")
+    copies.publish("a")
+    wait_until(lambda: copies.serving() == "a", 60, "copy a to serve")
+    copies.subscribe(0)
+    out = tmp_path / "search.jsonl"
+    copies.write(keys, 0)
+    wait_until(lambda: reached(out, keys, 0), 60, "round 0")
+    wait_until(
+        lambda: max(shared_versions(copies).values(), default=(0,)) == (keys,),
+        30,
+        "the shared datamarkers to reach the last update",
+    )
+    assert copies.publishers["a"].stop() == 0
+    a = copies.publish("a")
+    wait_until(lambda: copies.serving() == "a", 30, "the restarted copy a to serve")
+    epoch = serving_epoch(copies)
+    copies.zk.pause()
+    try:
+        wait_until(lambda: "stops serving" in a.stderr, 30, "a to lose ZooKeeper")
+    finally:
+        copies.zk.resume()
+    wait_until(lambda: serving_epoch_or_none(copies) not in (None, epoch), 30, "a new claim")
+    wait_until(lambda: copies.serving() == "a", 30, "copy a to serve again")
+    copies.write(keys, 1)
+    wait_until(lambda: reached(out, keys, 1), 30, "round 1, after the blip")
+    assert "older than this copy's publisher log" not in a.stderr, a.stderr
+
+
+def serving_epoch_or_none(copies: Copies) -> int | None:
+    try:
+        return serving_epoch(copies)
+    except Exception:  # no claim now
+        return None
