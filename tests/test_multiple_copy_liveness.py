@@ -8,6 +8,7 @@ that always serves"). The deployment is the two-copy one of ``test_multiple_copy
 
 from __future__ import annotations
 
+import itertools
 import threading
 from pathlib import Path
 from typing import Any
@@ -205,3 +206,67 @@ def serving_epoch_or_none(copies: Copies) -> int | None:
         return serving_epoch(copies)
     except Exception:  # no claim now
         return None
+
+
+def test_a_standby_behind_reads_on_from_where_its_last_scan_ended(
+    tmp_path: Path, zookeeper_server: Any
+) -> None:
+    """A standby whose log has not reached the shared datamarkers (none mapped yet) looks
+    for them at every tick: it reads on from where its previous scan ended, not its whole
+    log again, and maps them once its log reaches them."""
+    from wormhole.core.copies import CopyCoordinator
+    from wormhole.core.hub import Hub
+    from wormhole.core.pipeline import load_pipeline
+    from wormhole.core.publisher_log import PublisherLog
+    from wormhole.core.update import Update
+    from wormhole.plugins.components import SharedDatamarker
+
+    deployment = Copies(tmp_path, zookeeper_server, "/mcl-standby-scan")
+    pipeline = load_pipeline(deployment.pipeline("b"))
+    registries = []
+    for _ in range(2):
+        assert pipeline.dataset_registry is not None
+        registry = pipeline.dataset_registry.create()
+        registry.open("shop", threading.Event())
+        registries.append(registry)
+    serving, standby = registries
+
+    def append(plog: PublisherLog, first: int, count: int) -> None:
+        updates = [
+            Update.create(op="c", key={"id": i}, table="t", after={"id": i}, connector="filelog")
+            for i in range(first, first + count)
+        ]
+        for i, u in enumerate(updates):
+            u.position, u.logical = f"f:{first + i}", f"orders:{first + i}"
+        plog.append(updates, {"at": first})
+
+    plog = PublisherLog(tmp_path / "log")
+    plog.open()
+    for first in range(1, 1001, 50):
+        append(plog, first, 50)
+    plog.close()
+    plog = PublisherLog(tmp_path / "log")  # a new session: the log is read from disk
+    plog.open()
+    try:
+        epoch = serving.claim_serving("search", "db1", "a")
+        assert epoch is not None
+        marker = SharedDatamarker("orders:1020", (1020,), epoch)
+        assert serving.save_datamarkers("search", "db1", epoch, {0: marker})
+        coordinator = CopyCoordinator(pipeline, standby, Hub(pipeline, {}), plog)
+        coordinator.add("search")
+        read = [plog.bytes_read]
+        for _ in range(3):
+            coordinator.tick()
+            read.append(plog.bytes_read)
+        # The first tick reads the log's 20 records; each later one, the last record again.
+        whole = read[1] - read[0]
+        assert whole > 0 and all(b - a < whole / 4 for a, b in itertools.pairwise(read[1:])), read
+        assert coordinator.status()["copies_ready"] == {"search": False}
+        append(plog, 1001, 50)
+        coordinator.tick()
+        assert coordinator.status()["copies_ready"] == {"search": True}
+        assert coordinator.apps["search"].mapped == {0: ((1020,), 1020)}
+    finally:
+        plog.close()
+        for registry in registries:
+            registry.close()

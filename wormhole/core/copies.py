@@ -69,6 +69,9 @@ class _App:
     datamarker's update)."""
     behind: bool = False
     """Standby: not ready because its log is behind (it may catch up)."""
+    scanned: tuple[int, Version] | None = None
+    """Standby: where its last scan of its log for unmapped shared datamarkers ended (the
+    seq, and the version before it)."""
     refused_until: float = 0.0
     """It gave a claim back without serving: no claim before this (monotonic) time."""
     claim_seen: float | None = None
@@ -116,6 +119,12 @@ class CopyCoordinator:
         self.statuses: dict[str, dict[str, Any]] = {}
         self.dirty = threading.Event()
         """Set when the registry changed since the last tick."""
+        self.watching: set[str] = set()
+        """Applications whose serving claim is watched (a watch stays when one is removed)."""
+        self.claims: dict[str, ServingClaim | None] = {}
+        """The serving claim of each watched application, as its watch last told."""
+        self.generation = 0
+        """Registry connection interruptions so far: a claim made before one is not served."""
 
     # ------------------------------------------------------------- start
     def start(self) -> None:
@@ -128,8 +137,16 @@ class CopyCoordinator:
         with self.lock:
             if name in self.apps:
                 return
-            self.apps[name] = _App(name)
+            state = self.apps[name] = _App(name)
+            watched = name in self.watching
+            self.watching.add(name)
+            if name in self.claims:
+                # Added again: its watch is still there; start from the claim it last saw.
+                self._free(state, self.claims[name], time.monotonic())
+                state.claim = self.claims[name]
         self.hub.deactivate(name)
+        if watched:
+            return
 
         def changed(claim: ServingClaim | None) -> None:
             self._serving(name, claim)
@@ -153,6 +170,8 @@ class CopyCoordinator:
     def _connection(self, connected: bool) -> None:
         with self.lock:
             self.connected = connected
+            if not connected:
+                self.generation += 1
             for state in self.apps.values():
                 # Whether this copy could take over is found again once connected: what
                 # it was before (serving, so ready) says nothing of the shared datamarkers
@@ -184,6 +203,7 @@ class CopyCoordinator:
 
     def _serving(self, name: str, claim: ServingClaim | None) -> None:
         with self.lock:
+            self.claims[name] = claim
             state = self.apps.get(name)
             if state is None:
                 return
@@ -264,11 +284,13 @@ class CopyCoordinator:
         state.behind_since, state.warned = None, False
         if now < state.refused_until:
             return  # it refused lately: the less preferred copies get their turn first
+        with self.lock:
+            generation = self.generation
         epoch = self.registry.claim_serving(state.name, self.datastore, self.copy)
         if epoch is None:
             return
         try:
-            self._take_over(state, epoch)
+            self._take_over(state, epoch, generation)
         except StateError as exc:
             self.registry.release_serving(state.name, self.datastore, epoch)
             self._refused(state, now, str(exc))
@@ -320,20 +342,36 @@ class CopyCoordinator:
             backoff,
         )
 
-    def _take_over(self, state: _App, epoch: int) -> None:
+    def _take_over(self, state: _App, epoch: int, generation: int) -> None:
+        """Serve from the shared datamarkers under the claim ``epoch``, made when the registry
+        connection had been interrupted ``generation`` times."""
         shared = self.registry.load_datamarkers(state.name, self.datastore)
         hints = [seq for _, seq in state.mapped.values()]
         start = min(hints) - 1 if hints else self.publisher_log.first_seq
         targets = {s: tuple(d.version) for s, d in shared.items() if s < self.hub.shards}
         positions = locate(self.publisher_log, targets, max(0, start))
-        SERVING_CLAIMS.labels(state.name, "served").inc()
-        state.reported = ""
         state.loaded = True
         state.mapped.update({s: (targets[s], seq) for s, seq in positions.items()})
-        state.epoch = epoch
-        state.claimed_ms = int(time.time() * 1000)
-        state.saved = dict(shared)
-        self.hub.activate(state.name, epoch, positions)
+        with self.lock:
+            # Under the lock a connection loss waits for: it finds the claim served and
+            # stops serving it. One that came meanwhile (loading the datamarkers retries up
+            # to the connect timeout, past the session) may have taken the claim with it.
+            if self.generation != generation:
+                log.info(
+                    "application %s: the registry connection was interrupted while copy %s "
+                    "took it over; it gives the claim (epoch %d) back",
+                    state.name,
+                    self.copy,
+                    epoch,
+                )
+                self.lost.append((state.name, epoch))
+                return
+            state.epoch = epoch
+            state.claimed_ms = int(time.time() * 1000)
+            state.saved = dict(shared)
+            self.hub.activate(state.name, epoch, positions)
+        SERVING_CLAIMS.labels(state.name, "served").inc()
+        state.reported = ""
         log.info(
             "application %s: copy %s of %s serves it from epoch %d (%s)",
             state.name,
@@ -356,12 +394,14 @@ class CopyCoordinator:
         if not targets:
             state.ready = True
             return
-        hints = [seq for _, seq in state.mapped.values()]
-        start = min(hints) - 1 if hints else self.publisher_log.first_seq
         try:
-            positions = locate(self.publisher_log, targets, max(0, start))
+            positions = locate(self.publisher_log, targets, max(0, self._scan_from(state, targets)))
         except Behind as exc:
             state.ready, state.why, state.behind = False, str(exc), True
+            # Keep what was found, and where the scan ended: the next tick reads on from
+            # there rather than the whole log again.
+            state.mapped.update({s: (targets[s], seq) for s, seq in exc.found.items()})
+            state.scanned = exc.scanned
             return
         except Gone as exc:
             state.ready, state.why, state.behind = False, str(exc), False
@@ -377,6 +417,19 @@ class CopyCoordinator:
                 for shard, (_, seq) in state.mapped.items():
                     flow = app.flows[shard]
                     flow.datamarker = flow.delivered = max(0, seq - 1)
+
+    def _scan_from(self, state: _App, targets: dict[int, Version]) -> int:
+        """Where a scan for ``targets`` may start: each target's previous mapping (the new
+        version is not older), or where a scan that left it pending ended."""
+        starts = []
+        for shard, target in targets.items():
+            if shard in state.mapped:
+                starts.append(state.mapped[shard][1] - 1)
+            elif state.scanned is not None and target >= state.scanned[1]:
+                starts.append(state.scanned[0] - 1)
+            else:
+                return self.publisher_log.first_seq
+        return min(starts, default=self.publisher_log.first_seq)
 
     def _forget_collected(self, state: _App) -> None:
         """Drop the mappings whose named update this log no longer holds: they are looked

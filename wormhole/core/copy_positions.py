@@ -20,6 +20,19 @@ Version = tuple[int, ...]
 class Behind(StateError):
     """This copy's publisher log has not reached a shared datamarker yet."""
 
+    def __init__(
+        self,
+        message: str,
+        found: dict[int, int] | None = None,
+        scanned: tuple[int, Version] | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.found = found or {}
+        """The targets that were found meanwhile (shard -> seq)."""
+        self.scanned = scanned
+        """The seq the scan reached and the version before it: every target still pending
+        is at or after that version, so a later scan for them may start at ``seq - 1``."""
+
 
 class Gone(StateError):
     """A shared datamarker is older than this copy's publisher log: it cannot serve from it
@@ -77,13 +90,16 @@ def locate(publisher_log: PublisherLog, targets: dict[int, Version], start: int)
             for shard, _ in pending:
                 found[shard] = publisher_log.next_seq
             pending = []
+        scanned = (reader.position, last) if last is not None else None
     finally:
         reader.close()
     if pending:
         shard, target = pending[-1]
         raise Behind(
             f"this copy's publisher log has not reached the shared datamarker of shard {shard} "
-            f"(version {target}; its newest update: {last})"
+            f"(version {target}; its newest update: {last})",
+            found,
+            scanned,
         )
     return found
 

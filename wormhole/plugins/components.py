@@ -720,7 +720,7 @@ class DatasetRegistry(Protocol):
 
         A status reports on now: a registry that brings its registrations back after losing
         them (a session expiry) does not bring back a status published before the loss; it
-        is shared again at the next call (publishers call this every datamarker interval)."""
+        is shared again at the next call (publishers call this about once a second)."""
 
     def statuses(self) -> dict[str, dict[str, Any]]:
         """Every live publisher's last shared status, by datastore."""
