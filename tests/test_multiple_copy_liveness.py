@@ -9,13 +9,15 @@ that always serves"). The deployment is the two-copy one of ``test_multiple_copy
 from __future__ import annotations
 
 import itertools
+import os
+import signal
 import threading
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
-from test_multiple_copy import Copies, reached, serving_epoch, shared_versions
+from test_multiple_copy import Copies, check, reached, serving_epoch, shared_versions
 
 from wormhole.testing import free_port, wait_until, write_pipeline
 from wormhole.testing.prometheus import sample, scrape
@@ -270,3 +272,49 @@ def test_a_standby_behind_reads_on_from_where_its_last_scan_ended(
         plog.close()
         for registry in registries:
             registry.close()
+
+
+def test_a_copy_resumed_after_a_pause_gets_the_application_back_only_once_ready(
+    copies: Copies, tmp_path: Path
+) -> None:
+    """Copy a serves; it is paused past its session, b takes over, and a round reaches b's
+    datastore only. Resumed, a is behind the shared datamarkers: b keeps the application
+    (before, a came back with its "ready" status from before the pause and b handed over
+    at once to a copy that could not serve). Once a's datastore catches up, b hands over."""
+    keys = 10
+    for copy in "ab":
+        copies.pipeline(copy)
+    copies.publish("a")
+    wait_until(lambda: copies.serving() == "a", 60, "copy a (preferred) to serve")
+    b = copies.publish("b")
+    copies.subscribe(0)
+    out = tmp_path / "search.jsonl"
+    copies.write(keys, 0)
+    wait_until(lambda: reached(out, keys, 0), 60, "round 0")
+    paused = copies.publishers["a"]
+    os.kill(paused.pid, signal.SIGSTOP)
+    try:
+        wait_until(lambda: copies.serving() == "b", 30, "copy b to take over from paused a")
+        lagging = copies.writers.pop("a")
+        copies.write(keys, 1)  # b's datastore only
+        wait_until(lambda: reached(out, keys, 1), 30, "round 1, from b")
+    finally:
+        os.kill(paused.pid, signal.SIGCONT)
+    wait_until(lambda: "stops serving" in paused.stderr, 30, "the resumed copy a to stand down")
+    wait_until(lambda: "a is preferred but cannot take over" in b.stderr, 30, "b to hold on")
+    epoch = serving_epoch(copies)
+    copies.write(keys, 2)
+    wait_until(lambda: reached(out, keys, 2), 30, "round 2, from b")
+    assert serving_epoch(copies) == epoch and "hands it over" not in b.stderr, b.stderr
+    # a's datastore catches up: the application goes back to it.
+    for n in (1, 2):
+        for k in range(keys):
+            lagging.publish("orders", key={"id": k}, after={"id": k, "n": n})
+    lagging.flush()
+    copies.writers["a"] = lagging
+    wait_until(lambda: copies.serving() == "a", 30, "the application to fail back to a")
+    copies.write(keys, 3)
+    wait_until(lambda: reached(out, keys, 3), 30, "round 3, from a")
+    copies.stop()
+    lines, duplicates = check(out, keys, 4, [(0, {})])
+    assert lines - duplicates == keys * 4
