@@ -318,3 +318,40 @@ def test_a_copy_resumed_after_a_pause_gets_the_application_back_only_once_ready(
     copies.stop()
     lines, duplicates = check(out, keys, 4, [(0, {})])
     assert lines - duplicates == keys * 4
+
+
+def test_a_single_copy_killed_and_restarted_in_a_quiet_period_delivers_the_next_round(
+    copies: Copies, tmp_path: Path
+) -> None:
+    """The only copy is killed (-9) once everything was delivered and started again at
+    once (it waits for its old session to expire): it serves, and the next round arrives."""
+    keys = 10
+    copies.pipeline("a")
+    copies.publish("a")
+    wait_until(lambda: copies.serving() == "a", 60, "copy a to serve")
+    copies.subscribe(0)
+    out = tmp_path / "search.jsonl"
+    copies.write(keys, 0)
+    wait_until(lambda: reached(out, keys, 0), 60, "round 0")
+    wait_until(
+        lambda: max(shared_versions(copies).values(), default=(0,)) == (keys,),
+        30,
+        "the shared datamarkers to reach the last update",
+    )
+    # Its own datamarkers are on disk at the log's end: the restart's first persist used to
+    # collect the segment holding the update the shared datamarkers name.
+    wait_until(lambda: persisted_at_one_end(tmp_path / "state-a", keys), 30, "a to persist")
+    copies.publishers["a"].kill()
+    copies.publish("a")
+    wait_until(lambda: copies.serving() == "a", 30, "the restarted copy a to serve")
+    copies.write(keys, 1)
+    wait_until(lambda: reached(out, keys, 1), 30, "round 1, from the restarted copy")
+
+
+def persisted_at_one_end(state_dir: Path, keys: int) -> bool:
+    """Whether every flow of ``search`` is persisted, all at one position past ``keys``."""
+    from wormhole.core.datamarkers import read_datamarkers
+
+    stored = read_datamarkers(state_dir)
+    positions = {m.position for (name, _), m in stored.items() if name == "search"}
+    return len(stored) == 8 and len(positions) == 1 and min(positions) >= keys
