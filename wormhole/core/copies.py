@@ -22,10 +22,10 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from dataclasses import dataclass, field
 from typing import Any
 
 from wormhole.core.copy_positions import Behind, Gone, Version, locate, version
+from wormhole.core.copy_state import CLAIM_GRACE_S, CopyState
 from wormhole.core.errors import StateError
 from wormhole.core.hub import Hub
 from wormhole.core.metrics import SERVING_CLAIMS
@@ -40,57 +40,10 @@ from wormhole.plugins.components import (
 
 log = logging.getLogger("wormhole.copies")
 
-CLAIM_GRACE_S = 2.0
-"""How long each less preferred copy waits, per rank, before claiming a free application."""
 HANDOVER_TIMEOUT_S = 10.0
 """How long a copy giving an application back waits for its subscribers to let go."""
 HANDOVER_READY_S = 5.0
 """Then how long it waits for the other copy to be ready for the final datamarkers."""
-
-
-@dataclass
-class _App:
-    name: str
-    claim: ServingClaim | None = None
-    """The serving claim as the registry last showed it."""
-    epoch: int = 0
-    """The epoch of this copy's claim (0: this copy does not serve it)."""
-    free_since: float | None = None
-    handing_over: float | None = None
-    """When this copy started giving the application back (failback, move)."""
-    settled_at: float | None = None
-    """Handing over: when its subscribers had let go (the final datamarkers are shared)."""
-    behind_since: float | None = None
-    reported: str = ""
-    warned: bool = False
-    """This copy said (once) why it does not claim the application it is its turn to serve."""
-    why: str = ""
-    """Standby: why it is not ready (its log is behind, or no longer holds, a shared
-    datamarker's update)."""
-    behind: bool = False
-    """Standby: not ready because its log is behind (it may catch up)."""
-    scanned: tuple[int, Version] | None = None
-    """Standby: where its last scan of its log for unmapped shared datamarkers ended (the
-    seq, and the version before it)."""
-    refused_until: float = 0.0
-    """It gave a claim back without serving: no claim before this (monotonic) time."""
-    claim_seen: float | None = None
-    """When the current claim (another copy's or this one's) was first seen."""
-    free_before: float | None = None
-    """``free_since`` before the current claim: restored if the claim goes without serving."""
-    saved: dict[int, SharedDatamarker] = field(default_factory=dict)
-    mapped: dict[int, tuple[Version, int]] = field(default_factory=dict)
-    """Each shard's shared datamarker version and where it maps in this log: the seq after
-    the update it names (standby: as followed; serving: as taken over and shared)."""
-    loaded: bool = False
-    """The shared datamarkers were read since this copy started: until then, retention
-    keeps the whole log (:meth:`CopyCoordinator.retained`)."""
-    ready: bool = False
-    """Standby: every shared datamarker maps into this copy's log (it can take over now)."""
-    claimed_ms: int = 0
-    """When this copy's claim was made (wall clock): a move requested later applies to it."""
-    waiting_for: str = ""
-    """The copy this serving copy would hand over to but which is not ready (logged once)."""
 
 
 class CopyCoordinator:
@@ -110,7 +63,7 @@ class CopyCoordinator:
         self.datastore = pipeline.datastore
         self.copy = pipeline.copy
         self.lock = threading.Lock()
-        self.apps: dict[str, _App] = {}
+        self.apps: dict[str, CopyState] = {}
         self.copies: list[PublisherEntry] = []
         """The live copies of this datastore, in registration order."""
         self.connected = True
@@ -137,12 +90,12 @@ class CopyCoordinator:
         with self.lock:
             if name in self.apps:
                 return
-            state = self.apps[name] = _App(name)
+            state = self.apps[name] = CopyState(name)
             watched = name in self.watching
             self.watching.add(name)
             if name in self.claims:
                 # Added again: its watch is still there; start from the claim it last saw.
-                self._free(state, self.claims[name], time.monotonic())
+                state.free(self.claims[name], time.monotonic())
                 state.claim = self.claims[name]
         self.hub.deactivate(name)
         if watched:
@@ -208,7 +161,7 @@ class CopyCoordinator:
             if state is None:
                 return
             state.claim = claim
-            self._free(state, claim, time.monotonic())
+            state.free(claim, time.monotonic())
             if state.epoch and (
                 claim is None or claim.copy != self.copy or claim.epoch != state.epoch
             ):
@@ -222,22 +175,6 @@ class CopyCoordinator:
                 state.handing_over = state.settled_at = None
                 self.hub.deactivate(name)
         self._wake()
-
-    @staticmethod
-    def _free(state: _App, claim: ServingClaim | None, now: float) -> None:
-        """Track since when the application has been free. A claim given back within the
-        grace period (a copy that claimed and could not serve) does not count as held: the
-        less preferred copies' wait goes on from before it, so claims that come and go do
-        not hold them off."""
-        if claim is not None:
-            if state.claim_seen is None:
-                state.claim_seen, state.free_before = now, state.free_since
-            state.free_since = None
-            return
-        if state.free_since is None:
-            brief = state.claim_seen is not None and now - state.claim_seen < CLAIM_GRACE_S
-            state.free_since = state.free_before if brief and state.free_before else now
-        state.claim_seen = state.free_before = None
 
     # -------------------------------------------------------------- tick
     def preference(self, name: str) -> list[str]:
@@ -268,14 +205,17 @@ class CopyCoordinator:
             except StateError as exc:
                 self._report(state, str(exc))
 
-    def _report(self, state: _App, message: str) -> None:
+    def _report(self, state: CopyState, message: str) -> None:
         if message != state.reported:
             state.reported = message
             log.error("application %s (copy %s): %s", state.name, self.copy, message)
 
-    def _stand_by(self, state: _App, now: float) -> None:
+    def _stand_by(self, state: CopyState, now: float) -> None:
         self._follow(state)
-        if state.claim is not None or not self._my_turn(state, now):
+        if state.claim is not None:
+            state.behind_since, state.warned = None, False
+            return
+        if not self._my_turn(state, now):
             state.behind_since = None
             return
         if not state.ready:
@@ -296,7 +236,7 @@ class CopyCoordinator:
             self._refused(state, now, str(exc))
             raise
 
-    def _my_turn(self, state: _App, now: float) -> bool:
+    def _my_turn(self, state: CopyState, now: float) -> bool:
         """Whether this copy may claim the free application now: it is the most preferred
         live copy, or the ones before it had their grace period (2 s per rank)."""
         preference = self.preference(state.name)
@@ -306,12 +246,12 @@ class CopyCoordinator:
         waited = now - (state.free_since or now)
         return rank == 0 or waited >= rank * CLAIM_GRACE_S
 
-    def _cannot_serve(self, state: _App, now: float) -> None:
+    def _cannot_serve(self, state: CopyState, now: float) -> None:
         """Its turn, but this copy cannot serve the application (its log is behind the shared
         datamarkers, or no longer holds them): it does not claim it, says why once, and
         after ``delivery.catch_up_ms`` behind reports it as an error."""
         if state.behind_since is None:
-            state.behind_since = now
+            state.behind_since, state.overdue = now, False
         if not state.warned:
             state.warned = True
             log.warning(
@@ -321,13 +261,15 @@ class CopyCoordinator:
                 self.copy,
                 state.why or "it has not mapped the shared datamarkers",
             )
-        if state.behind and now - state.behind_since >= self.pipeline.catch_up_s:
+        waited = now - state.behind_since
+        if state.behind and not state.overdue and waited >= self.pipeline.catch_up_s:
+            state.overdue = True  # reported once: the message changes as the log grows
             raise StateError(
                 f"{state.why}; waited {self.pipeline.catch_up_s:.0f}s (delivery.catch_up_ms) "
                 f"for it to catch up: this copy does not serve the application"
             )
 
-    def _refused(self, state: _App, now: float, why: str) -> None:
+    def _refused(self, state: CopyState, now: float, why: str) -> None:
         """A claim given back without serving: it stays away past the grace period of every
         less preferred copy, so that one of them serves meanwhile."""
         SERVING_CLAIMS.labels(state.name, "refused").inc()
@@ -342,7 +284,7 @@ class CopyCoordinator:
             backoff,
         )
 
-    def _take_over(self, state: _App, epoch: int, generation: int) -> None:
+    def _take_over(self, state: CopyState, epoch: int, generation: int) -> None:
         """Serve from the shared datamarkers under the claim ``epoch``, made when the registry
         connection had been interrupted ``generation`` times."""
         shared = self.registry.load_datamarkers(state.name, self.datastore)
@@ -381,7 +323,7 @@ class CopyCoordinator:
             "from the shared datamarkers" if shared else "from its start",
         )
 
-    def _follow(self, state: _App) -> None:
+    def _follow(self, state: CopyState) -> None:
         """Standby: map the shared datamarkers into this log; keep the log from them on."""
         shared = self.registry.load_datamarkers(state.name, self.datastore)
         state.loaded = True
@@ -418,7 +360,7 @@ class CopyCoordinator:
                     flow = app.flows[shard]
                     flow.datamarker = flow.delivered = max(0, seq - 1)
 
-    def _scan_from(self, state: _App, targets: dict[int, Version]) -> int:
+    def _scan_from(self, state: CopyState, targets: dict[int, Version]) -> int:
         """Where a scan for ``targets`` may start: each target's previous mapping (the new
         version is not older), or where a scan that left it pending ended."""
         starts = []
@@ -431,7 +373,7 @@ class CopyCoordinator:
                 return self.publisher_log.first_seq
         return min(starts, default=self.publisher_log.first_seq)
 
-    def _forget_collected(self, state: _App) -> None:
+    def _forget_collected(self, state: CopyState) -> None:
         """Drop the mappings whose named update this log no longer holds: they are looked
         up again (and refused as Gone), never reported ready from memory."""
         first = self.publisher_log.first_seq
@@ -454,7 +396,7 @@ class CopyCoordinator:
                 floor = seq - 1 if floor is None else min(floor, seq - 1)
         return floor
 
-    def _serve(self, state: _App, now: float) -> None:
+    def _serve(self, state: CopyState, now: float) -> None:
         if not self._save(state):
             return
         app = self.hub.applications.get(state.name)
@@ -496,7 +438,7 @@ class CopyCoordinator:
                 HANDOVER_READY_S,
             )
 
-    def _hand_over_to(self, state: _App, app: Any) -> str | None:
+    def _hand_over_to(self, state: CopyState, app: Any) -> str | None:
         """The copy this serving copy should give the application to, if any: the one a
         move requested since it claimed the application (``wormhole apps move``), else, with
         ``failback: auto``, the most preferred live copy when it is more preferred than this."""
@@ -511,7 +453,7 @@ class CopyCoordinator:
             return None
         return preference[0]
 
-    def _ready(self, state: _App, copy: str) -> bool:
+    def _ready(self, state: CopyState, copy: str) -> bool:
         """Whether the other copy ``copy`` can take ``state``'s application over now: its
         status, read now, says it is ready (it mapped every shared datamarker since it last
         connected) and that its publisher log reached every datamarker this copy shared."""
@@ -540,7 +482,7 @@ class CopyCoordinator:
             )
         return False
 
-    def _save(self, state: _App) -> bool:
+    def _save(self, state: CopyState) -> bool:
         """Share the serving application's datamarkers; False if fenced (claim lost)."""
         app = self.hub.applications.get(state.name)
         if app is None or not state.epoch:
