@@ -355,3 +355,54 @@ def persisted_at_one_end(state_dir: Path, keys: int) -> bool:
     stored = read_datamarkers(state_dir)
     positions = {m.position for (name, _), m in stored.items() if name == "search"}
     return len(stored) == 8 and len(positions) == 1 and min(positions) >= keys
+
+
+def test_claims_that_come_and_go_do_not_hold_a_ready_copy_off(
+    copies: Copies, tmp_path: Path
+) -> None:
+    """A preferred copy a that claims the application and gives it back at once, over and
+    over (what a copy that could not serve used to do): each claim used to restart the
+    grace period of copy b, which then never took the application. A claim given back
+    within the grace period does not count as held: b takes it over."""
+    from wormhole.connectors.zookeeper.registry import ZooKeeperOptions, ZooKeeperRegistry
+    from wormhole.plugins.components import PublisherEntry
+    from wormhole.plugins.manager import default_registry
+
+    keys = 10
+    for copy in "ab":
+        copies.pipeline(copy)
+    b = copies.publish("b")
+    wait_until(lambda: copies.serving() == "b", 60, "copy b (the only one) to serve")
+    copies.subscribe(0)
+    out = tmp_path / "search.jsonl"
+    copies.write(keys, 0)
+    wait_until(lambda: reached(out, keys, 0), 60, "round 0")
+    options = ZooKeeperOptions(hosts=copies.zk.hosts, root=copies.root)
+    churn = default_registry().create("registry", "zookeeper", options)
+    assert isinstance(churn, ZooKeeperRegistry)
+    churn.open("shop", threading.Event())
+    done = threading.Event()
+    claims = []
+
+    def claim_and_give_back() -> None:
+        while not done.is_set():
+            epoch = churn.claim_serving("search", "db1", "a")
+            if epoch is not None:
+                claims.append(epoch)
+                churn.release_serving("search", "db1", epoch)
+            done.wait(0.05)
+
+    thread = threading.Thread(target=claim_and_give_back, daemon=True)
+    try:
+        churn.register_publisher(PublisherEntry("db1", shards=8, copy="a", host="churn"))
+        thread.start()
+        assert b.stop() == 0
+        wait_until(lambda: len(claims) >= 5, 30, "copy a to claim and give back")
+        b = copies.publish("b")
+        wait_until(lambda: copies.serving() == "b", 30, "copy b to take over")
+        copies.write(keys, 1)
+        wait_until(lambda: reached(out, keys, 1), 30, "round 1, from b")
+    finally:
+        done.set()
+        thread.join(10)
+        churn.close()

@@ -28,6 +28,8 @@ class CopyState:
     """When the current claim (another copy's or this one's) was first seen."""
     free_before: float | None = None
     """``free_since`` before the current claim: restored if the claim goes without serving."""
+    seen_epoch: int = 0
+    """The epoch of the claim seen last."""
     handing_over: float | None = None
     """When this copy started giving the application back (failback, move)."""
     settled_at: float | None = None
@@ -71,6 +73,13 @@ class CopyState:
         if claim is not None:
             if self.claim_seen is None:
                 self.claim_seen, self.free_before = now, self.free_since
+            elif claim.epoch != self.seen_epoch:
+                # Another claim, the end of the one before unseen: that one counted as held
+                # if it lasted the grace period.
+                if now - self.claim_seen >= CLAIM_GRACE_S:
+                    self.free_before = None
+                self.claim_seen = now
+            self.seen_epoch = claim.epoch
             self.free_since = None
             return
         if self.free_since is None:
