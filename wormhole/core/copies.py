@@ -19,19 +19,18 @@ takeover would need (and no more), and so that a takeover does not scan its whol
 
 from __future__ import annotations
 
-import bisect
 import logging
 import threading
 import time
-from dataclasses import dataclass, field
 from typing import Any
 
+from wormhole.core.copy_positions import Behind, Gone, Version, locate, version
+from wormhole.core.copy_state import CLAIM_GRACE_S, CopyState
 from wormhole.core.errors import StateError
 from wormhole.core.hub import Hub
+from wormhole.core.metrics import SERVING_CLAIMS
 from wormhole.core.pipeline import Pipeline
 from wormhole.core.publisher_log import PublisherLog
-from wormhole.core.update import Update
-from wormhole.core.versions import version_of
 from wormhole.plugins.components import (
     DatasetRegistry,
     PublisherEntry,
@@ -41,104 +40,10 @@ from wormhole.plugins.components import (
 
 log = logging.getLogger("wormhole.copies")
 
-Version = tuple[int, ...]
-
-CLAIM_GRACE_S = 2.0
-"""How long each less preferred copy waits, per rank, before claiming a free application."""
 HANDOVER_TIMEOUT_S = 10.0
 """How long a copy giving an application back waits for its subscribers to let go."""
-
-
-class Behind(StateError):
-    """This copy's publisher log has not reached a shared datamarker yet."""
-
-
-class Gone(StateError):
-    """A shared datamarker is older than this copy's publisher log: it cannot serve from it
-    without skipping updates."""
-
-
-def version(update: Update) -> Version:
-    found = version_of(update)
-    if found is None:
-        raise StateError(
-            f"multiple-copy delivery: updates of {update.connector or 'this source'} carry no "
-            f"position comparable across copies (position {update.position!r}, logical "
-            f"{update.logical!r}); use a source whose position mapper gives versions "
-            f"(MariaDB GTIDs, LogWriter logs, PostgreSQL commit LSNs)"
-        )
-    return tuple(found)
-
-
-def locate(publisher_log: PublisherLog, targets: dict[int, Version], start: int) -> dict[int, int]:
-    """For each target version, the first seq of this publisher log, at or after ``start``,
-    whose update's version is greater (the log's end when none is, as long as the log
-    holds the target's own update). Raises :class:`Behind` for targets the log has not
-    reached, :class:`Gone` for targets older than where the scan starts."""
-    pending = sorted(targets.items(), key=lambda item: item[1])
-    found: dict[int, int] = {}
-    if not pending:
-        return found
-    first_seq = publisher_log.first_seq
-    start = max(start, first_seq)
-    reader = publisher_log.reader(start)
-    last: Version | None = None
-    try:
-        while pending:
-            batch = reader.read()
-            if batch is None:
-                break
-            if not batch.updates:
-                continue
-            if last is None:
-                head = version(batch.updates[0])
-                if head > pending[0][1]:
-                    shard, target = pending[0]
-                    raise Gone(
-                        f"the shared datamarker of shard {shard} (version {target}) is older "
-                        f"than this copy's publisher log from seq {start} (version {head}): "
-                        f"this copy does not hold the updates after it"
-                    )
-            versions = [version(u) for u in batch.updates]
-            last = versions[-1]
-            while pending and pending[0][1] < last:
-                shard, target = pending.pop(0)
-                found[shard] = batch.first_seq + bisect.bisect_right(versions, target)
-        if pending and last is not None and last >= pending[-1][1]:
-            # The log ends exactly at the targets' own updates: serve from its end.
-            for shard, _ in pending:
-                found[shard] = publisher_log.next_seq
-            pending = []
-    finally:
-        reader.close()
-    if pending:
-        shard, target = pending[-1]
-        raise Behind(
-            f"this copy's publisher log has not reached the shared datamarker of shard {shard} "
-            f"(version {target}; its newest update: {last})"
-        )
-    return found
-
-
-@dataclass
-class _App:
-    name: str
-    claim: ServingClaim | None = None
-    """The serving claim as the registry last showed it."""
-    epoch: int = 0
-    """The epoch of this copy's claim (0: this copy does not serve it)."""
-    free_since: float | None = None
-    handing_over: float | None = None
-    """When this copy started giving the application back (failback, move)."""
-    behind_since: float | None = None
-    reported: str = ""
-    saved: dict[int, SharedDatamarker] = field(default_factory=dict)
-    mapped: dict[int, tuple[Version, int]] = field(default_factory=dict)
-    """Standby: each shard's shared datamarker version and where it maps in this log."""
-    ready: bool = False
-    """Standby: every shared datamarker maps into this copy's log (it can take over now)."""
-    claimed_ms: int = 0
-    """When this copy's claim was made (wall clock): a move requested later applies to it."""
+HANDOVER_READY_S = 5.0
+"""Then how long it waits for the other copy to be ready for the final datamarkers."""
 
 
 class CopyCoordinator:
@@ -158,7 +63,7 @@ class CopyCoordinator:
         self.datastore = pipeline.datastore
         self.copy = pipeline.copy
         self.lock = threading.Lock()
-        self.apps: dict[str, _App] = {}
+        self.apps: dict[str, CopyState] = {}
         self.copies: list[PublisherEntry] = []
         """The live copies of this datastore, in registration order."""
         self.connected = True
@@ -167,6 +72,12 @@ class CopyCoordinator:
         self.statuses: dict[str, dict[str, Any]] = {}
         self.dirty = threading.Event()
         """Set when the registry changed since the last tick."""
+        self.watching: set[str] = set()
+        """Applications whose serving claim is watched (a watch stays when one is removed)."""
+        self.claims: dict[str, ServingClaim | None] = {}
+        """The serving claim of each watched application, as its watch last told."""
+        self.generation = 0
+        """Registry connection interruptions so far: a claim made before one is not served."""
 
     # ------------------------------------------------------------- start
     def start(self) -> None:
@@ -179,8 +90,16 @@ class CopyCoordinator:
         with self.lock:
             if name in self.apps:
                 return
-            self.apps[name] = _App(name)
+            state = self.apps[name] = CopyState(name)
+            watched = name in self.watching
+            self.watching.add(name)
+            if name in self.claims:
+                # Added again: its watch is still there; start from the claim it last saw.
+                state.free(self.claims[name], time.monotonic())
+                state.claim = self.claims[name]
         self.hub.deactivate(name)
+        if watched:
+            return
 
         def changed(claim: ServingClaim | None) -> None:
             self._serving(name, claim)
@@ -205,6 +124,13 @@ class CopyCoordinator:
         with self.lock:
             self.connected = connected
             if not connected:
+                self.generation += 1
+            for state in self.apps.values():
+                # Whether this copy could take over is found again once connected: what
+                # it was before (serving, so ready) says nothing of the shared datamarkers
+                # written meanwhile.
+                state.ready = False
+            if not connected:
                 # The claims may be gone already: deliver nothing more under them.
                 for state in self.apps.values():
                     if state.epoch:
@@ -217,7 +143,7 @@ class CopyCoordinator:
                             state.epoch,
                         )
                         state.epoch = 0
-                        state.handing_over = None
+                        state.handing_over = state.settled_at = None
                         self.hub.deactivate(state.name)
         self._wake()
 
@@ -230,14 +156,12 @@ class CopyCoordinator:
 
     def _serving(self, name: str, claim: ServingClaim | None) -> None:
         with self.lock:
+            self.claims[name] = claim
             state = self.apps.get(name)
             if state is None:
                 return
             state.claim = claim
-            if claim is None and state.free_since is None:
-                state.free_since = time.monotonic()
-            elif claim is not None:
-                state.free_since = None
+            state.free(claim, time.monotonic())
             if state.epoch and (
                 claim is None or claim.copy != self.copy or claim.epoch != state.epoch
             ):
@@ -248,7 +172,7 @@ class CopyCoordinator:
                     state.epoch,
                 )
                 state.epoch = 0
-                state.handing_over = None
+                state.handing_over = state.settled_at = None
                 self.hub.deactivate(name)
         self._wake()
 
@@ -281,56 +205,115 @@ class CopyCoordinator:
             except StateError as exc:
                 self._report(state, str(exc))
 
-    def _report(self, state: _App, message: str) -> None:
+    def _report(self, state: CopyState, message: str) -> None:
         if message != state.reported:
             state.reported = message
             log.error("application %s (copy %s): %s", state.name, self.copy, message)
 
-    def _stand_by(self, state: _App, now: float) -> None:
+    def _stand_by(self, state: CopyState, now: float) -> None:
         self._follow(state)
-        claim = state.claim
-        if claim is not None:
+        if state.claim is not None:
+            state.behind_since, state.warned = None, False
             return
-        preference = self.preference(state.name)
-        if self.copy not in preference:
+        if not self._my_turn(state, now):
+            state.behind_since = None
             return
-        rank = preference.index(self.copy)
-        waited = now - (state.free_since or now)
-        if rank > 0 and waited < rank * CLAIM_GRACE_S:
-            return  # a more preferred copy gets the first chance
+        if not state.ready:
+            self._cannot_serve(state, now)
+            return
+        state.behind_since, state.warned = None, False
+        if now < state.refused_until:
+            return  # it refused lately: the less preferred copies get their turn first
+        with self.lock:
+            generation = self.generation
         epoch = self.registry.claim_serving(state.name, self.datastore, self.copy)
         if epoch is None:
             return
         try:
-            self._take_over(state, epoch, now)
-        except StateError:
+            self._take_over(state, epoch, generation)
+        except StateError as exc:
             self.registry.release_serving(state.name, self.datastore, epoch)
+            self._refused(state, now, str(exc))
             raise
 
-    def _take_over(self, state: _App, epoch: int, now: float) -> None:
+    def _my_turn(self, state: CopyState, now: float) -> bool:
+        """Whether this copy may claim the free application now: it is the most preferred
+        live copy, or the ones before it had their grace period (2 s per rank)."""
+        preference = self.preference(state.name)
+        if self.copy not in preference:
+            return False
+        rank = preference.index(self.copy)
+        waited = now - (state.free_since or now)
+        return rank == 0 or waited >= rank * CLAIM_GRACE_S
+
+    def _cannot_serve(self, state: CopyState, now: float) -> None:
+        """Its turn, but this copy cannot serve the application (its log is behind the shared
+        datamarkers, or no longer holds them): it does not claim it, says why once, and
+        after ``delivery.catch_up_ms`` behind reports it as an error."""
+        if state.behind_since is None:
+            state.behind_since, state.overdue = now, False
+        if not state.warned:
+            state.warned = True
+            log.warning(
+                "application %s: copy %s cannot serve it: %s; it does not claim it (a less "
+                "preferred ready copy takes it over after its grace period)",
+                state.name,
+                self.copy,
+                state.why or "it has not mapped the shared datamarkers",
+            )
+        waited = now - state.behind_since
+        if state.behind and not state.overdue and waited >= self.pipeline.catch_up_s:
+            state.overdue = True  # reported once: the message changes as the log grows
+            raise StateError(
+                f"{state.why}; waited {self.pipeline.catch_up_s:.0f}s (delivery.catch_up_ms) "
+                f"for it to catch up: this copy does not serve the application"
+            )
+
+    def _refused(self, state: CopyState, now: float, why: str) -> None:
+        """A claim given back without serving: it stays away past the grace period of every
+        less preferred copy, so that one of them serves meanwhile."""
+        SERVING_CLAIMS.labels(state.name, "refused").inc()
+        backoff = len(self.preference(state.name)) * CLAIM_GRACE_S
+        state.refused_until = now + backoff
+        log.warning(
+            "application %s: copy %s claimed it but cannot serve it: %s; it gave the claim "
+            "back and does not claim it again for %.0fs",
+            state.name,
+            self.copy,
+            why,
+            backoff,
+        )
+
+    def _take_over(self, state: CopyState, epoch: int, generation: int) -> None:
+        """Serve from the shared datamarkers under the claim ``epoch``, made when the registry
+        connection had been interrupted ``generation`` times."""
         shared = self.registry.load_datamarkers(state.name, self.datastore)
         hints = [seq for _, seq in state.mapped.values()]
         start = min(hints) - 1 if hints else self.publisher_log.first_seq
         targets = {s: tuple(d.version) for s, d in shared.items() if s < self.hub.shards}
-        try:
-            positions = locate(self.publisher_log, targets, max(0, start))
-        except Behind as exc:
-            if state.behind_since is None:
-                state.behind_since = now
-            if now - state.behind_since < self.pipeline.catch_up_s:
-                log.info("application %s: waiting to take over: %s", state.name, exc)
-                self.registry.release_serving(state.name, self.datastore, epoch)
+        positions = locate(self.publisher_log, targets, max(0, start))
+        state.loaded = True
+        state.mapped.update({s: (targets[s], seq) for s, seq in positions.items()})
+        with self.lock:
+            # Under the lock a connection loss waits for: it finds the claim served and
+            # stops serving it. One that came meanwhile (loading the datamarkers retries up
+            # to the connect timeout, past the session) may have taken the claim with it.
+            if self.generation != generation:
+                log.info(
+                    "application %s: the registry connection was interrupted while copy %s "
+                    "took it over; it gives the claim (epoch %d) back",
+                    state.name,
+                    self.copy,
+                    epoch,
+                )
+                self.lost.append((state.name, epoch))
                 return
-            raise StateError(
-                f"{exc}; waited {self.pipeline.catch_up_s:.0f}s (delivery.catch_up_ms) for it to "
-                f"catch up: this copy does not serve the application"
-            ) from exc
-        state.behind_since = None
+            state.epoch = epoch
+            state.claimed_ms = int(time.time() * 1000)
+            state.saved = dict(shared)
+            self.hub.activate(state.name, epoch, positions)
+        SERVING_CLAIMS.labels(state.name, "served").inc()
         state.reported = ""
-        state.epoch = epoch
-        state.claimed_ms = int(time.time() * 1000)
-        state.saved = dict(shared)
-        self.hub.activate(state.name, epoch, positions)
         log.info(
             "application %s: copy %s of %s serves it from epoch %d (%s)",
             state.name,
@@ -340,9 +323,11 @@ class CopyCoordinator:
             "from the shared datamarkers" if shared else "from its start",
         )
 
-    def _follow(self, state: _App) -> None:
+    def _follow(self, state: CopyState) -> None:
         """Standby: map the shared datamarkers into this log; keep the log from them on."""
         shared = self.registry.load_datamarkers(state.name, self.datastore)
+        state.loaded = True
+        self._forget_collected(state)
         targets = {
             s: tuple(d.version)
             for s, d in shared.items()
@@ -351,20 +336,22 @@ class CopyCoordinator:
         if not targets:
             state.ready = True
             return
-        hints = [seq for _, seq in state.mapped.values()]
-        start = min(hints) - 1 if hints else self.publisher_log.first_seq
         try:
-            positions = locate(self.publisher_log, targets, max(0, start))
-        except Behind:
-            state.ready = False
+            positions = locate(self.publisher_log, targets, max(0, self._scan_from(state, targets)))
+        except Behind as exc:
+            state.ready, state.why, state.behind = False, str(exc), True
+            # Keep what was found, and where the scan ended: the next tick reads on from
+            # there rather than the whole log again.
+            state.mapped.update({s: (targets[s], seq) for s, seq in exc.found.items()})
+            state.scanned = exc.scanned
             return
         except Gone as exc:
-            state.ready = False
+            state.ready, state.why, state.behind = False, str(exc), False
             self._report(state, f"cannot stand by: {exc}")
             return
         for shard, seq in positions.items():
             state.mapped[shard] = (targets[shard], seq)
-        state.ready = len(state.mapped) >= len(shared)
+        state.ready = all(s in state.mapped for s in shared if s < self.hub.shards)
         # Keep the update each shared datamarker names, so a takeover after a restart finds it.
         app = self.hub.applications.get(state.name)
         if app is not None:
@@ -373,32 +360,85 @@ class CopyCoordinator:
                     flow = app.flows[shard]
                     flow.datamarker = flow.delivered = max(0, seq - 1)
 
-    def _serve(self, state: _App, now: float) -> None:
+    def _scan_from(self, state: CopyState, targets: dict[int, Version]) -> int:
+        """Where a scan for ``targets`` may start: each target's previous mapping (the new
+        version is not older), or where a scan that left it pending ended."""
+        starts = []
+        for shard, target in targets.items():
+            if shard in state.mapped:
+                starts.append(state.mapped[shard][1] - 1)
+            elif state.scanned is not None and target >= state.scanned[1]:
+                starts.append(state.scanned[0] - 1)
+            else:
+                return self.publisher_log.first_seq
+        return min(starts, default=self.publisher_log.first_seq)
+
+    def _forget_collected(self, state: CopyState) -> None:
+        """Drop the mappings whose named update this log no longer holds: they are looked
+        up again (and refused as Gone), never reported ready from memory."""
+        first = self.publisher_log.first_seq
+        for shard, (_, seq) in list(state.mapped.items()):
+            if seq - 1 < first:
+                del state.mapped[shard]
+
+    def retained(self) -> int | None:
+        """The lowest seq of this publisher log that multiple-copy delivery needs: the
+        update each shared datamarker names, wherever this copy serves or stands by (0,
+        the whole log, for an application whose shared datamarkers it has not read yet).
+        None when no shared datamarker needs anything."""
+        with self.lock:
+            states = list(self.apps.values())
+        floor: int | None = None
+        for state in states:
+            if not state.loaded:
+                return 0
+            for _, seq in list(state.mapped.values()):
+                floor = seq - 1 if floor is None else min(floor, seq - 1)
+        return floor
+
+    def _serve(self, state: CopyState, now: float) -> None:
         if not self._save(state):
             return
         app = self.hub.applications.get(state.name)
         if app is None:
             return
+        target = self._hand_over_to(state, app)
         if state.handing_over is None:
-            target = self._hand_over_to(state, app)
-            if target is not None:
-                self.statuses = self.registry.statuses()
-                if self._ready(target, state.name):
-                    log.info(
-                        "application %s: copy %s hands it over to copy %s",
-                        state.name,
-                        self.copy,
-                        target,
-                    )
-                    state.handing_over = now
-                    self.hub.deactivate(state.name)
+            if target is not None and self._ready(state, target):
+                log.info(
+                    "application %s: copy %s hands it over to copy %s",
+                    state.name,
+                    self.copy,
+                    target,
+                )
+                state.handing_over = now
+                self.hub.deactivate(state.name)
             return
-        if self.hub.settled(state.name) or now - state.handing_over > HANDOVER_TIMEOUT_S:
-            self._save(state)
-            epoch, state.epoch, state.handing_over = state.epoch, 0, None
+        if state.settled_at is None:
+            if not self.hub.settled(state.name) and now - state.handing_over <= HANDOVER_TIMEOUT_S:
+                return
+            state.settled_at = now
+        if not self._save(state):
+            return  # the claim is lost meanwhile: nothing to hand over
+        # Checked again at the moment of handing over, with the final datamarkers: the other
+        # copy's log must have reached them (it may take a status interval to say so).
+        if target is not None and self._ready(state, target):
+            epoch, state.epoch = state.epoch, 0
+            state.handing_over = state.settled_at = None
             self.registry.release_serving(state.name, self.datastore, epoch)
+        elif target is None or now - state.settled_at > HANDOVER_READY_S:
+            state.handing_over = state.settled_at = None
+            self.hub.activate(state.name, state.epoch, {})
+            log.info(
+                "application %s: copy %s keeps serving it: copy %s did not become ready to "
+                "take it over within %.0fs; the hand-over is called off",
+                state.name,
+                self.copy,
+                target or "(none)",
+                HANDOVER_READY_S,
+            )
 
-    def _hand_over_to(self, state: _App, app: Any) -> str | None:
+    def _hand_over_to(self, state: CopyState, app: Any) -> str | None:
         """The copy this serving copy should give the application to, if any: the one a
         move requested since it claimed the application (``wormhole apps move``), else, with
         ``failback: auto``, the most preferred live copy when it is more preferred than this."""
@@ -413,14 +453,36 @@ class CopyCoordinator:
             return None
         return preference[0]
 
-    def _ready(self, copy: str, name: str) -> bool:
-        """Whether the other copy ``copy`` can take ``name`` over now (its status says so)."""
+    def _ready(self, state: CopyState, copy: str) -> bool:
+        """Whether the other copy ``copy`` can take ``state``'s application over now: its
+        status, read now, says it is ready (it mapped every shared datamarker since it last
+        connected) and that its publisher log reached every datamarker this copy shared."""
+        self.statuses = self.registry.statuses()
         status = self.statuses.get(f"{self.datastore}@{copy}", {})
         # The publisher shares this coordinator's status under "copies".
-        ready: dict[str, Any] = status.get("copies", {}).get("copies_ready", {})
-        return bool(ready.get(name))
+        shared: dict[str, Any] = status.get("copies", {})
+        newest = shared.get("newest")
+        needed = max((tuple(d.version) for d in state.saved.values()), default=None)
+        if not shared.get("copies_ready", {}).get(state.name):
+            why = "it is not ready (it has not mapped every shared datamarker)"
+        elif needed is not None and (newest is None or tuple(newest) < needed):
+            why = f"its publisher log reached version {newest}, the shared datamarkers {needed}"
+        else:
+            state.waiting_for = ""
+            return True
+        if state.waiting_for != copy:
+            state.waiting_for = copy
+            log.info(
+                "application %s: copy %s is preferred but cannot take over yet: %s; copy %s "
+                "keeps serving it",
+                state.name,
+                copy,
+                why,
+                self.copy,
+            )
+        return False
 
-    def _save(self, state: _App) -> bool:
+    def _save(self, state: CopyState) -> bool:
         """Share the serving application's datamarkers; False if fenced (claim lost)."""
         app = self.hub.applications.get(state.name)
         if app is None or not state.epoch:
@@ -449,9 +511,12 @@ class CopyCoordinator:
                 state.epoch,
             )
             state.epoch = 0
+            state.handing_over = state.settled_at = None
             self.hub.deactivate(state.name)
             return False
         state.saved.update(changed)
+        for shard, marker in changed.items():
+            state.mapped[shard] = (tuple(marker.version), positions[shard])
         return True
 
     def _at(self, seq: int) -> tuple[str, Version] | None:
@@ -479,6 +544,7 @@ class CopyCoordinator:
             states = list(self.apps.values())
         return {
             "copy": self.copy,
+            "newest": self._newest(),
             "serving": {s.name: s.epoch for s in states if s.epoch},
             "copies_ready": {s.name: s.ready or bool(s.epoch) for s in states},
             "shared_datamarkers": {
@@ -487,6 +553,16 @@ class CopyCoordinator:
                 if s.epoch
             },
         }
+
+    def _newest(self) -> list[int] | None:
+        """The version of the newest update in this copy's publisher log (None if empty)."""
+        if self.publisher_log.next_seq <= self.publisher_log.first_seq:
+            return None
+        try:
+            newest = self._at(self.publisher_log.next_seq - 1)
+        except StateError:  # a source without versions: reported where it is used
+            return None
+        return list(newest[1]) if newest is not None else None
 
     def finish(self) -> None:
         """A graceful stop: share the final datamarkers and give every claim up."""

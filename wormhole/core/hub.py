@@ -362,10 +362,14 @@ class Hub:
             ]
 
     def mark_persisted(self, datamarkers: list[Datamarker]) -> None:
+        """``datamarkers`` are in the store now. A datamarker may have moved back (a copy
+        following or taking over from the shared datamarkers): what is persisted follows it,
+        so retention keeps what the flow may resume from."""
         with self.lock:
             for d in datamarkers:
-                flow = self.applications[d.application].flows[d.shard]
-                flow.persisted = max(flow.persisted, d.position)
+                app = self.applications.get(d.application)
+                if app is not None:
+                    app.flows[d.shard].persisted = d.position
 
     def min_persisted(self) -> int | None:
         with self.lock:

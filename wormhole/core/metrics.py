@@ -92,6 +92,13 @@ SINK_WRITE_SECONDS = Histogram(
     buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),
     registry=REGISTRY,
 )
+SERVING_CLAIMS = Counter(
+    "wormhole_serving_claims",
+    "Serving claims this copy made (multiple-copy delivery), by application and outcome: "
+    "served, or refused (given back without serving: the copy could not take over).",
+    ["application", "outcome"],
+    registry=REGISTRY,
+)
 SINK_UPDATES = Counter(
     "wormhole_sink_updates",
     "Updates a sink wrote, subscriber side.",

@@ -256,6 +256,8 @@ class Publisher:
         )
         if pipeline.mode == "multiple-copy":
             self.copies = CopyCoordinator(pipeline, self.membership.registry, hub, publisher_log)
+            # Never collect the updates the shared datamarkers name (see Retention).
+            self.retention.floor = self.copies.retained
             self.copies.start()
         pipeline.registry.pm.hook.wormhole_pipeline_started(pipeline=pipeline)
         caravans = self.caravans = CaravanManager(

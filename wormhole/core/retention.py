@@ -7,9 +7,16 @@ that after a crash every flow can resume from what is on disk: those of the
 applications the publisher serves, of applications read by an outside reader, of
 applications taken out of the pipeline file (until ``wormhole forget``), and of
 applications that could not start. ``log.keep_rolled`` keeps more for replay.
+
+In multiple-copy delivery the copies add a *floor* (:meth:`CopyCoordinator.retained`):
+the update each shared datamarker names is never collected, on the serving copy (whose
+own datamarkers run ahead of the shared ones) and on the standbys alike, and nothing is
+collected for an application whose shared datamarkers this copy has not mapped yet.
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 from wormhole.core.hub import Hub
 from wormhole.core.pipeline import Pipeline
@@ -32,6 +39,9 @@ class Retention:
         """Every application is read outside the hub (a transport with ``reads_log``)."""
         self.removed: list[str] = []
         """Segments collected so far."""
+        self.floor: Callable[[], int | None] | None = None
+        """The lowest seq something outside the flows needs (multiple-copy delivery: the
+        updates the shared datamarkers name), or None when it needs nothing."""
 
     def persist(self, hub: Hub) -> None:
         """Save the datamarkers that moved, then collect the segments every stored one has
@@ -64,6 +74,9 @@ class Retention:
                     for shard in range(self.pipeline.shards)
                     if (name, shard) not in stored
                 ]
+        floor = self.floor() if self.floor is not None else None
+        if floor is not None:
+            positions.append(floor)
         if positions:
             upto = min(positions) if upto is None else min(upto, *positions)
         return upto

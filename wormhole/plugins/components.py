@@ -716,7 +716,11 @@ class DatasetRegistry(Protocol):
         """``fn(entries)`` with the live publishers of the dataset, by datastore."""
 
     def publish_status(self, datastore: str, status: dict[str, Any]) -> None:
-        """Share a publisher's live status (flows, datamarkers, owners) for ``status``."""
+        """Share a publisher's live status (flows, datamarkers, owners) for ``status``.
+
+        A status reports on now: a registry that brings its registrations back after losing
+        them (a session expiry) does not bring back a status published before the loss; it
+        is shared again at the next call (publishers call this about once a second)."""
 
     def statuses(self) -> dict[str, dict[str, Any]]:
         """Every live publisher's last shared status, by datastore."""

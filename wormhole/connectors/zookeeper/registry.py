@@ -21,7 +21,9 @@ pipeline file once only, even when its applications were all removed since.
 Ephemeral nodes go with the ZooKeeper session that created them. The registry remembers
 every one it created; when the session expires and the client reconnects with a new
 session, a thread of the registry's (never kazoo's state listener, which must not block)
-creates them again. Watches are plain ZooKeeper watches that hand the work to the same
+creates them again -- except a status published before the session expired: it describes
+the process before the loss (a copy that was serving, so ready to serve), and is created
+again at the next :meth:`ZooKeeperRegistry.publish_status`. Watches are plain ZooKeeper watches that hand the work to the same
 thread: it reads the current value, arms the watches again, and calls the watcher's
 function when the value changed (and once after every reconnect, changed or not). The same
 thread tells :meth:`ZooKeeperRegistry.watch_connection` watchers when the connection is
@@ -191,6 +193,9 @@ class _Owned:
     """The session that created the node (None: not created yet, or gone with a session)."""
     synced: bool = False
     """Whether the node holds ``data``."""
+    expiries: int = 0
+    """How many sessions had expired when ``data`` was given (a status: see
+    :meth:`ZooKeeperRegistry.publish_status`)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -286,6 +291,9 @@ class ZooKeeperRegistry:
         self._connection_lock = threading.Lock()
         """Held while calling connection watchers, so they hear every change in order."""
         self._connection_events: list[bool] = []
+        self._expiries = 0
+        """Sessions of this process that expired: a status published before the last one
+        is not created again (it reports on a time before the loss)."""
 
     # ------------------------------------------------------------------ paths
     @property
@@ -648,6 +656,8 @@ class ZooKeeperRegistry:
                 for datastore, owned in table.items():
                     if owned.session == sid and owned.synced:
                         continue
+                    if kind == "status" and owned.expiries != self._expiries:
+                        continue  # from before the session expired: created once published
                     try:
                         self._claim(owned, sid)
                         log.info("registered %s %s again as %s", kind, datastore, owned.path)
@@ -684,6 +694,7 @@ class ZooKeeperRegistry:
             )
         else:  # LOST
             self._connected.clear()
+            self._expiries += 1
             # Serving claims went with the session: they are not made again.
             self._forget_claims(keep=None)
             self._connection_changed(False)
@@ -863,6 +874,7 @@ class ZooKeeperRegistry:
                 owned = self._statuses[datastore] = _Owned(self._status_path(datastore), data)
             else:
                 owned.data, owned.synced = data, False
+            owned.expiries = self._expiries
             if not self._connected.is_set():
                 return  # written once connected again
             try:
