@@ -406,3 +406,73 @@ def test_claims_that_come_and_go_do_not_hold_a_ready_copy_off(
         done.set()
         thread.join(10)
         churn.close()
+
+
+@pytest.mark.parametrize("step", ["start", "finish"])
+def test_a_registry_interruption_during_a_hand_over_takes_the_hand_over_with_it(
+    tmp_path: Path, zookeeper_server: Any, step: str
+) -> None:
+    """The serving copy reads the other copy's status before it starts a hand-over and
+    again before it finishes one; the read waits out a registry interruption, whose handling
+    (the claim is lost: stop serving) may run meanwhile. The hand-over must then end with the
+    claim: nothing started on a claim no longer held, nothing released or activated under it,
+    and no crash (a TypeError stopped the publisher's supervisor). A real ZooKeeper gives this
+    moment only by chance: a stand-in wraps the real registry and runs the interruption's
+    handling inside the status read."""
+    import time
+
+    from wormhole.core.copies import CopyCoordinator
+    from wormhole.core.flows import FlowState
+    from wormhole.core.hub import ApplicationRuntime, Hub
+    from wormhole.core.pipeline import load_pipeline
+    from wormhole.core.publisher_log import PublisherLog
+
+    deployment = Copies(tmp_path, zookeeper_server, f"/mcl-handover-blip-{step}")
+    pipeline = load_pipeline(deployment.pipeline("a"))
+    assert pipeline.dataset_registry is not None
+    registry = pipeline.dataset_registry.create()
+    registry.open("shop", threading.Event())
+    plog = PublisherLog(tmp_path / "log")
+    plog.open()
+    flows = [FlowState("search", s, 0, 0, 0) for s in range(pipeline.shards)]
+    runtime = ApplicationRuntime(
+        config=pipeline.applications["search"], flows=flows, filter=None, active=False
+    )
+    hub = Hub(pipeline, {"search": runtime})
+    released: list[int] = []
+    b_ready = {"db1@b": {"copies": {"copies_ready": {"search": step == "start"}}}}
+
+    class Interrupted:
+        """The registry, with an interruption handled while the statuses are read."""
+
+        def __getattr__(self, name: str) -> Any:
+            return getattr(registry, name)
+
+        def statuses(self) -> dict[str, Any]:
+            coordinator._connection(False)
+            return b_ready
+
+        def release_serving(self, application: str, datastore: str, epoch: int) -> None:
+            released.append(epoch)
+            registry.release_serving(application, datastore, epoch)
+
+    try:
+        coordinator = CopyCoordinator(pipeline, Interrupted(), hub, plog)
+        coordinator.add("search")
+        epoch = registry.claim_serving("search", "db1", "a")
+        assert epoch
+        state = coordinator.apps["search"]
+        coordinator._take_over(state, epoch, coordinator.generation)
+        assert runtime.active and state.epoch == epoch
+        # Copy b is the one to hand the application to (as `apps move` or failback ask).
+        coordinator._hand_over_to = lambda state, app: "b"  # type: ignore[method-assign]
+        now = time.monotonic()
+        if step == "finish":
+            state.handing_over = state.settled_at = now - 1
+        coordinator._serve(state, now)
+        assert state.epoch == 0 and not runtime.active
+        assert state.handing_over is None and state.settled_at is None
+        assert released == []
+    finally:
+        plog.close()
+        registry.close()

@@ -309,6 +309,7 @@ class CopyCoordinator:
                 self.lost.append((state.name, epoch))
                 return
             state.epoch = epoch
+            state.handing_over = state.settled_at = None
             state.claimed_ms = int(time.time() * 1000)
             state.saved = dict(shared)
             self.hub.activate(state.name, epoch, positions)
@@ -397,6 +398,7 @@ class CopyCoordinator:
         return floor
 
     def _serve(self, state: CopyState, now: float) -> None:
+        epoch = state.epoch
         if not self._save(state):
             return
         app = self.hub.applications.get(state.name)
@@ -405,14 +407,19 @@ class CopyCoordinator:
         target = self._hand_over_to(state, app)
         if state.handing_over is None:
             if target is not None and self._ready(state, target):
-                log.info(
-                    "application %s: copy %s hands it over to copy %s",
-                    state.name,
-                    self.copy,
-                    target,
-                )
-                state.handing_over = now
-                self.hub.deactivate(state.name)
+                with self.lock:
+                    # Reading the other copy's status may have waited out a registry
+                    # interruption, which took the claim: nothing is ours to hand over.
+                    if not self._holds(state, epoch):
+                        return
+                    log.info(
+                        "application %s: copy %s hands it over to copy %s",
+                        state.name,
+                        self.copy,
+                        target,
+                    )
+                    state.handing_over = now
+                    self.hub.deactivate(state.name)
             return
         if state.settled_at is None:
             if not self.hub.settled(state.name) and now - state.handing_over <= HANDOVER_TIMEOUT_S:
@@ -422,21 +429,33 @@ class CopyCoordinator:
             return  # the claim is lost meanwhile: nothing to hand over
         # Checked again at the moment of handing over, with the final datamarkers: the other
         # copy's log must have reached them (it may take a status interval to say so).
-        if target is not None and self._ready(state, target):
-            epoch, state.epoch = state.epoch, 0
-            state.handing_over = state.settled_at = None
-            self.registry.release_serving(state.name, self.datastore, epoch)
-        elif target is None or now - state.settled_at > HANDOVER_READY_S:
-            state.handing_over = state.settled_at = None
-            self.hub.activate(state.name, state.epoch, {})
-            log.info(
-                "application %s: copy %s keeps serving it: copy %s did not become ready to "
-                "take it over within %.0fs; the hand-over is called off",
-                state.name,
-                self.copy,
-                target or "(none)",
-                HANDOVER_READY_S,
-            )
+        ready = target is not None and self._ready(state, target)
+        with self.lock:
+            if not self._holds(state, epoch) or state.settled_at is None:
+                return  # an interruption took the claim and reset the hand-over meanwhile
+            if ready:
+                state.epoch = 0
+                state.handing_over = state.settled_at = None
+            elif target is None or now - state.settled_at > HANDOVER_READY_S:
+                state.handing_over = state.settled_at = None
+                self.hub.activate(state.name, epoch, {})
+                log.info(
+                    "application %s: copy %s keeps serving it: copy %s did not become ready "
+                    "to take it over within %.0fs; the hand-over is called off",
+                    state.name,
+                    self.copy,
+                    target or "(none)",
+                    HANDOVER_READY_S,
+                )
+                return
+            else:
+                return
+        # Outside the lock: the registry's own thread takes it to report an interruption.
+        self.registry.release_serving(state.name, self.datastore, epoch)
+
+    def _holds(self, state: CopyState, epoch: int) -> bool:
+        """Whether ``state`` still serves under the claim ``epoch`` (under ``self.lock``)."""
+        return bool(epoch) and state.epoch == epoch
 
     def _hand_over_to(self, state: CopyState, app: Any) -> str | None:
         """The copy this serving copy should give the application to, if any: the one a
