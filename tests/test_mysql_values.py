@@ -233,6 +233,27 @@ def test_unicode_character_sets_decode_by_their_byte_order(
     assert snapshot_rows(tmp_path, mariadb_server, mysql_database, "u") == rows
 
 
+@pytest.mark.parametrize("charset", ["utf8mb3", "utf8mb4", "ucs2", "utf16", "utf32"])
+def test_text_of_a_collation_shared_by_several_character_sets_decodes(
+    tmp_path: Path, mariadb_server: MariaDBServer, mysql_database: str, charset: str
+) -> None:
+    # MariaDB 10.10+ lists the uca1400 collations once, without an id; each character
+    # set's id of them (2048 and up) is only in COLLATION_CHARACTER_SET_APPLICABILITY.
+    text = "abc é ü" if charset in ("ucs2", "utf8mb3") else "abc é 🐍"
+    collation = f"{charset}_uca1400_ai_ci"
+    rows = stream(
+        tmp_path,
+        mariadb_server,
+        mysql_database,
+        f"CREATE TABLE c (id INT PRIMARY KEY, v VARCHAR(10) CHARACTER SET {charset} "
+        f"COLLATE {collation}, e ENUM('é', 'x') CHARACTER SET {charset} COLLATE {collation})",
+        f"INSERT INTO c VALUES (1, '{text}', 'é')",
+        changes=1,
+    )
+    assert rows == [{"id": 1, "v": text, "e": "é"}]
+    assert snapshot_rows(tmp_path, mariadb_server, mysql_database, "c") == rows
+
+
 SAMPLE = "abc é ü ß Ω Ж א ع ก ą ğ ő ™ € 日本語 한국어 中文 ｶﾅ 🐍"
 
 

@@ -75,6 +75,7 @@ class Charsets:
                 "WHERE ID IS NOT NULL"
             )
         }
+        collations.update(_applicable_collations(query))
         names = [
             str(r[0])
             for r in query(
@@ -113,6 +114,21 @@ class Charsets:
         if name == "binary":
             return name, None
         return name, self.decoders.get(name) or _unknown(name)
+
+
+def _applicable_collations(query: Callable[[str], Sequence[Sequence[Any]]]) -> dict[int, str]:
+    """MariaDB 10.10 and later: collations shared by several character sets (the
+    ``uca1400`` ones) appear once in ``COLLATIONS``, without an id; each character set's id
+    of them (2048 and up) is in ``COLLATION_CHARACTER_SET_APPLICABILITY``. Older servers and
+    MySQL have no ``ID`` column there: nothing to add."""
+    try:
+        rows = query(
+            "SELECT ID, CHARACTER_SET_NAME FROM "
+            "information_schema.COLLATION_CHARACTER_SET_APPLICABILITY WHERE ID IS NOT NULL"
+        )
+    except Exception:  # no ID column there: a server without such collations
+        return {}
+    return {int(i): str(c) for i, c in rows}
 
 
 def _charmap(table: str) -> Text:
