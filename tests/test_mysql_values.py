@@ -422,3 +422,28 @@ def test_temporals_of_the_pre_10_1_format_decode_or_stop_with_the_fix(
         assert f"ALTER TABLE `{db}`.`old3` FORCE" in message
     finally:
         source.close()
+
+
+@pytest.mark.parametrize("image", ["MINIMAL", "NOBLOB"])
+def test_a_partial_row_image_stops_the_source_naming_the_setting(
+    tmp_path: Path, mariadb_server: MariaDBServer, mysql_database: str, image: str
+) -> None:
+    # The server is checked for binlog_row_image=FULL at connect, but a session may set its
+    # own: its images lack columns, which must not arrive as NULL (nor as a key change).
+    mariadb_server.sql(
+        "CREATE TABLE p (id INT PRIMARY KEY, n INT, b BLOB)",
+        "INSERT INTO p VALUES (7, 1, 'kept')",
+        database=mysql_database,
+    )
+    source = open_source(tmp_path, mariadb_server, mysql_database)
+    try:
+        mariadb_server.sql(
+            f"SET SESSION binlog_row_image = '{image}'",
+            "UPDATE p SET n = 2 WHERE id = 7",
+            database=mysql_database,
+        )
+        with pytest.raises(SourceError, match="binlog_row_image") as raised:
+            read_changes(source, 1)
+        assert "the rows of" in str(raised.value) and ".p at " in str(raised.value)
+    finally:
+        source.close()

@@ -1093,6 +1093,17 @@ class MySQLSource(DatabaseSource):
         count = event.number_of_columns
         present = self._present(event.columns_present_bitmap, count)
         present_after = self._present(event.columns_present_bitmap2, count) if update else None
+        held = min(len(present), len(present_after) if present_after is not None else count)
+        if held < count:
+            # Not the row: the missing columns would arrive as NULL (or the key as changed).
+            raise SourceError(
+                f"source: the rows of {table} at {self.txn_position} (GTID "
+                f"{self.txn_gtid or '-'}) hold {held} of the table's {count} columns: the "
+                f"session that wrote them had binlog_row_image MINIMAL or NOBLOB, and a partial "
+                f"image is not the row. Set binlog_row_image=FULL for every session (globally, "
+                f"and do not let clients SET SESSION binlog_row_image), then start the source "
+                f"after this change and backfill {table}"
+            )
         first = self.txn_index + 1
 
         def on_error(column: str, raw: bytes, reason: str, row: int) -> Any:
