@@ -29,6 +29,8 @@ PLURALS = {"registry": "registries"}
 
 EXIT_OK = 0
 EXIT_USAGE = 2
+EXIT_INCOMPLETE = 3
+"""``run --once`` stopped (SIGINT, SIGTERM) before every application had its end position."""
 
 
 def _load(path: str) -> Pipeline:
@@ -53,6 +55,25 @@ def _print_summary(summary: RunSummary, out: Any = sys.stdout) -> None:
         print(f"  recovered torn tails: {', '.join(summary.truncated)}", file=out)
     if summary.removed_segments:
         print(f"  garbage-collected: {', '.join(summary.removed_segments)}", file=out)
+    if summary.complete:
+        print("  complete: every application acknowledged the end position", file=out)
+    elif summary.complete is False:
+        print(f"  incomplete: {_incomplete_text(summary)}", file=out)
+
+
+def _incomplete_text(summary: RunSummary) -> str:
+    """What an interrupted ``run --once`` left undone, in one line."""
+    left = []
+    if summary.source_left:
+        left.append("the source was not read to its end position")
+    left += [
+        f"{name}: {count:,} updates not acknowledged"
+        for name, count in summary.applications_left.items()
+    ]
+    return (
+        f"run --once stopped before its end ({'; '.join(left) or 'nothing left'}); "
+        f"run it again to deliver the rest"
+    )
 
 
 def _metrics_option(pipeline: Pipeline, address: str | None) -> None:
@@ -84,11 +105,21 @@ def cmd_run(args: argparse.Namespace) -> int:
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGHUP, lambda signum, frame: publisher.request_reload())
     tune_gc()
-    summary = publisher.run()
+    try:
+        summary = publisher.run()
+    except Stopped as exc:
+        if not args.once:
+            raise
+        # Stopped while starting: nothing was delivered, the end was not reached.
+        print(f"error: run --once stopped before its end: {exc}; run it again", file=sys.stderr)
+        return EXIT_INCOMPLETE
     if args.json:
         print(json.dumps(_summary_json(summary)))
     elif not args.quiet:
         _print_summary(summary)
+    if summary.complete is False:
+        print(f"error: {_incomplete_text(summary)}", file=sys.stderr)
+        return EXIT_INCOMPLETE
     return EXIT_OK
 
 
@@ -106,6 +137,10 @@ def _summary_json(summary: RunSummary) -> dict[str, Any]:
         "removed_segments": summary.removed_segments,
         "log_bytes_read": summary.log_bytes_read,
         "caravans": {"merges": summary.caravan_merges, "splits": summary.caravan_splits},
+        "complete": summary.complete,
+        "remaining": {"source": summary.source_left, "applications": summary.applications_left}
+        if summary.once
+        else None,
     }
 
 
@@ -889,7 +924,14 @@ def build_parser() -> argparse.ArgumentParser:
             "as for run",
         ),
     ):
-        command = sub.add_parser(name, help=help_text)
+        command = sub.add_parser(
+            name,
+            help=help_text,
+            description=f"{help_text[0].upper()}{help_text[1:]}.",
+            epilog="exit status: 0 when stopped or done; 2 on an error (named on an `error:` "
+            "line); 3 when stopped (SIGINT, SIGTERM) before the end of --once, saying what "
+            "was left (run it again to deliver the rest); 128+N on a second signal N.",
+        )
         command.add_argument("pipeline", help="pipeline file (YAML)")
         command.add_argument("--once", action="store_true", help=once_help)
         command.add_argument("-q", "--quiet", action="store_true", help="no summary")

@@ -73,6 +73,15 @@ class RunSummary:
     """Bytes of publisher log the caravans read from disk (the tail comes from memory)."""
     caravan_merges: int = 0
     caravan_splits: int = 0
+    once: bool = False
+    complete: bool | None = None
+    """``run --once``: whether every application acknowledged the end position (False
+    when a stop came first); None for a run until stopped."""
+    source_left: bool = False
+    """``run --once`` stopped before the source was read to its end position."""
+    applications_left: dict[str, int] = field(default_factory=dict)
+    """``run --once`` stopped early: per application, updates of the publisher log it did
+    not acknowledge."""
 
     @property
     def rate(self) -> float:
@@ -113,6 +122,8 @@ class Publisher:
         """Runs the queue, when the source can backfill."""
         self.metrics_server: MetricsServer | None = None
         """The metrics endpoint (``metrics.listen``), while running."""
+        self.reached_end = False
+        """``run --once``: every application acknowledged the end position."""
 
     def request_reload(self) -> None:
         """Re-read the pipeline file (SIGHUP): add and remove applications."""
@@ -434,6 +445,7 @@ class Publisher:
                 if hub.all_acknowledged(target):
                     if overall is not None:
                         overall(target, True)
+                    self.reached_end = True
                     return
             if overall is not None:
                 overall(target, False)
@@ -626,7 +638,24 @@ class Publisher:
             summary.applications[name] = ApplicationSummary(
                 name, app.acknowledged_updates, marker, publisher_log.next_seq - marker
             )
+        if self.once:
+            self._once_outcome(summary, hub)
         return summary
+
+    def _once_outcome(self, summary: RunSummary, hub: Hub) -> None:
+        """``run --once``: complete, or what a stop left undone."""
+        summary.once = True
+        tailer = self.tailer
+        summary.source_left = tailer is None or not tailer.finished
+        summary.applications_left = {
+            name: app.lag for name, app in summary.applications.items() if app.lag > 0
+        }
+        # A stop that came once all was acknowledged (by the drain, say) left nothing.
+        summary.complete = self.reached_end or (
+            not summary.source_left
+            and not summary.applications_left
+            and hub.all_acknowledged(summary.log_end)
+        )
 
 
 def tune_gc() -> None:

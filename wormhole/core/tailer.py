@@ -76,6 +76,8 @@ class Tailer:
         self.on_failure = on_failure
         """Called with no arguments when either thread fails (the publisher stops)."""
         self.done = threading.Event()
+        self.finished = False
+        """With ``once``: the source returned everything up to ``end`` (not stopped first)."""
         self.failure: BaseException | None = None
         self.updates = 0
         """Updates appended to the publisher log (and confirmed to the source)."""
@@ -130,7 +132,8 @@ class Tailer:
         if not self.once or not self.source.reached(self.end):
             return False
         # Backfills queued or running are part of the work of `run --once`.
-        return self.backfiller is None or self.backfiller.idle()
+        self.finished = self.backfiller is None or self.backfiller.idle()
+        return self.finished
 
     def _read_loop(self) -> None:
         source, publisher_log, shards = self.source, self.publisher_log, self.shards
