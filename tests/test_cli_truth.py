@@ -6,12 +6,16 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
+import subprocess
 from pathlib import Path
 
+import pytest
 from tcp_support import Process
 
-from wormhole.testing import run_cli, wait_until, write_pipeline
+from wormhole.testing import CliResult, run_cli, wait_until, write_pipeline
+from wormhole.testing.helpers import cli_command, require
 
 
 def _write_lines(path: Path, count: int, table: str = "rows") -> None:
@@ -87,3 +91,103 @@ def test_run_help_documents_the_exit_codes() -> None:
     assert result.returncode == 0, result
     text = " ".join(result.stdout.split())
     assert "3 when stopped (SIGINT, SIGTERM) before the end of --once" in text
+
+
+# ---------------------------------------------------------------- file-system errors
+def _as_unprivileged(*args: str, cwd: Path) -> CliResult:
+    """``wormhole ARGS`` as root without capabilities: file permissions apply to it as to any
+    user (the tests run as root; the interpreter lives where other users cannot reach)."""
+    require(os.geteuid() == 0 and shutil.which("setpriv") is not None, "root and setpriv")
+    proc = subprocess.run(
+        ["setpriv", "--bounding-set=-all", "--inh-caps=-all", *cli_command(*args)],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    return CliResult(list(args), proc.returncode, proc.stdout, proc.stderr)
+
+
+def _plain_pipeline(tmp_path: Path) -> Path:
+    _write_lines(tmp_path / "data" / "rows" / "0001.jsonl", 10)
+    (tmp_path / "out").mkdir(exist_ok=True)
+    return write_pipeline(
+        tmp_path / "plain.yml",
+        {
+            "pipeline": "plain",
+            "state_dir": str(tmp_path / "state"),
+            "source": {"type": "filelog", "path": str(tmp_path / "data")},
+            "transport": {"type": "inprocess"},
+            "applications": {
+                "out": {"sink": {"type": "jsonl", "path": str(tmp_path / "out" / "o.jsonl")}}
+            },
+        },
+    )
+
+
+NOBODY = 65534
+
+
+@pytest.mark.parametrize(
+    ("case", "path", "said"),
+    [
+        ("state dir of another user", "state/lock", "cannot lock the state_dir"),
+        ("datamarker store of another user", "state/state.db", "datamarker store"),
+        ("publisher log segment of another user", "state/log/log.0.0", "publisher log"),
+        ("publisher log directory of another user", "state/log", "publisher log directory"),
+    ],
+)
+def test_a_state_dir_this_user_may_not_write_is_an_error_naming_path_and_fix(
+    tmp_path: Path, case: str, path: str, said: str
+) -> None:
+    pipeline = _plain_pipeline(tmp_path)
+    assert run_cli("run", str(pipeline), "--once", "-q", cwd=tmp_path).returncode == 0
+    _write_lines(tmp_path / "data" / "rows" / "0001.jsonl", 5)
+    if case == "state dir of another user":
+        for entry in [tmp_path / "state", *(tmp_path / "state").rglob("*")]:
+            os.chown(entry, NOBODY, NOBODY)
+        (tmp_path / "state").chmod(0o700)
+    else:
+        os.chown(tmp_path / path, NOBODY, NOBODY)
+    result = _as_unprivileged("run", str(pipeline), "--once", cwd=tmp_path)
+    assert result.returncode == 2, result
+    assert "Traceback" not in result.stderr, result
+    error = [line for line in result.stderr.splitlines() if line.startswith("error: ")]
+    assert len(error) == 1, result
+    assert said in error[0], result
+    assert str(tmp_path / path) in error[0], result
+    assert "Permission denied" in error[0], result
+    assert "run wormhole as the user that owns it (user nobody, uid 65534)" in error[0], result
+
+
+def test_a_read_only_state_dir_is_an_error_naming_path_and_fix(tmp_path: Path) -> None:
+    pipeline = _plain_pipeline(tmp_path)
+    assert run_cli("run", str(pipeline), "--once", "-q", cwd=tmp_path).returncode == 0
+    state = tmp_path / "state"
+    require(os.geteuid() == 0, "root (for a read-only bind mount)")
+    subprocess.run(["mount", "--bind", str(state), str(state)], check=True)
+    try:
+        subprocess.run(["mount", "-o", "remount,bind,ro", str(state)], check=True)
+        result = run_cli("run", str(pipeline), "--once", cwd=tmp_path)
+    finally:
+        subprocess.run(["umount", str(state)], check=True)
+    assert result.returncode == 2, result
+    assert "Traceback" not in result.stderr, result
+    assert f"error: cannot lock the state_dir: {state / 'lock'}: Read-only file system" in (
+        result.stderr
+    ), result
+    assert "remount it read-write, or set state_dir to a writable directory" in result.stderr
+
+
+def test_an_output_this_user_may_not_write_is_an_error_naming_path_and_fix(
+    tmp_path: Path,
+) -> None:
+    pipeline = _plain_pipeline(tmp_path)
+    os.chown(tmp_path / "out", NOBODY, NOBODY)
+    (tmp_path / "state").mkdir()
+    result = _as_unprivileged("run", str(pipeline), "--once", cwd=tmp_path)
+    assert result.returncode == 2, result
+    assert "Traceback" not in result.stderr, result
+    assert "applications.out.sink.path" in result.stderr, result
+    assert str(tmp_path / "out" / "o.jsonl") in result.stderr, result
+    assert "Permission denied" in result.stderr, result

@@ -16,7 +16,7 @@ from typing import Any
 
 from wormhole.core.backfill import summary as backfill_summary
 from wormhole.core.dead_letters import count_dead_letters
-from wormhole.core.errors import ConfigError, Stopped, WormholeError
+from wormhole.core.errors import ConfigError, Stopped, WormholeError, file_problem
 from wormhole.core.metrics import count_errors, parse_listen, serve
 from wormhole.core.pipeline import MetricsSettings, Pipeline, load_pipeline
 from wormhole.core.publisher import Publisher, RunSummary, tune_gc
@@ -1148,6 +1148,14 @@ def main(argv: list[str] | None = None) -> int:
         # Output piped into `head` and the like: not an error.
         sys.stderr.close()
         return EXIT_OK
+    except OSError as exc:
+        if exc.filename is None:
+            raise
+        # A file-system error no code path above named: still the path and the fix.
+        logging.getLogger("wormhole").debug("file-system error", exc_info=True)
+        problem = file_problem(exc.filename, exc, "use")
+        print(f"error: {problem}", file=sys.stderr)
+        return problem.exit_code
 
 
 if __name__ == "__main__":

@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from wormhole.core.datamarkers import connect_durable
-from wormhole.core.errors import BackfillError, WormholeError, first_line
+from wormhole.core.errors import BackfillError, file_problem, first_line
 from wormhole.core.progress import Progress, ProgressTask
 from wormhole.core.shard import canonical_key
 from wormhole.core.update import Update
@@ -160,10 +160,7 @@ class BackfillStore:
             self.db = connect_durable(self.path, busy_timeout_ms=30_000)
             self.db.execute(_SCHEMA)
         except (OSError, sqlite3.Error) as exc:
-            raise WormholeError(
-                f"cannot open the backfill queue {self.path} ({exc}); check that the "
-                f"state_dir is writable"
-            ) from exc
+            raise file_problem(self.path, exc, "open the backfill queue") from exc
 
     @classmethod
     def exists(cls, state_dir: Path) -> bool:

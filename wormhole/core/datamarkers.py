@@ -8,7 +8,7 @@ import time
 from collections.abc import Iterable
 from pathlib import Path
 
-from wormhole.core.errors import StateError
+from wormhole.core.errors import file_problem
 from wormhole.plugins.components import Datamarker
 
 SCHEMA = """
@@ -52,10 +52,7 @@ class SqliteDatamarkerStore:
             db = connect_durable(self.path)
             db.executescript(SCHEMA)
         except (OSError, sqlite3.Error) as exc:
-            raise StateError(
-                f"cannot open the datamarker store {self.path}: {exc}; "
-                f"make the state_dir writable or choose another"
-            ) from exc
+            raise file_problem(self.path, exc, "open the datamarker store") from exc
         self.db = db
 
     def _conn(self) -> sqlite3.Connection:
@@ -95,7 +92,7 @@ class SqliteDatamarkerStore:
         except sqlite3.Error as exc:
             if db.in_transaction:
                 db.execute("ROLLBACK")
-            raise StateError(f"cannot save datamarkers to {self.path}: {exc}") from exc
+            raise file_problem(self.path, exc, "save datamarkers") from exc
 
     def forget(self, application: str) -> int:
         db = self._conn()
@@ -103,7 +100,7 @@ class SqliteDatamarkerStore:
             with self.lock:
                 cursor = db.execute("DELETE FROM datamarkers WHERE application = ?", (application,))
         except sqlite3.Error as exc:
-            raise StateError(f"cannot delete datamarkers from {self.path}: {exc}") from exc
+            raise file_problem(self.path or "state.db", exc, "delete datamarkers") from exc
         return cursor.rowcount
 
     def get_meta(self, key: str) -> str | None:
@@ -116,11 +113,14 @@ class SqliteDatamarkerStore:
             self._set_meta(key, value)
 
     def _set_meta(self, key: str, value: str) -> None:
-        self._conn().execute(
-            "INSERT INTO meta (key, value) VALUES (?, ?) "
-            "ON CONFLICT (key) DO UPDATE SET value = excluded.value",
-            (key, value),
-        )
+        try:
+            self._conn().execute(
+                "INSERT INTO meta (key, value) VALUES (?, ?) "
+                "ON CONFLICT (key) DO UPDATE SET value = excluded.value",
+                (key, value),
+            )
+        except sqlite3.Error as exc:
+            raise file_problem(self.path or "state.db", exc, "write the datamarker store") from exc
 
     def close(self) -> None:
         if self.db is not None:

@@ -29,6 +29,7 @@ from wormhole.core.errors import (
     StateError,
     Stopped,
     WormholeError,
+    file_problem,
 )
 from wormhole.core.flows import application_filter, start_flows
 from wormhole.core.hub import ApplicationRuntime, Hub
@@ -202,10 +203,7 @@ class Publisher:
         try:
             state_dir.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
-            raise StateError(
-                f"state_dir: cannot create {state_dir} ({exc.strerror}); choose a writable "
-                f"directory"
-            ) from exc
+            raise file_problem(exc.filename or state_dir, exc, "create the state_dir") from exc
         cleanup.callback(os.close, self._lock_state_dir())
         store: DatamarkerStore = self.pipeline.datamarker_store.create()
         store.open(self.pipeline.name, state_dir)
@@ -315,7 +313,10 @@ class Publisher:
     def _lock_state_dir(self) -> int:
         """One process per state dir: two would interleave one log and one set of datamarkers."""
         path = self.pipeline.state_dir / "lock"
-        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError as exc:
+            raise file_problem(path, exc, "lock the state_dir") from exc
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:

@@ -19,7 +19,7 @@ from typing import Any
 
 from wormhole.core.backfill import Backfiller
 from wormhole.core.backoff import Backoff
-from wormhole.core.errors import SourceStopped, StateError
+from wormhole.core.errors import SourceStopped, file_problem
 from wormhole.core.publisher_log import PreparedBatch, PublisherLog
 from wormhole.core.shard import assign_shards
 from wormhole.core.update import Update
@@ -205,9 +205,8 @@ class Tailer:
                 return True
             except OSError as exc:
                 if exc.errno not in TRANSIENT_WRITE_ERRORS:
-                    raise StateError(
-                        f"cannot write the publisher log in {publisher_log.directory}: {exc}"
-                    ) from exc
+                    where = exc.filename or publisher_log.directory
+                    raise file_problem(where, exc, "write the publisher log") from exc
                 if not backoff.wait(
                     "cannot append to the publisher log in %s (%s); nothing was lost, "
                     "retrying in %.1fs: free space on that disk",
