@@ -191,3 +191,38 @@ def test_an_output_this_user_may_not_write_is_an_error_naming_path_and_fix(
     assert "applications.out.sink.path" in result.stderr, result
     assert str(tmp_path / "out" / "o.jsonl") in result.stderr, result
     assert "Permission denied" in result.stderr, result
+
+
+# ---------------------------------------------------------------- read-only status and top
+def test_status_and_top_read_a_state_dir_of_another_user_without_writing(tmp_path: Path) -> None:
+    pipeline = _plain_pipeline(tmp_path)
+    assert run_cli("run", str(pipeline), "--once", "-q", cwd=tmp_path).returncode == 0
+    state = tmp_path / "state"
+    for entry in [state, *state.rglob("*")]:
+        os.chown(entry, NOBODY, NOBODY)
+    before = sorted((p.name, p.stat().st_mtime_ns) for p in state.rglob("*"))
+    result = _as_unprivileged("status", str(pipeline), "--json", cwd=tmp_path)
+    assert result.returncode == 0, result
+    flows = json.loads(result.stdout)["flows"]
+    assert {f["datamarker"] for f in flows} == {10} and {f["lag"] for f in flows} == {0}
+    result = _as_unprivileged("top", str(pipeline), "--once", cwd=tmp_path)
+    assert result.returncode == 0, result
+    assert "lag from the stored datamarkers" in result.stdout, result
+    assert sorted((p.name, p.stat().st_mtime_ns) for p in state.rglob("*")) == before
+
+
+def test_status_and_top_need_no_secret_of_the_source(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    example = Path(__file__).resolve().parent.parent / "pipelines" / "postgres-to-jsonl.yml"
+    monkeypatch.delenv("PG_DSN", raising=False)
+    env = {"PG_STATE": str(tmp_path / "state")}
+    for args in (("status", str(example)), ("top", str(example), "--once")):
+        result = run_cli(*args, cwd=tmp_path, env=env)
+        assert result.returncode == 0, result
+        assert "pipeline postgres-to-jsonl" in result.stdout, result
+        assert not (tmp_path / "state").exists()  # looking creates nothing
+    # Commands that use the source still say what is missing.
+    result = run_cli("run", str(example), "--once", cwd=tmp_path, env=env)
+    assert result.returncode == 2, result
+    assert "source.dsn: environment variable PG_DSN is not set" in result.stderr

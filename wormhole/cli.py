@@ -15,10 +15,11 @@ from types import FrameType
 from typing import Any
 
 from wormhole.core.backfill import summary as backfill_summary
+from wormhole.core.datamarkers import load_stored
 from wormhole.core.dead_letters import count_dead_letters
 from wormhole.core.errors import ConfigError, Stopped, WormholeError, file_problem
 from wormhole.core.metrics import count_errors, parse_listen, serve
-from wormhole.core.pipeline import MetricsSettings, Pipeline, load_pipeline
+from wormhole.core.pipeline import READ_STATE_UNUSED, MetricsSettings, Pipeline, load_pipeline
 from wormhole.core.publisher import Publisher, RunSummary, tune_gc
 from wormhole.core.publisher_log import inspect_log
 from wormhole.core.status import read_live_status
@@ -33,8 +34,10 @@ EXIT_INCOMPLETE = 3
 """``run --once`` stopped (SIGINT, SIGTERM) before every application had its end position."""
 
 
-def _load(path: str) -> Pipeline:
-    return load_pipeline(path)
+def _load(path: str, reads_state_only: bool = False) -> Pipeline:
+    """The pipeline file; a command that only reads the state dir needs no variables of the
+    source, transport or sinks (their secrets)."""
+    return load_pipeline(path, unused=READ_STATE_UNUSED if reads_state_only else ())
 
 
 def _print_summary(summary: RunSummary, out: Any = sys.stdout) -> None:
@@ -372,7 +375,7 @@ def _print_deployment(deployment: dict[str, Any]) -> None:
 
 
 def cmd_status(args: argparse.Namespace) -> int:
-    pipeline = _load(args.pipeline)
+    pipeline = _load(args.pipeline, reads_state_only=True)
     deployment = _deployment(pipeline)
     if deployment is not None and not pipeline.state_dir.is_dir():
         # A machine without this publisher's state: the registry's view only.
@@ -384,13 +387,8 @@ def cmd_status(args: argparse.Namespace) -> int:
     info = inspect_log(pipeline.state_dir / "log")
     markers = {}
     if pipeline.state_dir.is_dir():
-        # The pipeline's own datamarker store, whichever it is.
-        store = pipeline.datamarker_store.create()
-        store.open(pipeline.name, pipeline.state_dir)
-        try:
-            markers = store.load()
-        finally:
-            store.close()
+        # The pipeline's own datamarker store, whichever it is, read-only.
+        markers = load_stored(pipeline.datamarker_store, pipeline.name, pipeline.state_dir)
     flows = []
     for name in sorted(pipeline.applications):
         for shard in range(pipeline.shards):
@@ -481,7 +479,7 @@ def cmd_top(args: argparse.Namespace) -> int:
 
     if args.interval <= 0:
         raise ConfigError(f"--interval: {args.interval} must be a positive number of seconds")
-    pipeline = _load(args.pipeline)
+    pipeline = _load(args.pipeline, reads_state_only=True)
     with contextlib.suppress(KeyboardInterrupt):  # Ctrl-C is how the view ends
         top.run(pipeline, args.interval, args.once)
     return EXIT_OK

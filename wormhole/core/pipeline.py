@@ -8,6 +8,7 @@ options model its plugin declares.
 
 from __future__ import annotations
 
+import fnmatch
 import os
 import re
 import types
@@ -463,8 +464,18 @@ class Pipeline:
 _VAR = re.compile(r"\$(\$|\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\})")
 
 
-def interpolate(value: Any, env: Mapping[str, str], path: str, problems: list[str]) -> Any:
-    """Replace ``${VAR}`` / ``${VAR:-default}`` in every string; ``$$`` is a literal ``$``."""
+def interpolate(
+    value: Any,
+    env: Mapping[str, str],
+    path: str,
+    problems: list[str],
+    unused: tuple[str, ...] = (),
+) -> Any:
+    """Replace ``${VAR}`` / ``${VAR:-default}`` in every string; ``$$`` is a literal ``$``.
+
+    Under a key matching one of the ``unused`` patterns (``fnmatch``, e.g. ``source.*``: a
+    part the command does not use), an unset variable stays as written instead of being an
+    error: ``wormhole status`` needs no database password."""
     if isinstance(value, str):
         if "$" not in value:
             return value
@@ -477,6 +488,8 @@ def interpolate(value: Any, env: Mapping[str, str], path: str, problems: list[st
                 return env[name]
             if default is not None:
                 return default
+            if any(fnmatch.fnmatchcase(path, pattern) for pattern in unused):
+                return m.group(0)
             problems.append(
                 f"{path or '<root>'}: environment variable {name} is not set "
                 f"(set it, or write ${{{name}:-default}})"
@@ -486,11 +499,11 @@ def interpolate(value: Any, env: Mapping[str, str], path: str, problems: list[st
         return _VAR.sub(sub, value)
     if isinstance(value, dict):
         return {
-            k: interpolate(v, env, f"{path}.{k}" if path else str(k), problems)
+            k: interpolate(v, env, f"{path}.{k}" if path else str(k), problems, unused)
             for k, v in value.items()
         }
     if isinstance(value, list):
-        return [interpolate(v, env, f"{path}[{i}]", problems) for i, v in enumerate(value)]
+        return [interpolate(v, env, f"{path}[{i}]", problems, unused) for i, v in enumerate(value)]
     return value
 
 
@@ -611,12 +624,19 @@ def _check_shape(
     ancestors.pop()
 
 
+READ_STATE_UNUSED = ("source.*", "transport.*", "applications.*.sink.*")
+"""What commands that only read the state dir (``status``, ``top``) do not use: unset
+environment variables there (a database password) are not needed."""
+
+
 def load_pipeline(
     path: str | os.PathLike[str],
     registry: Registry | None = None,
     env: Mapping[str, str] | None = None,
+    unused: tuple[str, ...] = (),
 ) -> Pipeline:
-    """Read and validate a pipeline file; raises ConfigError listing every problem."""
+    """Read and validate a pipeline file; raises ConfigError listing every problem.
+    ``unused``: see :func:`interpolate`."""
     name = str(path)
     try:
         text = Path(path).read_text()
@@ -624,7 +644,7 @@ def load_pipeline(
         raise ConfigError(f"file not found: {name}", name) from None
     except (OSError, UnicodeDecodeError) as exc:
         raise ConfigError(f"cannot read {name}: {exc}", name) from None
-    return parse_pipeline(text, name, registry, env)
+    return parse_pipeline(text, name, registry, env, unused)
 
 
 def parse_pipeline(
@@ -632,6 +652,7 @@ def parse_pipeline(
     source: str = "<pipeline>",
     registry: Registry | None = None,
     env: Mapping[str, str] | None = None,
+    unused: tuple[str, ...] = (),
 ) -> Pipeline:
     if registry is None:
         from wormhole.plugins.manager import default_registry
@@ -645,7 +666,7 @@ def parse_pipeline(
             source,
         )
     problems: list[str] = []
-    data = interpolate(data, env, "", problems)
+    data = interpolate(data, env, "", problems, unused)
     if problems:
         raise ConfigError(problems, source)
     try:

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from wormhole.core.datamarkers import load_stored
 from wormhole.core.dead_letters import count_dead_letters
 from wormhole.core.pipeline import Pipeline
 from wormhole.core.publisher_log import inspect_log
@@ -121,12 +122,7 @@ def _stored(pipeline: Pipeline, end: int) -> dict[str, dict[str, Any]]:
     """Applications' lag from the stored datamarkers (no publisher running)."""
     if not pipeline.state_dir.is_dir():
         return {name: {"datamarker": None} for name in sorted(pipeline.applications)}
-    store = pipeline.datamarker_store.create()
-    store.open(pipeline.name, pipeline.state_dir)
-    try:
-        markers = store.load()
-    finally:
-        store.close()
+    markers = load_stored(pipeline.datamarker_store, pipeline.name, pipeline.state_dir)
     apps: dict[str, dict[str, Any]] = {}
     for name in sorted(pipeline.applications):
         positions = [m.position for (app, _), m in markers.items() if app == name]
