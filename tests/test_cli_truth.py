@@ -226,3 +226,39 @@ def test_status_and_top_need_no_secret_of_the_source(
     result = run_cli("run", str(example), "--once", cwd=tmp_path, env=env)
     assert result.returncode == 2, result
     assert "source.dsn: environment variable PG_DSN is not set" in result.stderr
+
+
+# ---------------------------------------------------------------- a torn publisher-log tail
+def test_after_a_torn_log_tail_the_same_run_recovers_and_delivers_the_rest(
+    tmp_path: Path,
+) -> None:
+    _write_lines(tmp_path / "data" / "rows" / "0001.jsonl", 1000)
+    pipeline = write_pipeline(
+        tmp_path / "torn.yml",
+        {
+            "pipeline": "torn",
+            "state_dir": str(tmp_path / "state"),
+            "source": {"type": "filelog", "path": str(tmp_path / "data"), "batch_bytes": "4KiB"},
+            "transport": {"type": "inprocess"},
+            "applications": {
+                "out": {"sink": {"type": "jsonl", "path": str(tmp_path / "out" / "o.jsonl")}}
+            },
+        },
+    )
+    assert run_cli("run", str(pipeline), "--once", "-q", cwd=tmp_path).returncode == 0
+    # A crash in the middle of the last write (with log.fsync off, after the application
+    # acknowledged it): the segment's last record is cut short.
+    segment = tmp_path / "state" / "log" / "log.0.0"
+    os.truncate(segment, segment.stat().st_size - 10)
+    _write_lines(tmp_path / "data" / "rows" / "0001.jsonl", 5)  # and new updates since
+    result = run_cli("run", str(pipeline), "--once", "--json", cwd=tmp_path)
+    assert result.returncode == 0, result
+    assert "start over" not in result.stderr
+    assert "torn tail" in result.stderr
+    assert "it starts once the source has sent those updates again" in result.stderr
+    summary = json.loads(result.stdout)
+    assert summary["complete"] is True
+    assert summary["applications"]["out"]["datamarker"] == 1005
+    assert summary["applications"]["out"]["updates"] == 5  # only what it had not acknowledged
+    lines = (tmp_path / "out" / "o.jsonl").read_text().splitlines()
+    assert len(lines) == 1005

@@ -31,7 +31,7 @@ from wormhole.core.errors import (
     WormholeError,
     file_problem,
 )
-from wormhole.core.flows import application_filter, start_flows
+from wormhole.core.flows import AheadOfLog, application_filter, start_flows
 from wormhole.core.hub import ApplicationRuntime, Hub
 from wormhole.core.metrics import REGISTRY, MetricsServer, PublisherCollector, serve
 from wormhole.core.pipeline import Application, Pipeline, load_pipeline
@@ -125,6 +125,11 @@ class Publisher:
         """The metrics endpoint (``metrics.listen``), while running."""
         self.reached_end = False
         """``run --once``: every application acknowledged the end position."""
+        self.truncated: list[str] = []
+        """Torn tails this run cut off the publisher log."""
+        self.refilling: dict[str, AheadOfLog] = {}
+        """Applications whose datamarkers are past the end of the log a torn tail was cut
+        from: they start once the source has sent those updates again."""
 
     def request_reload(self) -> None:
         """Re-read the pipeline file (SIGHUP): add and remove applications."""
@@ -151,6 +156,7 @@ class Publisher:
                 tail_updates=pipeline.log.tail_updates,
             )
             recovery = publisher_log.open()
+            self.truncated = recovery.truncated
             cleanup.callback(publisher_log.close)
             source = self.source = pipeline.source.create()
             source.open(self._source_context(), recovery.checkpoint)
@@ -351,6 +357,10 @@ class Publisher:
         for name, config in self.pipeline.applications.items():
             try:
                 runtime = self._runtime(name, config, stored, publisher_log, new)
+            except AheadOfLog as exc:
+                if not self._wait_for_refill(name, exc, publisher_log):
+                    self.start_failures[name] = exc
+                continue
             except StateError as exc:
                 # This application's start point or stored datamarkers are unusable: it does
                 # not run, the others do, and the run reports it.
@@ -391,6 +401,42 @@ class Publisher:
             # A copy serves an application only once it holds its claim (CopyCoordinator).
             active=self.pipeline.mode != "multiple-copy",
         )
+
+    def _wait_for_refill(self, name: str, exc: AheadOfLog, publisher_log: PublisherLog) -> bool:
+        """An application ahead of a log whose torn tail was cut off this run waits for the
+        source to send the cut updates again (True); otherwise its start fails (False)."""
+        if not self.truncated or self.transport_reads_log:
+            log.error("application %s does not start: %s", name, exc)
+            return False
+        self.refilling[name] = exc
+        log.warning(
+            "application %s: its datamarker (position %d) is past the end of the publisher "
+            "log (%d) after its torn tail was cut off; it starts once the source has sent "
+            "those updates again",
+            name,
+            exc.position,
+            publisher_log.next_seq,
+        )
+        return True
+
+    def _start_refilled(self, store: Any, publisher_log: PublisherLog, hub: Hub) -> None:
+        """Start the applications waiting for the log to grow back to their datamarkers; fail
+        them when the source has ended (``--once``) short of them."""
+        assert self.tailer is not None
+        source_done = self.tailer.done.is_set()
+        for name, exc in list(self.refilling.items()):
+            if publisher_log.next_seq < exc.position:
+                if source_done:
+                    del self.refilling[name]
+                    hub.failed[name] = StateError(
+                        f"{exc} (the source did not send the updates cut off with the log's "
+                        f"torn tail again: they are lost from this state_dir)"
+                    )
+                continue
+            del self.refilling[name]
+            config = self.pipeline.applications.get(name)
+            if config is not None:  # not removed meanwhile
+                self._start_application(store, publisher_log, hub, name, config)
 
     def _queue_start_backfills(self, name: str, tables: list[str]) -> None:
         """``start: {backfill: [...]}``: backfills of those tables for this application."""
@@ -440,7 +486,9 @@ class Publisher:
             if self.stop_requested.is_set() or hub.failure is not None or self.failure:
                 return
             assert self.tailer is not None
-            if self.once and self.tailer.done.is_set():
+            if self.refilling:
+                self._start_refilled(store, publisher_log, hub)
+            if self.once and self.tailer.done.is_set() and not self.refilling:
                 if target is None:
                     target = publisher_log.next_seq
                 if hub.all_acknowledged(target):
@@ -557,29 +605,47 @@ class Publisher:
             hub.remove_application(name)
             pipeline.applications.pop(name, None)
             log.info("application %s removed (its datamarkers are kept)", name)
-        for name in sorted(wanted - running):
-            config = fresh[name]
-            new: list[Datamarker] = []
-            try:
-                runtime = self._runtime(name, config, store.load(), publisher_log, new)
-            except StateError as exc:
-                log.error("application %s does not start: %s", name, exc)
-                continue
-            if runtime is None:
-                continue
-            store.save(new)
-            pipeline.applications[name] = config
-            hub.add_application(runtime)
-            self.membership.watch_subscribers(name)
-            if self.copies is not None:
-                self.copies.add(name)
-            self.transport.add_application(runtime)
-            if self.caravans is not None:
-                self.caravans.add_application(runtime)
-            log.info("application %s added, from position %d", name, runtime.min_datamarker())
+        for name in sorted(wanted - running - set(self.refilling)):
+            self._start_application(store, publisher_log, hub, name, fresh[name])
+        self._changed_applications(wanted & running, fresh)
+
+    def _start_application(
+        self, store: Any, publisher_log: PublisherLog, hub: Hub, name: str, config: Application
+    ) -> None:
+        """Add an application to the running pipeline."""
+        assert self.transport is not None and self.membership is not None
+        new: list[Datamarker] = []
+        try:
+            runtime = self._runtime(name, config, store.load(), publisher_log, new)
+        except AheadOfLog as exc:
+            if name in self.pipeline.applications and self.truncated:
+                self.refilling[name] = exc  # still short of another of its datamarkers
+                return
+            log.error("application %s does not start: %s", name, exc)
+            return
+        except StateError as exc:
+            log.error("application %s does not start: %s", name, exc)
+            return
+        if runtime is None:
+            return
+        store.save(new)
+        self.pipeline.applications[name] = config
+        hub.add_application(runtime)
+        self.membership.watch_subscribers(name)
+        if self.copies is not None:
+            self.copies.add(name)
+        self.transport.add_application(runtime)
+        if self.caravans is not None:
+            self.caravans.add_application(runtime)
+        log.info("application %s added, from position %d", name, runtime.min_datamarker())
+
+    def _changed_applications(self, kept: set[str], fresh: dict[str, Application]) -> None:
+        """Changes to running applications: which copy serves them applies at once, the
+        rest at a restart."""
+        pipeline = self.pipeline
         changed = [
             n
-            for n in wanted & running
+            for n in kept
             if n in pipeline.applications and n in fresh and fresh[n] != pipeline.applications[n]
         ]
         for name in list(changed):
