@@ -262,3 +262,49 @@ def test_after_a_torn_log_tail_the_same_run_recovers_and_delivers_the_rest(
     assert summary["applications"]["out"]["updates"] == 5  # only what it had not acknowledged
     lines = (tmp_path / "out" / "o.jsonl").read_text().splitlines()
     assert len(lines) == 1005
+
+
+# ---------------------------------------------------------------- validate as strict as run
+@pytest.mark.parametrize(
+    ("sink", "subscribers", "said"),
+    [
+        (
+            {
+                "type": "search",
+                "engine": "tantivy",
+                "path": "out/index",
+                "fields": {"note": "text"},
+            },
+            2,
+            "applications.app.subscribers: the search sink's tantivy engine writes one index",
+        ),
+        (
+            {"type": "jsonl", "path": "out/{app}.jsonl"},
+            1,
+            "applications.app.sink.path: 'out/{app}.jsonl' has an unknown placeholder",
+        ),
+        (
+            {"type": "latest", "path": "out/{subscriber}.db"},
+            1,
+            "applications.app.sink.path: 'out/{subscriber}.db' has an unknown placeholder",
+        ),
+    ],
+)
+def test_validate_rejects_what_run_rejects_without_an_outside_service(
+    tmp_path: Path, sink: dict[str, object], subscribers: int, said: str
+) -> None:
+    _write_lines(tmp_path / "data" / "rows" / "0001.jsonl", 3)
+    pipeline = write_pipeline(
+        tmp_path / "strict.yml",
+        {
+            "pipeline": "strict",
+            "state_dir": str(tmp_path / "state"),
+            "source": {"type": "filelog", "path": str(tmp_path / "data")},
+            "applications": {"app": {"sink": sink, "subscribers": subscribers}},
+        },
+    )
+    for command in ("validate", "run"):
+        result = run_cli(command, str(pipeline), *(["--once"] if command == "run" else []),
+                         cwd=tmp_path)  # fmt: skip
+        assert result.returncode == 2, result
+        assert said in result.stderr, result

@@ -23,7 +23,7 @@ from pydantic import BaseModel, ByteSize, Field, ValidationError, field_validato
 
 from wormhole.core.errors import ConfigError
 from wormhole.core.metrics import DEFAULT_LISTEN, Listen, parse_listen
-from wormhole.plugins.components import Kind, Options, Registered
+from wormhole.plugins.components import ComponentUse, Kind, Options, Registered
 
 if typing.TYPE_CHECKING:
     from wormhole.plugins.manager import Registry
@@ -763,6 +763,7 @@ def _applications(
                     filters.append(fc)
         if model is not None:
             app = model.applications[app_name]
+            _check_use(sink_c, ComponentUse(f"{base}.sink", app_name, app.subscribers), problems)
             apps[app_name] = Application(
                 name=app_name,
                 start=app.start,
@@ -780,6 +781,13 @@ def _applications(
                 on_error=app.on_error,
             )
     return apps
+
+
+def _check_use(component: Component | None, use: ComponentUse, problems: list[str]) -> None:
+    """The component's own checks of this use (its spec's ``check``), if it has any."""
+    if component is None or component.registered.spec.check is None:
+        return
+    problems.extend(component.registered.spec.check(component.options, use))
 
 
 def parse_application(

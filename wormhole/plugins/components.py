@@ -102,6 +102,22 @@ class ComponentSpec:
     remote_log: Callable[[RemoteLogRequest], RemoteLog] | None = None
     """Transport: open a publisher's log from another machine, as an external application
     (``spark.readStream.format("wormhole").option("publishers", ...)`` reads flows with it)."""
+    check: Callable[[Any, ComponentUse], list[str]] | None = None
+    """``check(options, use)``: problems with this use of the component that need no outside
+    service (each naming its key, e.g. ``applications.search.subscribers: ...``), found when
+    the pipeline file is read, so that ``wormhole validate`` rejects what ``run`` would."""
+
+
+@dataclass(frozen=True)
+class ComponentUse:
+    """Where a pipeline file uses a component, for its spec's ``check``."""
+
+    path: str
+    """The component's key, e.g. ``applications.search.sink``."""
+    application: str | None = None
+    """For a sink or a filter: its application."""
+    subscribers: int = 1
+    """For a sink: how many subscribers the application runs (each opens the sink)."""
 
 
 @dataclass(frozen=True)
