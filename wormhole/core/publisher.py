@@ -127,6 +127,9 @@ class Publisher:
         """``run --once``: every application acknowledged the end position."""
         self.truncated: list[str] = []
         """Torn tails this run cut off the publisher log."""
+        self.snapshot_pending: set[str] = set()
+        """While the applications start: the tables the source's initial snapshot is about to
+        read in full (``snapshot_pending``, optional for a source)."""
         self.refilling: dict[str, AheadOfLog] = {}
         """Applications whose datamarkers are past the end of the log a torn tail was cut
         from: they start once the source has sent those updates again."""
@@ -161,10 +164,13 @@ class Publisher:
             source = self.source = pipeline.source.create()
             source.open(self._source_context(), recovery.checkpoint)
             cleanup.callback(source.close)
+            pending = getattr(source, "snapshot_pending", None)
+            self.snapshot_pending = set(pending() if pending is not None else [])
             end = source.capture_end() if self.once else None
             backfills = self.backfills = BackfillStore(pipeline.state_dir)
             cleanup.callback(backfills.close)
             hub = self._start_delivery(cleanup, store, publisher_log)
+            self.snapshot_pending = set()  # applications added later come after its start
             backfiller = self.backfiller = self._open_backfills(source)
             tailer = self.tailer = Tailer(
                 source,
@@ -444,6 +450,15 @@ class Publisher:
             return
         defaults = self.pipeline.backfill
         for table in tables:
+            if self._in_snapshot(table):
+                log.info(
+                    "application %s: no backfill of %s queued: it starts before the source's "
+                    "initial snapshot, which delivers every row of %s to it",
+                    name,
+                    table,
+                    table,
+                )
+                continue
             try:
                 request = self.backfills.add(
                     table, None, name, defaults.chunk_size, defaults.pause_ms, origin="start"
@@ -452,6 +467,12 @@ class Publisher:
                 log.info("application %s: its start backfill is not queued again: %s", name, exc)
                 continue
             log.info("application %s starts at the log end; %s queued", name, request.describe())
+
+    def _in_snapshot(self, table: str) -> bool:
+        pending = self.snapshot_pending
+        return table in pending or (
+            "." not in table and any(t.endswith(f".{table}") for t in pending)
+        )
 
     def _open_backfills(self, source: Source) -> Backfiller | None:
         """The backfill queue, and its runner when the source can backfill."""

@@ -341,6 +341,13 @@ class MySQLSource(DatabaseSource):
         self.phase = "snapshot"
         log.info("initial snapshot of %d tables at %s:%d", len(self.snapshot_tables), file, pos)
 
+    def snapshot_pending(self) -> list[str]:
+        """Tables whose every row this open's initial snapshot is about to read (a new
+        application starting at the log end gets them all: its start backfill is not needed)."""
+        if self.phase != "snapshot":
+            return []
+        return [f"{schema}.{name}" for schema, name, _layout, _select in self.snapshot_tables]
+
     def _snapshot_estimate(self) -> int | None:
         """``information_schema.TABLES.TABLE_ROWS`` of the snapshot's tables (an estimate
         for InnoDB)."""

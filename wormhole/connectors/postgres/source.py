@@ -411,6 +411,11 @@ class PostgresSource(DatabaseSource):
             # restart knows the slot is ours even if no change arrived yet.
             self.announce = True
 
+    def snapshot_pending(self) -> list[str]:
+        """Tables whose every row this open's initial snapshot is about to read (a new
+        application starting at the log end gets them all: its start backfill is not needed)."""
+        return list(self.snapshot_tables) if self.phase == "snapshot" else []
+
     def _snapshot_estimate(self) -> int | None:
         """``pg_class.reltuples`` of the snapshot's tables (-1, never analyzed: unknown)."""
         total = 0
