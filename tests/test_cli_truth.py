@@ -308,3 +308,148 @@ def test_validate_rejects_what_run_rejects_without_an_outside_service(
                          cwd=tmp_path)  # fmt: skip
         assert result.returncode == 2, result
         assert said in result.stderr, result
+
+
+# ---------------------------------------------------------------- papercuts
+def test_version() -> None:
+    import importlib.metadata
+
+    result = run_cli("--version")
+    assert result.returncode == 0, result
+    version = importlib.metadata.version("wormhole")
+    assert result.stdout.startswith(f"wormhole {version} (Python 3.")
+
+
+def test_the_final_error_is_a_json_line_with_log_format_json(tmp_path: Path) -> None:
+    pipeline = write_pipeline(
+        tmp_path / "p.yml",
+        {
+            "pipeline": "p",
+            "state_dir": str(tmp_path / "state"),
+            "source": {"type": "filelog", "path": str(tmp_path / "missing")},
+            "applications": {"a": {"sink": {"type": "null"}}},
+        },
+    )
+    result = run_cli("--log-format", "json", "run", str(pipeline), "--once", cwd=tmp_path)
+    assert result.returncode == 2, result
+    lines = [json.loads(line) for line in result.stderr.splitlines()]  # every line is JSON
+    assert lines[-1]["level"] == "error" and lines[-1]["logger"] == "wormhole"
+    assert lines[-1]["message"].startswith(f"source.path: {tmp_path / 'missing'} does not exist")
+    result = run_cli("--log-format", "json", "validate", str(tmp_path / "none.yml"))
+    assert result.returncode == 2, result
+    assert "file not found" in json.loads(result.stderr)["message"]
+
+
+def test_applications_waiting_for_their_subscribers_are_not_logged_at_info(
+    tmp_path: Path,
+) -> None:
+    _write_lines(tmp_path / "data" / "rows" / "0001.jsonl", 10)
+    pipeline = write_pipeline(
+        tmp_path / "three.yml",
+        {
+            "pipeline": "three",
+            "state_dir": str(tmp_path / "state"),
+            "source": {"type": "filelog", "path": str(tmp_path / "data")},
+            "applications": {name: {"sink": {"type": "null"}} for name in ("a", "b", "c")},
+        },
+    )
+    result = run_cli("run", str(pipeline), "--once", cwd=tmp_path)
+    assert result.returncode == 0, result
+    assert "no subscriber connected" not in result.stderr
+    result = run_cli("--log-level", "debug", "run", str(pipeline), "--once", cwd=tmp_path)
+    assert result.returncode == 0, result
+    assert "caravan caravan" not in result.stderr
+
+
+def test_unknown_option_does_not_list_internal_keys(tmp_path: Path) -> None:
+    pipeline = write_pipeline(
+        tmp_path / "p.yml",
+        {
+            "pipeline": "p",
+            "source": {"type": "filelog", "path": str(tmp_path)},
+            "applications": {"a": {"sink": {"type": "null"}, "bogus": 1}},
+        },
+    )
+    result = run_cli("validate", str(pipeline))
+    assert result.returncode == 2, result
+    assert "applications.a.bogus: unknown option (known: start, filter, sink," in result.stderr
+    assert "move" not in result.stderr
+
+
+def test_backfill_on_a_file_log_says_the_source_cannot_in_user_words(tmp_path: Path) -> None:
+    pipeline = _plain_pipeline(tmp_path)
+    result = run_cli("backfill", str(pipeline), "--table", "public.users", cwd=tmp_path)
+    assert result.returncode == 2, result
+    assert "source.type filelog: this source cannot backfill tables: it reads a log" in (
+        result.stderr
+    )
+    assert "backfill_plan" not in result.stderr
+
+
+def test_top_quits_on_q(tmp_path: Path) -> None:
+    import pty
+    import time
+
+    pipeline = _plain_pipeline(tmp_path)
+    master, slave = pty.openpty()
+    proc = subprocess.Popen(
+        cli_command("top", str(pipeline), "--interval", "0.2"),
+        cwd=tmp_path,
+        stdin=slave,
+        stdout=slave,
+        stderr=slave,
+    )
+    os.close(slave)
+    seen = b""
+    try:
+        deadline = time.monotonic() + 60
+        while b"wormhole top" not in seen:  # the first frame is drawn
+            assert time.monotonic() < deadline, seen
+            seen += os.read(master, 65536)
+        os.write(master, b"q")
+        assert proc.wait(30) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        os.close(master)
+
+
+def test_a_library_subscriber_stops_on_ctrl_c_without_a_traceback(tmp_path: Path) -> None:
+    import socket
+    import sys
+
+    script = tmp_path / "sub.py"
+    script.write_text(
+        "import sys, wormhole\n"
+        "sub = wormhole.Subscriber(app='search', publishers=[sys.argv[1]])\n"
+        "@sub.on_updates\n"
+        "def handle(flow, batch):\n"
+        "    pass\n"
+        "print('running', flush=True)\n"
+        "sub.run()\n"
+        "print('returned', flush=True)\n"
+    )
+    with socket.socket() as closed:  # a port nobody listens on: it retries until stopped
+        closed.bind(("127.0.0.1", 0))
+        address = f"127.0.0.1:{closed.getsockname()[1]}"
+    proc = subprocess.Popen(
+        [sys.executable, str(script), address],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert proc.stdout is not None and proc.stdout.readline() == "running\n"
+        assert proc.stderr is not None
+        # In run(): it failed to connect and waits to try again.
+        assert "reconnecting" in proc.stderr.readline()
+        os.kill(proc.pid, signal.SIGINT)
+        out, err = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == 0, err
+    assert "Traceback" not in err and "KeyboardInterrupt" not in err
+    assert out == "returned\n"

@@ -114,14 +114,14 @@ def cmd_run(args: argparse.Namespace) -> int:
         if not args.once:
             raise
         # Stopped while starting: nothing was delivered, the end was not reached.
-        print(f"error: run --once stopped before its end: {exc}; run it again", file=sys.stderr)
+        report_error(f"error: run --once stopped before its end: {exc}; run it again")
         return EXIT_INCOMPLETE
     if args.json:
         print(json.dumps(_summary_json(summary)))
     elif not args.quiet:
         _print_summary(summary)
     if summary.complete is False:
-        print(f"error: {_incomplete_text(summary)}", file=sys.stderr)
+        report_error(f"error: {_incomplete_text(summary)}")
         return EXIT_INCOMPLETE
     return EXIT_OK
 
@@ -819,8 +819,9 @@ def cmd_backfill(args: argparse.Namespace) -> int:
     source = created
     if not isinstance(source, SourceBackfill):
         raise BackfillError(
-            f"source.type {pipeline.source.type}: this source cannot backfill tables (it "
-            f"does not provide backfill_plan, backfill_watermark and backfill_chunk)"
+            f"source.type {pipeline.source.type}: this source cannot backfill tables: it "
+            f"reads a log of changes, not tables it could read again. Backfills need a "
+            f"database source (postgres, mysql)"
         )
     try:
         plan = source.backfill_plan(pipeline.name, args.table, args.where)
@@ -892,6 +893,17 @@ def build_parser() -> argparse.ArgumentParser:
         prog="wormhole",
         description="Change data capture and reliable pub-sub: database logs to ordered, "
         "sharded, acknowledged streams of key-value updates.",
+    )
+    import importlib.metadata
+
+    try:
+        version = importlib.metadata.version("wormhole")
+    except importlib.metadata.PackageNotFoundError:  # a source checkout, not installed
+        version = "0+unknown"
+    parser.add_argument(
+        "--version",
+        action="version",
+        version=f"wormhole {version} (Python {sys.version.split()[0]})",
     )
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     parser.add_argument(
@@ -1128,17 +1140,19 @@ def main(argv: list[str] | None = None) -> int:
         handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
     logging.basicConfig(level=getattr(logging, level.upper()), handlers=[handler])
     count_errors()
+    global _json_errors
+    _json_errors = args.log_format == "json"
     try:
         code: int = args.func(args)
         return code
     except ConfigError as exc:
-        print(exc.render(), file=sys.stderr)
+        report_error(exc.render())
         return EXIT_USAGE
     except Stopped as exc:  # a stop asked for while starting: not a failure
         logging.getLogger("wormhole").info("%s", exc)
         return EXIT_OK
     except WormholeError as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        report_error(f"error: {exc}")
         return exc.exit_code
     except KeyboardInterrupt:
         return 130
@@ -1152,8 +1166,23 @@ def main(argv: list[str] | None = None) -> int:
         # A file-system error no code path above named: still the path and the fix.
         logging.getLogger("wormhole").debug("file-system error", exc_info=True)
         problem = file_problem(exc.filename, exc, "use")
-        print(f"error: {problem}", file=sys.stderr)
+        report_error(f"error: {problem}")
         return problem.exit_code
+
+
+_json_errors = False
+"""``--log-format json``: the final error is a JSON log line too."""
+
+
+def report_error(text: str) -> None:
+    """The command's final error on stderr: as given, or with ``--log-format json`` one JSON
+    object (``level`` error, ``logger`` wormhole, ``message`` without the ``error:``)."""
+    if not _json_errors:
+        print(text, file=sys.stderr)
+        return
+    record = logging.LogRecord("wormhole", logging.ERROR, "", 0, text.removeprefix("error: "),
+                               None, None)  # fmt: skip
+    print(JsonFormatter().format(record), file=sys.stderr)
 
 
 if __name__ == "__main__":

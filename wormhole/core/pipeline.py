@@ -254,6 +254,7 @@ class ApplicationConfig(Options):
         None,
         description="multiple-copy: set by `wormhole apps move`: the copy serving the "
         "application when the move was requested hands it to this one",
+        json_schema_extra={"internal": True},  # not listed as an option to write
     )
     external: bool = Field(
         False,
@@ -543,7 +544,14 @@ def _known_keys(model: type[BaseModel], loc: tuple[Any, ...]) -> list[str] | Non
             i += 1
         current = annotation
     if isinstance(current, type) and issubclass(current, BaseModel):
-        return list(current.model_fields)
+        return [
+            name
+            for name, field in current.model_fields.items()
+            if not (
+                isinstance(field.json_schema_extra, dict)
+                and field.json_schema_extra.get("internal")
+            )
+        ]
     return None
 
 

@@ -11,8 +11,11 @@ its endpoint and shows every ``wormhole_source_*`` gauge it finds there, whateve
 
 from __future__ import annotations
 
+import contextlib
+import os
 import time
 import urllib.request
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -273,10 +276,49 @@ def run(pipeline: Pipeline, interval: float, once: bool, out: Any = None) -> Non
         return
     from rich.live import Live
 
-    with Live(render(read(pipeline)), console=console, auto_refresh=False, screen=False) as view:
-        while True:
-            time.sleep(interval)
+    with (
+        _keys() as quit_pressed,
+        Live(render(read(pipeline)), console=console, auto_refresh=False, screen=False) as view,
+    ):
+        while not quit_pressed(interval):
             view.update(render(read(pipeline)), refresh=True)
+
+
+@contextlib.contextmanager
+def _keys() -> Iterator[Callable[[float], bool]]:
+    """``wait(seconds)``: wait that long, True as soon as ``q`` is pressed. On a terminal,
+    stdin is read key by key meanwhile (and restored after); elsewhere it is not read."""
+    import sys
+
+    stdin = sys.stdin
+    if stdin is None or not stdin.isatty():
+
+        def sleep(seconds: float) -> bool:
+            time.sleep(seconds)
+            return False
+
+        yield sleep
+        return
+    import select
+    import termios
+    import tty
+
+    fd = stdin.fileno()
+    saved = termios.tcgetattr(fd)
+
+    def wait(seconds: float) -> bool:
+        deadline = time.monotonic() + seconds
+        while (left := deadline - time.monotonic()) > 0:
+            ready, _, _ = select.select([fd], [], [], left)
+            if ready and os.read(fd, 1) in (b"q", b"Q"):
+                return True
+        return False
+
+    try:
+        tty.setcbreak(fd)
+        yield wait
+    finally:
+        termios.tcsetattr(fd, termios.TCSADRAIN, saved)
 
 
 __all__ = ["Reading", "read", "render", "run", "scrape_source_gauges"]

@@ -320,12 +320,14 @@ class PostgresSource(DatabaseSource):
         (version,) = self._query("SHOW server_version_num")[0]
         self.server_version = int(version)
         rows = self._query(
-            "SELECT rolreplication OR rolsuper FROM pg_roles WHERE rolname = current_user"
+            "SELECT rolreplication OR rolsuper, quote_ident(current_user) FROM pg_roles "
+            "WHERE rolname = current_user"
         )
         if not rows or not rows[0][0]:
+            user = rows[0][1] if rows else "<user>"
             raise SourceError(
-                "source.dsn: the user needs the REPLICATION privilege "
-                "(ALTER ROLE <user> WITH REPLICATION)"
+                f"source.dsn: the user {user} needs the REPLICATION privilege; as a superuser, "
+                f"run: ALTER ROLE {user} WITH REPLICATION"
             )
 
     def _ensure_publication(self, first_run: bool) -> None:

@@ -144,11 +144,21 @@ class Subscriber(Handlers):
         self._wake.set()
 
     def run(self) -> None:
-        """Serve until ``stop()``; reconnects on connection loss (with backoff)."""
-        if self.registry is None:
-            _Link(self, None, self._addresses).run()
-            return
-        self._run_registered()
+        """Serve until ``stop()``; reconnects on connection loss (with backoff). Ctrl-C
+        (KeyboardInterrupt) stops it too: ``run`` returns, and what the handler had not
+        returned from is delivered again to the next subscriber."""
+        try:
+            if self.registry is None:
+                _Link(self, None, self._addresses).run()
+                return
+            self._run_registered()
+        except KeyboardInterrupt:
+            self.stop()
+            log.info(
+                "%s/%s: stopped by Ctrl-C; updates not acknowledged are delivered again",
+                self.app,
+                self.instance,
+            )
 
     def _addresses(self) -> list[str]:
         if self._publishers is not None:
