@@ -583,3 +583,36 @@ def test_per_table_topics_key_by_the_key_columns_and_tombstones_can_be_asked_for
         (b'{"id":1}', False),
         (b'{"id":1}', True),
     ]
+
+
+def test_status_and_top_count_an_applications_lag_by_its_committed_offsets(
+    tmp_path: Path, tansu: TansuBroker
+) -> None:
+    total = write_riders(tmp_path / "data", 20, 3)
+    apps = {"history": {"sink": {"type": "jsonl", "path": str(tmp_path / "history.jsonl")}}}
+    pipeline = kafka_pipeline(tmp_path, tansu, apps, spawn=False)
+    # Produced, but nothing consumed it: no subscriber was started.
+    assert run_cli("run", str(pipeline), "--once", timeout=120).returncode == 0
+    assert not (tmp_path / "history.jsonl").exists()
+    result = run_cli("status", str(pipeline), "--json")
+    assert result.returncode == 0, result
+    status = json.loads(result.stdout)
+    assert "consumer group" in status["lag_of"] and status["lag_error"] == ""
+    assert sum(f["lag"] for f in status["flows"]) == total
+    text = run_cli("status", str(pipeline))
+    assert "lag: Kafka records not committed by the application's consumer group" in text.stdout
+    top = run_cli("top", str(pipeline), "--once")
+    assert top.returncode == 0, top
+    assert f"{total:,}" in top.stdout and "Kafka records not committed" in top.stdout
+
+    # Its subscriber consumes everything: lag 0.
+    import yaml
+
+    raw = yaml.safe_load(pipeline.read_text())
+    raw["transport"]["spawn"] = True
+    write_pipeline(pipeline, raw)
+    result = run_cli("run", str(pipeline), "--once", timeout=120)
+    assert result.returncode == 0, result
+    assert len(read_envelopes(tmp_path / "history.jsonl")) == total
+    status = json.loads(run_cli("status", str(pipeline), "--json").stdout)
+    assert {f["lag"] for f in status["flows"]} == {0}

@@ -396,6 +396,7 @@ def cmd_status(args: argparse.Namespace) -> int:
             position = marker.position if marker else None
             lag = None if position is None else max(0, info.next_seq - position)
             flows.append({"application": name, "shard": shard, "datamarker": position, "lag": lag})
+    lag_of, lag_error = _destination_lag(pipeline, flows)
     live = _live_status(pipeline.state_dir)
     names, registry = (
         (set(deployment["applications"]), deployment["registry"])
@@ -425,6 +426,8 @@ def cmd_status(args: argparse.Namespace) -> int:
                         ],
                     },
                     "flows": flows,
+                    "lag_of": lag_of,
+                    "lag_error": lag_error,
                     "removed_applications": removed,
                     "dead_letters": dead_letters,
                     "backfills": backfills,
@@ -450,6 +453,9 @@ def cmd_status(args: argparse.Namespace) -> int:
             print(f"  application {name} stopped: {error}")
     else:
         print("  not running")
+    if lag_error:
+        print(f"  warning: lag unknown: {lag_error}")
+    print(f"  lag: {lag_of}")
     print(f"  {'application':<16} {'shard':>5} {'datamarker':>12} {'lag':>10}")
     for flow in flows:
         marker_text = "-" if flow["datamarker"] is None else f"{flow['datamarker']:,}"
@@ -472,6 +478,21 @@ def cmd_status(args: argparse.Namespace) -> int:
     if deployment is not None:
         _print_deployment(deployment)
     return EXIT_OK
+
+
+PUBLISHER_LAG = "publisher-log updates after the datamarker"
+
+
+def _destination_lag(pipeline: Pipeline, flows: list[dict[str, Any]]) -> tuple[str, str]:
+    """With a transport that counts lag at its destination (Kafka: consumer groups), each
+    flow's lag from there. Returns what the lag counts, and why it is unknown ("" if not)."""
+    measure = pipeline.transport.registered.spec.lag
+    if measure is None:
+        return PUBLISHER_LAG, ""
+    found = measure(pipeline.transport.options, pipeline)
+    for flow in flows:
+        flow["lag"] = found.shards.get(flow["application"], {}).get(flow["shard"])
+    return found.what, found.error
 
 
 def cmd_top(args: argparse.Namespace) -> int:

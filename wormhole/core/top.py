@@ -48,6 +48,10 @@ class Reading:
     """The source's ``type`` (shown, never acted on)."""
     source_note: str = ""
     """Why there are no source gauges, if there are none."""
+    lag_of: str = ""
+    """With a transport that counts lag at its destination: what the lag column counts."""
+    lag_error: str = ""
+    """Why that lag is unknown, if it is."""
     taken: float = field(default_factory=time.time)
 
 
@@ -84,6 +88,7 @@ def read(pipeline: Pipeline) -> Reading:
     if live is None:
         reading.applications = _stored(pipeline, info.next_seq)
         _count_dead_letters(pipeline, reading)
+        _destination_lag(pipeline, reading)
         return reading
     end = int(live.get("log", {}).get("end", info.next_seq))
     carried: dict[str, tuple[int, int]] = {}
@@ -100,6 +105,7 @@ def read(pipeline: Pipeline) -> Reading:
         app["failed"] = failed.get(name)
         reading.applications[name] = app
     _count_dead_letters(pipeline, reading)
+    _destination_lag(pipeline, reading)
     address = live.get("metrics")
     if address:
         try:
@@ -109,6 +115,22 @@ def read(pipeline: Pipeline) -> Reading:
     else:
         reading.source_note = "serve metrics (metrics.listen) to see the source's lag"
     return reading
+
+
+def _destination_lag(pipeline: Pipeline, reading: Reading) -> None:
+    """A transport that counts lag at its destination (Kafka: consumer groups' committed
+    offsets) gives each application's lag; the publisher's datamarkers only say what it
+    handed over."""
+    measure = pipeline.transport.registered.spec.lag
+    if measure is None:
+        return
+    found = measure(pipeline.transport.options, pipeline)
+    reading.lag_of, reading.lag_error = found.what, found.error
+    for name in sorted(n for n, a in pipeline.applications.items() if not a.external):
+        app = reading.applications.setdefault(name, {})
+        shards = found.shards.get(name)
+        app["lag_updates"] = None if shards is None else sum(shards.values())
+        app["lag_seconds"] = None
 
 
 def _count_dead_letters(pipeline: Pipeline, reading: Reading) -> None:
@@ -206,6 +228,10 @@ def render(reading: Reading) -> Any:
             _number(app.get("caravan_lag")),
         )
     parts.append(apps)
+    if reading.lag_of:
+        parts.append(Text(f"lag: {reading.lag_of}"))
+    if reading.lag_error:
+        parts.append(Text(f"lag unknown: {reading.lag_error}", style="red"))
 
     if live is not None:
         source = live.get("source") or {}

@@ -32,6 +32,7 @@ from wormhole.connectors.kafka.common import (
     kafka,
     table_topic,
 )
+from wormhole.connectors.kafka.lag import log_ends
 from wormhole.connectors.kafka.options import KafkaOptions
 from wormhole.core.children import SubscriberProcesses
 from wormhole.core.errors import ConfigError, WormholeError
@@ -522,17 +523,18 @@ class KafkaTransport:
             app: ck.Consumer(
                 client_config(
                     self.options,
-                    {**self.options.consumer, "group.id": app, "enable.auto.commit": False},
+                    {
+                        **self.options.consumer,
+                        "group.id": app,
+                        "enable.auto.commit": False,
+                        "enable.partition.eof": True,
+                    },
                 )
             )
             for app in apps
         }
         try:
-            probe = consumers[apps[0]]
-            ends = {
-                (tp.topic, tp.partition): probe.get_watermark_offsets(tp, timeout=10)
-                for tp in partitions
-            }
+            ends = log_ends(consumers[apps[0]], partitions)
             last_lag: dict[str, int] = {}
             progress = time.monotonic()
             while apps:
