@@ -885,9 +885,18 @@ def _wait_for_backfill(store: Any, request_id: int) -> int:
         now = time.monotonic()
         if now >= next_line:
             next_line = now + 5.0
-            total = f" of about {request.estimate:,}" if request.estimate else ""
+            total = _of_estimate(request.read, request.estimate, "of about")
             print(f"  {request.state}: {request.read:,} rows read{total}", flush=True)
         time.sleep(0.2)
+
+
+def _of_estimate(done: int, estimate: int | None, of: str) -> str:
+    """`` of ~N`` while the work is within the estimate; past it, say so (never done > N)."""
+    if not estimate:
+        return ""
+    if done <= estimate:
+        return f" {of}{'' if of.endswith('~') else ' '}{estimate:,}"
+    return f" (more than the estimated {estimate:,})"
 
 
 def _print_backfills(requests: list[dict[str, Any]], every: bool) -> None:
@@ -900,7 +909,7 @@ def _print_backfills(requests: list[dict[str, Any]], every: bool) -> None:
     for r in shown:
         whom = r["application"] or "every application"
         where = f" where {r['where']}" if r["where"] else ""
-        total = f" of ~{r['estimate']:,}" if r["estimate"] is not None else ""
+        total = _of_estimate(r["read"], r["estimate"], "of ~")
         error = f": {r['error']}" if r["error"] else ""
         print(
             f"    {r['id']:>4}  {r['state']:<9} {r['table']}{where} for {whom}: "

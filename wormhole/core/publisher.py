@@ -549,12 +549,12 @@ class Publisher:
     def _once_progress(self, hub: Hub) -> Any:
         """``run --once``: progress of every application to the end position, in
         publisher-log positions from the oldest datamarker at start. Until the source has
-        reached its end, the total is the log's end so far."""
+        reached its end there is no total (the log's end so far is none); then it is exact."""
         assert self.publisher_log is not None
         publisher_log = self.publisher_log
         with hub.lock:
             start = min((a.min_datamarker() for a in hub.applications.values()), default=0)
-        task = self.progress.task("run --once", None, "updates")
+        task = self.progress.task("run --once", None, "updates", estimate=False)
 
         def report(target: int | None, finished: bool) -> None:
             with hub.lock:
@@ -562,9 +562,13 @@ class Publisher:
                     (a.min_datamarker() for a in hub.applications.values()),
                     default=publisher_log.next_seq,
                 )
-            end = publisher_log.next_seq if target is None else target
-            detail = "to the end position" if target is not None else "reading the source"
-            task.update(done=max(0, oldest - start), total=max(0, end - start), detail=detail)
+            done = max(0, oldest - start)
+            if target is None:
+                # The source is still being read: how many updates it holds is not known
+                # (what the log holds so far is not a total).
+                task.update(done=done, detail="reading the source; total not known yet")
+            else:
+                task.update(done=done, total=max(0, target - start), detail="to the end position")
             if finished:
                 task.finish()
 

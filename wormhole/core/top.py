@@ -270,8 +270,9 @@ def render(reading: Reading) -> Any:
         parts.append(caravans)
 
         for task in live.get("progress", []):
-            total = task.get("total")
-            of = f" of ~{total:,}" if total else ""
+            total = task.get("total")  # None once the work went past an estimate
+            about = "~" if task.get("estimate", True) else ""
+            of = f" of {about}{total:,}" if total else ""
             eta = task.get("eta_seconds")
             parts.append(
                 Text(
