@@ -312,12 +312,11 @@ def test_validate_rejects_what_run_rejects_without_an_outside_service(
 
 # ---------------------------------------------------------------- papercuts
 def test_version() -> None:
-    import importlib.metadata
+    from wormhole.plugins.manager import builtin_version
 
     result = run_cli("--version")
     assert result.returncode == 0, result
-    version = importlib.metadata.version("wormhole")
-    assert result.stdout.startswith(f"wormhole {version} (Python 3.")
+    assert result.stdout.startswith(f"wormhole {builtin_version()} (wormhole-cdc, Python 3.")
 
 
 def test_the_final_error_is_a_json_line_with_log_format_json(tmp_path: Path) -> None:

@@ -924,16 +924,12 @@ def build_parser() -> argparse.ArgumentParser:
         description="Change data capture and reliable pub-sub: database logs to ordered, "
         "sharded, acknowledged streams of key-value updates.",
     )
-    import importlib.metadata
+    from wormhole.plugins.manager import DISTRIBUTION, builtin_version
 
-    try:
-        version = importlib.metadata.version("wormhole")
-    except importlib.metadata.PackageNotFoundError:  # a source checkout, not installed
-        version = "0+unknown"
     parser.add_argument(
         "--version",
         action="version",
-        version=f"wormhole {version} (Python {sys.version.split()[0]})",
+        version=f"wormhole {builtin_version()} ({DISTRIBUTION}, Python {sys.version.split()[0]})",
     )
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     parser.add_argument(

@@ -30,7 +30,7 @@ def kafka() -> Any:
     except ImportError as exc:  # pragma: no cover - depends on the environment
         raise ConfigError(
             "transport.type: kafka needs the confluent-kafka package; install it with "
-            "pip install 'wormhole[kafka]'"
+            "pip install 'wormhole-cdc[kafka]'"
         ) from exc
     return confluent_kafka
 

@@ -187,7 +187,7 @@ class MySQLSource(DatabaseSource):
         if not HAVE_DRIVER:
             raise SourceError(
                 "source.type: mysql needs mysql-replication; install the extra: pip install "
-                "'wormhole[mysql]'"
+                "'wormhole-cdc[mysql]'"
             )
         self.reader_id = _reader_id(self.options, context.pipeline)
         self.signal_id = self._signal_id(context.pipeline)
@@ -521,7 +521,7 @@ class MySQLSource(DatabaseSource):
         if not HAVE_DRIVER:
             raise SourceError(
                 "source.type: mysql needs mysql-replication; install the extra: pip install "
-                "'wormhole[mysql]'"
+                "'wormhole-cdc[mysql]'"
             )
         if not self.signal_id:
             self.signal_id = self._signal_id(pipeline)

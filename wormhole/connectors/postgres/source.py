@@ -257,7 +257,7 @@ class PostgresSource(DatabaseSource):
         if not HAVE_PSYCOPG2:
             raise SourceError(
                 "source.type: postgres needs psycopg2; install the extra: pip install "
-                "'wormhole[postgres]'"
+                "'wormhole-cdc[postgres]'"
             )
         options = self.options
         self.slot = options.slot or f"wormhole_{_identifier(context.pipeline)}"
