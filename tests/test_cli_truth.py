@@ -496,3 +496,61 @@ def test_the_quickstart_needs_no_extra(tmp_path: Path) -> None:
         assert done.returncode == 0, (step, done.stdout, done.stderr)
         assert "is not installed (an extra)" not in done.stderr
     assert "latest position of 200 riders" in done.stdout
+
+
+# ---------------------------------------------------------------- a subscriber's address
+def _subscriber_pipeline(tmp_path: Path, port: int) -> Path:
+    (tmp_path / "data").mkdir(exist_ok=True)
+    return write_pipeline(
+        tmp_path / "sub.yml",
+        {
+            "pipeline": "sub",
+            "state_dir": str(tmp_path / "state"),
+            "source": {"type": "filelog", "path": str(tmp_path / "data")},
+            "transport": {"type": "tcp", "listen": f"127.0.0.1:{port}", "give_up_s": 1},
+            "applications": {"app": {"sink": {"type": "null"}}},
+        },
+    )
+
+
+def test_a_subscriber_at_a_closed_port_says_so_and_gives_up_when_asked(tmp_path: Path) -> None:
+    import socket
+
+    with socket.socket() as closed:
+        closed.bind(("127.0.0.1", 0))
+        port = closed.getsockname()[1]
+    result = run_cli("subscribe", str(_subscriber_pipeline(tmp_path, port)), "--app", "app")
+    assert result.returncode == 2, result
+    assert "nothing listens there: is the publisher running" in result.stderr, result
+    assert f"error: publisher 127.0.0.1:{port}: no session for 1s" in result.stderr, result
+    assert "giving up (give_up_s)" in result.stderr
+
+
+def test_a_subscriber_at_another_service_says_it_is_not_a_wormhole_publisher(
+    tmp_path: Path,
+) -> None:
+    import socket
+    import threading
+
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(16)
+    port = server.getsockname()[1]
+
+    def answer_like_http() -> None:
+        while True:
+            try:
+                client, _ = server.accept()
+            except OSError:
+                return
+            with client:
+                client.sendall(b"HTTP/1.1 400 Bad Request\r\nContent-Length: 0\r\n\r\n")
+
+    threading.Thread(target=answer_like_http, daemon=True).start()
+    try:
+        result = run_cli("subscribe", str(_subscriber_pipeline(tmp_path, port)), "--app", "app")
+    finally:
+        server.close()
+    assert result.returncode == 2, result
+    assert "not a Wormhole publisher" in result.stderr, result
+    assert "giving up (give_up_s)" in result.stderr
