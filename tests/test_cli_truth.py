@@ -554,3 +554,65 @@ def test_a_subscriber_at_another_service_says_it_is_not_a_wormhole_publisher(
     assert result.returncode == 2, result
     assert "not a Wormhole publisher" in result.stderr, result
     assert "giving up (give_up_s)" in result.stderr
+
+
+# ---------------------------------------------------------------- files behind the reader
+def test_a_file_appearing_behind_the_one_being_read_is_named_and_counted(tmp_path: Path) -> None:
+    from wormhole.testing.helpers import free_port
+    from wormhole.testing.prometheus import sample, scrape
+
+    data = tmp_path / "data" / "rows"
+    _write_lines(data / "0002.jsonl", 10)
+    port = free_port()
+    pipeline = write_pipeline(
+        tmp_path / "late.yml",
+        {
+            "pipeline": "late",
+            "state_dir": str(tmp_path / "state"),
+            "source": {"type": "filelog", "path": str(tmp_path / "data"), "poll_interval_ms": 20},
+            "transport": {"type": "inprocess"},
+            "metrics": {"listen": f"127.0.0.1:{port}"},
+            "applications": {
+                "out": {"sink": {"type": "jsonl", "path": str(tmp_path / "out.jsonl")}}
+            },
+        },
+    )
+    proc = Process("run", str(pipeline), cwd=tmp_path)
+    try:
+        out = tmp_path / "out.jsonl"
+
+        def delivered() -> int:
+            return out.read_text().count("\n") if out.exists() else 0
+
+        wait_until(lambda: delivered() == 10, 60, "0002.jsonl delivered")
+        _write_lines(data / "0001.jsonl", 5)  # sorts before the file being read
+        wait_until(lambda: "0001.jsonl: appeared while" in proc.stderr, 60, "the warning")
+        text = scrape(f"127.0.0.1:{port}")
+        assert sample(text, "wormhole_source_skipped_files", source="filelog") == 1
+    finally:
+        code = proc.stop()
+    assert code == 0, proc.stderr
+    assert f"{data / '0001.jsonl'}: appeared while 0002.jsonl was being read" in proc.stderr
+    assert "it is never read" in proc.stderr and "source.glob" in proc.stderr
+    assert delivered() == 10
+
+
+def test_glob_leaves_files_being_written_under_another_name_alone(tmp_path: Path) -> None:
+    data = tmp_path / "data" / "rows"
+    _write_lines(data / "0001.jsonl", 3)
+    (data / "0002.tmp").write_text('{"half": "a line being wri')
+    pipeline = write_pipeline(
+        tmp_path / "glob.yml",
+        {
+            "pipeline": "glob",
+            "state_dir": str(tmp_path / "state"),
+            "source": {"type": "filelog", "path": str(tmp_path / "data"), "glob": "*.jsonl"},
+            "transport": {"type": "inprocess"},
+            "applications": {
+                "out": {"sink": {"type": "jsonl", "path": str(tmp_path / "out.jsonl")}}
+            },
+        },
+    )
+    result = run_cli("run", str(pipeline), "--once", "--json", cwd=tmp_path)
+    assert result.returncode == 0, result
+    assert json.loads(result.stdout)["source_updates"] == 3
