@@ -1,7 +1,8 @@
 """Rows/s into the memcache sink (3 local memcached servers), against raw pymemcache.
 
 Run: ``make bench`` (or ``python bench/memcache_sink.py --rows 200000``).
-Needs memcached (Debian package memcached) and pymemcache (``pip install 'wormhole[memcache]'``).
+Needs memcached (Debian package memcached) and pymemcache
+(``pip install 'wormhole-cdc[memcache]'``).
 
 Three throwaway memcached servers are started. Each measure handles the same N
 distinct keys (``user:{id}``, one update each), in both modes:

@@ -1,7 +1,7 @@
 """Rows/s into the search sink (Tantivy engine), against a plain Tantivy writer loop.
 
 Run: ``python bench/search_sink.py`` (``--rows 200000 --batch 5000 --repeat 3``).
-Needs the ``search`` extra (``pip install 'wormhole[search]'``).
+Needs the ``search`` extra (``pip install 'wormhole-cdc[search]'``).
 
 Both sides index the same rows (6 typed fields, and the row stored as JSON)
 into a new index on local disk and commit after every batch of ``--batch``

@@ -23,7 +23,7 @@ from wormhole.testing.helpers import free_port, subscriber_pids
 pytest.importorskip("confluent_kafka")
 
 from confluent_kafka import Consumer
-from confluent_kafka.admin import AdminClient, NewTopic
+from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic
 
 from wormhole.connectors.kafka import KafkaSubscriber
 from wormhole.testing.kafka import TansuBroker
@@ -152,7 +152,9 @@ def test_every_update_reaches_applications_in_order_and_plain_consumers_read_it(
     for m in messages:
         value = json.loads(m.value())
         assert json.dumps(value, separators=(",", ":")) in lines
-        assert m.key() == json.dumps(value["key"], separators=(",", ":"), sort_keys=True).encode()
+        # Unique per table in the dataset's one topic: the table is part of the key.
+        key = {"key": value["key"], "table": value["source"]["table"]}
+        assert m.key() == json.dumps(key, separators=(",", ":"), sort_keys=True).encode()
         headers = dict(m.headers())
         assert m.partition() == value["shard"] == int(headers["shard"])
         assert headers["logical"].decode() == value["source"]["logical"]
@@ -505,3 +507,112 @@ def test_once_fails_naming_an_application_that_did_not_consume_everything(
     assert "did not consume every update: stuck (" in error, result.stderr
     assert "fine" not in error
     assert len(read_envelopes(out)) == 50
+
+
+def _two_tables_one_id(data: Path) -> None:
+    """`orders` and `refunds` each with a row of id 1, then the order is deleted."""
+    data.mkdir(parents=True)
+    lines = [
+        {"table": "public.orders", "key": {"id": 1}, "after": {"id": 1, "total": 5}},
+        {"table": "public.refunds", "key": {"id": 1}, "after": {"id": 1, "amount": 2}},
+        {"table": "public.orders", "op": "d", "key": {"id": 1}, "before": {"id": 1}},
+    ]
+    (data / "0.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
+
+
+def test_keys_are_unique_per_table_and_a_delete_leaves_a_tombstone_for_compaction(
+    tmp_path: Path, tansu: TansuBroker
+) -> None:
+    """What log compaction acts on, in a topic created with cleanup.policy=compact.
+
+    Tansu (its in-memory engine, as the tests run it) accepts and reports cleanup.policy
+    but never compacts: every version of a key stays readable. So this checks the records
+    compaction would keep or drop: a key per (table, key columns), and after a delete a
+    tombstone (same key, no value), the last record of its key."""
+    _two_tables_one_id(tmp_path / "data")
+    out = tmp_path / "all.jsonl"
+    pipeline = kafka_pipeline(
+        tmp_path,
+        tansu,
+        {"all": {"sink": {"type": "jsonl", "path": str(out)}}},
+        name="shop",
+        shards=1,
+        topic_config={"cleanup.policy": "compact"},
+    )
+    result = run_cli("run", str(pipeline), "--once", "--json", timeout=120)
+    assert result.returncode == 0, result
+    assert json.loads(result.stdout)["complete"] is True
+    topic = topic_of(pipeline)
+    admin = AdminClient({"bootstrap.servers": tansu.bootstrap})
+    resource = ConfigResource("topic", topic)
+    config = admin.describe_configs([resource])[resource].result(timeout=10)
+    assert config["cleanup.policy"].value == "compact"
+    records = [(m.key(), m.value()) for m in read_topic(tansu.bootstrap, topic, 4)]
+    orders = b'{"key":{"id":1},"table":"public.orders"}'
+    refunds = b'{"key":{"id":1},"table":"public.refunds"}'
+    assert [k for k, _ in records] == [orders, refunds, orders, orders]
+    assert json.loads(records[2][1])["op"] == "d"
+    assert records[3][1] is None  # the tombstone: compaction then removes the key
+    # The application gets the three updates; the tombstone is not one.
+    assert [(e["op"], e["source"]["table"]) for e in read_envelopes(out)] == [
+        ("c", "public.orders"),
+        ("c", "public.refunds"),
+        ("d", "public.orders"),
+    ]
+
+
+def test_per_table_topics_key_by_the_key_columns_and_tombstones_can_be_asked_for(
+    tmp_path: Path, tansu: TansuBroker
+) -> None:
+    _two_tables_one_id(tmp_path / "data")
+    pipeline = kafka_pipeline(
+        tmp_path,
+        tansu,
+        {"library": {}},
+        name="shop",
+        shards=1,
+        topic_naming="table",
+        tombstones=True,
+    )
+    result = run_cli("run", str(pipeline), "--once", timeout=120)
+    assert result.returncode == 0, result
+    prefix = topic_of(pipeline).rsplit(".", 1)[0]
+    records = read_topic(tansu.bootstrap, f"{prefix}.public.orders", 3)
+    assert [(m.key(), m.value() is None) for m in records] == [
+        (b'{"id":1}', False),
+        (b'{"id":1}', False),
+        (b'{"id":1}', True),
+    ]
+
+
+def test_status_and_top_count_an_applications_lag_by_its_committed_offsets(
+    tmp_path: Path, tansu: TansuBroker
+) -> None:
+    total = write_riders(tmp_path / "data", 20, 3)
+    apps = {"history": {"sink": {"type": "jsonl", "path": str(tmp_path / "history.jsonl")}}}
+    pipeline = kafka_pipeline(tmp_path, tansu, apps, spawn=False)
+    # Produced, but nothing consumed it: no subscriber was started.
+    assert run_cli("run", str(pipeline), "--once", timeout=120).returncode == 0
+    assert not (tmp_path / "history.jsonl").exists()
+    result = run_cli("status", str(pipeline), "--json")
+    assert result.returncode == 0, result
+    status = json.loads(result.stdout)
+    assert "consumer group" in status["lag_of"] and status["lag_error"] == ""
+    assert sum(f["lag"] for f in status["flows"]) == total
+    text = run_cli("status", str(pipeline))
+    assert "lag: Kafka records not committed by the application's consumer group" in text.stdout
+    top = run_cli("top", str(pipeline), "--once")
+    assert top.returncode == 0, top
+    assert f"{total:,}" in top.stdout and "Kafka records not committed" in top.stdout
+
+    # Its subscriber consumes everything: lag 0.
+    import yaml
+
+    raw = yaml.safe_load(pipeline.read_text())
+    raw["transport"]["spawn"] = True
+    write_pipeline(pipeline, raw)
+    result = run_cli("run", str(pipeline), "--once", timeout=120)
+    assert result.returncode == 0, result
+    assert len(read_envelopes(tmp_path / "history.jsonl")) == total
+    status = json.loads(run_cli("status", str(pipeline), "--json").stdout)
+    assert {f["lag"] for f in status["flows"]} == {0}

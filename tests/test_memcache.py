@@ -644,7 +644,7 @@ def test_without_pymemcache_the_sink_says_what_to_install(tmp_path: Path) -> Non
     assert "applications.cache.sink.type: the memcache sink needs the pymemcache package" in (
         result.stderr
     )
-    assert "pip install 'wormhole[memcache]'" in result.stderr
+    assert "pip install 'wormhole-cdc[memcache]'" in result.stderr
 
 
 # ----------------------------------------------------------- the example

@@ -76,7 +76,7 @@ applications:
     found = problems(text)
     joined = "\n".join(found)
     assert "dataset.shards: input should be a valid integer" in joined
-    assert "source.colour: unknown option (known: path, format, table, batch_bytes" in joined
+    assert "source.colour: unknown option (known: path, format, table, glob, batch_bytes" in joined
     assert "applications.search.sink.path: field required" in joined
     assert "applications.search.start: must be earliest, latest, {position: SEQ}" in joined
     assert "applications.search.filter.ops[1]: input should be 'c', 'u', 'd', 'r' or 't'" in joined

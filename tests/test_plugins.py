@@ -59,9 +59,9 @@ def test_plugins_lists_built_ins_by_kind_with_their_distribution() -> None:
     ):
         assert kind in out
     sinks = out.split("sinks:")[1].split("filters:")[0]
-    assert "jsonl" in sinks and "[wormhole 0.1.0]" in sinks
+    assert "jsonl" in sinks and "[wormhole-cdc 0.1.0]" in sinks
     listing = json.loads(run_cli("plugins", "--json").stdout)
-    assert listing["source"]["filelog"]["distribution"] == "wormhole"
+    assert listing["source"]["filelog"]["distribution"] == "wormhole-cdc"
     assert "path" in listing["source"]["filelog"]["options"]["properties"]
 
 
@@ -142,7 +142,7 @@ def test_two_plugins_claiming_one_name_is_an_error_naming_both(tmp_path: Path) -
         env={"PYTHONPATH": str(tmp_path), "WORMHOLE_PLUGINS": "clash"},
     )
     assert result.returncode == 2, result
-    assert "sink 'jsonl' is provided twice: by wormhole and by clash" in result.stderr
+    assert "sink 'jsonl' is provided twice: by wormhole-cdc and by clash" in result.stderr
 
 
 def test_an_unimportable_plugin_module_is_named(tmp_path: Path) -> None:

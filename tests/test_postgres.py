@@ -711,3 +711,21 @@ def test_a_graceful_stop_while_the_source_reconnects_exits_0(
         finally:
             code = publisher.stop()
     assert code == 0, publisher.stderr
+
+
+def test_a_user_without_replication_is_named_with_the_statement_to_run(
+    tmp_path: Path, postgres_dsn: str
+) -> None:
+    role = f"reader_{tmp_path.name[-12:].lower().replace('-', '_')}"
+    sql(postgres_dsn, f'CREATE ROLE "{role}" LOGIN', "CREATE TABLE t (id int PRIMARY KEY)")
+    try:
+        dsn = postgres_dsn.replace("user=postgres", f"user={role}")
+        pipeline = pg_pipeline(tmp_path, dsn, tables=["public.t"])
+        result = run_cli("run", str(pipeline), "--once", cwd=tmp_path)
+    finally:
+        sql(postgres_dsn, f'DROP ROLE "{role}"')
+    assert result.returncode == 2, result
+    assert (
+        f"source.dsn: the user {role} needs the REPLICATION privilege; as a superuser, run: "
+        f"ALTER ROLE {role} WITH REPLICATION"
+    ) in result.stderr, result

@@ -14,7 +14,7 @@ from wormhole.testing.postgres import run_sql as sql
 
 ROWS = 50_000
 SNAPSHOT_LINE = re.compile(
-    r"initial snapshot: ([\d,]+) of ~([\d,]+) rows \((\d+)%\), ([\d,]+) rows/s, "
+    r"initial snapshot: ([\d,]+) of ~?([\d,]+) rows \((\d+)%\), ([\d,]+) rows/s, "
     r"(ETA \d+:\d\d:\d\d|done in \d+:\d\d:\d\d)"
 )
 
@@ -72,7 +72,8 @@ def test_postgres_snapshot_logs_rows_done_of_the_estimate(
     # --once: the run's overall progress to its end position, last line at the end.
     overall = [line for line in result.stderr.splitlines() if "run --once: " in line]
     assert overall and "done in" in overall[-1], result.stderr
-    assert f"{ROWS:,} of ~{ROWS:,} updates (100%)" in overall[-1]
+    # The end position is known exactly by then: no "~".
+    assert f"{ROWS:,} of {ROWS:,} updates (100%)" in overall[-1]
 
 
 def test_mariadb_snapshot_logs_rows_done_of_the_estimate(
@@ -101,10 +102,89 @@ def test_progress_line_figures(caplog: Any) -> None:
         task.advance(250, "t1")
         assert progress.tasks()[0]["done"] == 250
         assert progress.tasks()[0]["total"] == 1000
-        task.advance(1000)  # past the estimate: the total follows
+        task.advance(1000)  # past the estimate: no total (nor ETA) any more, never done > total
+        assert progress.tasks()[0]["total"] is None
         task.finish()
     assert progress.tasks() == []
-    first, last = caplog.messages[0], caplog.messages[-1]
+    first, past, last = caplog.messages[0], caplog.messages[1], caplog.messages[-1]
     assert first.startswith("copy: 250 of ~1,000 rows (25%), ") and "ETA" in first
     assert first.endswith("(t1)")
-    assert last.startswith("copy: 1,250 of ~1,250 rows (100%)") and "done in" in last
+    assert past.startswith("copy: 1,250 rows (more than the estimated 1,000; total not known)")
+    assert "ETA" not in past
+    # At the end what was done is the total, exactly.
+    assert last.startswith("copy: 1,250 of 1,250 rows (100%)") and "done in" in last
+
+
+def test_run_once_gives_no_total_until_the_source_is_read_then_an_exact_one(
+    tmp_path: Path,
+) -> None:
+    data = tmp_path / "data" / "rows"
+    data.mkdir(parents=True)
+    with (data / "0001.jsonl").open("w") as f:
+        for i in range(20_000):
+            f.write(f'{{"key": {{"id": {i}}}, "after": {{"id": {i}}}}}\n')
+    pipeline = write_pipeline(
+        tmp_path / "p.yml",
+        {
+            "pipeline": "progress",
+            "state_dir": str(tmp_path / "state"),
+            "source": {"type": "filelog", "path": str(tmp_path / "data"), "batch_bytes": "4KiB"},
+            "transport": {"type": "inprocess"},
+            "progress": {"interval_ms": 10},
+            "applications": {"out": {"sink": {"type": "null"}}},
+        },
+    )
+    result = run_cli("run", str(pipeline), "--once", cwd=tmp_path)
+    assert result.returncode == 0, result
+    lines = [line for line in result.stderr.splitlines() if "run --once: " in line]
+    assert lines, result.stderr
+    for line in lines:
+        if "reading the source" in line:
+            # What the log holds so far is no total: no percentage, no ETA.
+            assert "%" not in line and "ETA" not in line and " of " not in line, line
+        numbers = re.search(r"run --once: ([\d,]+) of ([\d,]+) updates", line)
+        if numbers:
+            done, total = (int(n.replace(",", "")) for n in numbers.groups())
+            assert done <= total, line
+    assert "run --once: 20,000 of 20,000 updates (100%)" in lines[-1], lines[-1]
+
+
+def test_a_never_analyzed_table_has_an_estimated_total(tmp_path: Path, postgres_dsn: str) -> None:
+    sql(
+        postgres_dsn,
+        "CREATE TABLE fresh (id int PRIMARY KEY, v text)",
+        f"INSERT INTO fresh SELECT g, repeat('x', 20) FROM generate_series(1, {ROWS}) g",
+    )  # no ANALYZE: pg_class.reltuples is -1; the statistics counted the inserts
+    pipeline = _pipeline(tmp_path, {"type": "postgres", "dsn": postgres_dsn, "tables": ["fresh"]})
+    result = run_cli("run", str(pipeline), "--once", cwd=tmp_path)
+    assert result.returncode == 0, result
+    _check_snapshot_progress(result.stderr, int(ROWS * 0.9))
+
+
+def test_backfill_progress_never_shows_more_read_than_its_estimate(tmp_path: Path) -> None:
+    from wormhole.core.backfill import BackfillStore
+
+    data = tmp_path / "data"
+    data.mkdir()
+    pipeline = write_pipeline(
+        tmp_path / "p.yml",
+        {
+            "pipeline": "bf",
+            "state_dir": str(tmp_path / "state"),
+            "source": {"type": "filelog", "path": str(data)},
+            "applications": {"out": {"sink": {"type": "null"}}},
+        },
+    )
+    # A backfill that read 3,000 rows of a table estimated at 96 (its statistics were old).
+    store = BackfillStore(tmp_path / "state")
+    try:
+        request = store.add("public.users", None, None, 1000, 0, estimate=96)
+        assert store.start(request.id, None)
+        assert store.progress(request.id, [3000], 3000, 3000, 0)
+    finally:
+        store.close()
+    for args in (("backfill", str(pipeline), "--list"), ("status", str(pipeline))):
+        result = run_cli(*args, cwd=tmp_path)
+        assert result.returncode == 0, result
+        assert "3,000 (more than the estimated 96) rows read" in result.stdout, result
+        assert "of ~96" not in result.stdout

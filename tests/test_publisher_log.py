@@ -166,7 +166,7 @@ def test_inspect_reads_extent_without_changing_the_log(tmp_path: Path) -> None:
 def test_an_unwritable_log_directory_is_a_state_error(tmp_path: Path) -> None:
     blocker = tmp_path / "file"
     blocker.write_text("not a directory")
-    with pytest.raises(StateError, match="choose a writable state_dir"):
+    with pytest.raises(StateError, match="or set state_dir to another directory"):
         PublisherLog(blocker / "log").open()
 
 

@@ -545,7 +545,7 @@ def test_bad_options_are_named_by_validate_and_two_writers_are_refused(
     ]:
         assert problem in result.stderr, f"{problem!r} missing from:\n{result.stderr}"
 
-    # subscribers: 2 would be two writers of one index: the subscribers stop with a clear error.
+    # subscribers: 2 would be two writers of one index: rejected as the file is read (validate too).
     write_lines(tmp_path / "data" / "0001.jsonl", workload(keys=5, changes=0, seed=6))
     two = search_pipeline(tmp_path, name="two")
     loaded = _load_yaml(two)

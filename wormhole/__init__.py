@@ -11,17 +11,25 @@ from typing import TYPE_CHECKING, Any
 __version__ = "0.1.0"
 
 if TYPE_CHECKING:
-    from wormhole.connectors.tcp.client import Subscriber, SubscriberRefused
+    from wormhole.connectors.tcp.client import Subscriber, SubscriberGaveUp, SubscriberRefused
     from wormhole.core.flows import Flow
     from wormhole.core.update import Update
     from wormhole.publish import LogWriter
 
-__all__ = ["Flow", "LogWriter", "Subscriber", "SubscriberRefused", "Update", "__version__"]
+__all__ = [
+    "Flow",
+    "LogWriter",
+    "Subscriber",
+    "SubscriberGaveUp",
+    "SubscriberRefused",
+    "Update",
+    "__version__",
+]
 
 
 def __getattr__(name: str) -> Any:
     # Lazy, so `import wormhole` stays cheap for plugins and the CLI.
-    if name in ("Subscriber", "SubscriberRefused"):
+    if name in ("Subscriber", "SubscriberGaveUp", "SubscriberRefused"):
         from wormhole.connectors.tcp import client
 
         return getattr(client, name)

@@ -15,10 +15,11 @@ from types import FrameType
 from typing import Any
 
 from wormhole.core.backfill import summary as backfill_summary
+from wormhole.core.datamarkers import load_stored
 from wormhole.core.dead_letters import count_dead_letters
-from wormhole.core.errors import ConfigError, Stopped, WormholeError
+from wormhole.core.errors import ConfigError, Stopped, WormholeError, file_problem
 from wormhole.core.metrics import count_errors, parse_listen, serve
-from wormhole.core.pipeline import MetricsSettings, Pipeline, load_pipeline
+from wormhole.core.pipeline import READ_STATE_UNUSED, MetricsSettings, Pipeline, load_pipeline
 from wormhole.core.publisher import Publisher, RunSummary, tune_gc
 from wormhole.core.publisher_log import inspect_log
 from wormhole.core.status import read_live_status
@@ -29,10 +30,14 @@ PLURALS = {"registry": "registries"}
 
 EXIT_OK = 0
 EXIT_USAGE = 2
+EXIT_INCOMPLETE = 3
+"""``run --once`` stopped (SIGINT, SIGTERM) before every application had its end position."""
 
 
-def _load(path: str) -> Pipeline:
-    return load_pipeline(path)
+def _load(path: str, reads_state_only: bool = False) -> Pipeline:
+    """The pipeline file; a command that only reads the state dir needs no variables of the
+    source, transport or sinks (their secrets)."""
+    return load_pipeline(path, unused=READ_STATE_UNUSED if reads_state_only else ())
 
 
 def _print_summary(summary: RunSummary, out: Any = sys.stdout) -> None:
@@ -53,6 +58,25 @@ def _print_summary(summary: RunSummary, out: Any = sys.stdout) -> None:
         print(f"  recovered torn tails: {', '.join(summary.truncated)}", file=out)
     if summary.removed_segments:
         print(f"  garbage-collected: {', '.join(summary.removed_segments)}", file=out)
+    if summary.complete:
+        print("  complete: every application acknowledged the end position", file=out)
+    elif summary.complete is False:
+        print(f"  incomplete: {_incomplete_text(summary)}", file=out)
+
+
+def _incomplete_text(summary: RunSummary) -> str:
+    """What an interrupted ``run --once`` left undone, in one line."""
+    left = []
+    if summary.source_left:
+        left.append("the source was not read to its end position")
+    left += [
+        f"{name}: {count:,} updates not acknowledged"
+        for name, count in summary.applications_left.items()
+    ]
+    return (
+        f"run --once stopped before its end ({'; '.join(left) or 'nothing left'}); "
+        f"run it again to deliver the rest"
+    )
 
 
 def _metrics_option(pipeline: Pipeline, address: str | None) -> None:
@@ -84,11 +108,21 @@ def cmd_run(args: argparse.Namespace) -> int:
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGHUP, lambda signum, frame: publisher.request_reload())
     tune_gc()
-    summary = publisher.run()
+    try:
+        summary = publisher.run()
+    except Stopped as exc:
+        if not args.once:
+            raise
+        # Stopped while starting: nothing was delivered, the end was not reached.
+        report_error(f"error: run --once stopped before its end: {exc}; run it again")
+        return EXIT_INCOMPLETE
     if args.json:
         print(json.dumps(_summary_json(summary)))
     elif not args.quiet:
         _print_summary(summary)
+    if summary.complete is False:
+        report_error(f"error: {_incomplete_text(summary)}")
+        return EXIT_INCOMPLETE
     return EXIT_OK
 
 
@@ -106,6 +140,10 @@ def _summary_json(summary: RunSummary) -> dict[str, Any]:
         "removed_segments": summary.removed_segments,
         "log_bytes_read": summary.log_bytes_read,
         "caravans": {"merges": summary.caravan_merges, "splits": summary.caravan_splits},
+        "complete": summary.complete,
+        "remaining": {"source": summary.source_left, "applications": summary.applications_left}
+        if summary.once
+        else None,
     }
 
 
@@ -337,7 +375,7 @@ def _print_deployment(deployment: dict[str, Any]) -> None:
 
 
 def cmd_status(args: argparse.Namespace) -> int:
-    pipeline = _load(args.pipeline)
+    pipeline = _load(args.pipeline, reads_state_only=True)
     deployment = _deployment(pipeline)
     if deployment is not None and not pipeline.state_dir.is_dir():
         # A machine without this publisher's state: the registry's view only.
@@ -349,13 +387,8 @@ def cmd_status(args: argparse.Namespace) -> int:
     info = inspect_log(pipeline.state_dir / "log")
     markers = {}
     if pipeline.state_dir.is_dir():
-        # The pipeline's own datamarker store, whichever it is.
-        store = pipeline.datamarker_store.create()
-        store.open(pipeline.name, pipeline.state_dir)
-        try:
-            markers = store.load()
-        finally:
-            store.close()
+        # The pipeline's own datamarker store, whichever it is, read-only.
+        markers = load_stored(pipeline.datamarker_store, pipeline.name, pipeline.state_dir)
     flows = []
     for name in sorted(pipeline.applications):
         for shard in range(pipeline.shards):
@@ -363,6 +396,7 @@ def cmd_status(args: argparse.Namespace) -> int:
             position = marker.position if marker else None
             lag = None if position is None else max(0, info.next_seq - position)
             flows.append({"application": name, "shard": shard, "datamarker": position, "lag": lag})
+    lag_of, lag_error = _destination_lag(pipeline, flows)
     live = _live_status(pipeline.state_dir)
     names, registry = (
         (set(deployment["applications"]), deployment["registry"])
@@ -392,6 +426,8 @@ def cmd_status(args: argparse.Namespace) -> int:
                         ],
                     },
                     "flows": flows,
+                    "lag_of": lag_of,
+                    "lag_error": lag_error,
                     "removed_applications": removed,
                     "dead_letters": dead_letters,
                     "backfills": backfills,
@@ -417,6 +453,9 @@ def cmd_status(args: argparse.Namespace) -> int:
             print(f"  application {name} stopped: {error}")
     else:
         print("  not running")
+    if lag_error:
+        print(f"  warning: lag unknown: {lag_error}")
+    print(f"  lag: {lag_of}")
     print(f"  {'application':<16} {'shard':>5} {'datamarker':>12} {'lag':>10}")
     for flow in flows:
         marker_text = "-" if flow["datamarker"] is None else f"{flow['datamarker']:,}"
@@ -441,12 +480,27 @@ def cmd_status(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+PUBLISHER_LAG = "publisher-log updates after the datamarker"
+
+
+def _destination_lag(pipeline: Pipeline, flows: list[dict[str, Any]]) -> tuple[str, str]:
+    """With a transport that counts lag at its destination (Kafka: consumer groups), each
+    flow's lag from there. Returns what the lag counts, and why it is unknown ("" if not)."""
+    measure = pipeline.transport.registered.spec.lag
+    if measure is None:
+        return PUBLISHER_LAG, ""
+    found = measure(pipeline.transport.options, pipeline)
+    for flow in flows:
+        flow["lag"] = found.shards.get(flow["application"], {}).get(flow["shard"])
+    return found.what, found.error
+
+
 def cmd_top(args: argparse.Namespace) -> int:
     from wormhole.core import top
 
     if args.interval <= 0:
         raise ConfigError(f"--interval: {args.interval} must be a positive number of seconds")
-    pipeline = _load(args.pipeline)
+    pipeline = _load(args.pipeline, reads_state_only=True)
     with contextlib.suppress(KeyboardInterrupt):  # Ctrl-C is how the view ends
         top.run(pipeline, args.interval, args.once)
     return EXIT_OK
@@ -786,8 +840,9 @@ def cmd_backfill(args: argparse.Namespace) -> int:
     source = created
     if not isinstance(source, SourceBackfill):
         raise BackfillError(
-            f"source.type {pipeline.source.type}: this source cannot backfill tables (it "
-            f"does not provide backfill_plan, backfill_watermark and backfill_chunk)"
+            f"source.type {pipeline.source.type}: this source cannot backfill tables: it "
+            f"reads a log of changes, not tables it could read again. Backfills need a "
+            f"database source (postgres, mysql)"
         )
     try:
         plan = source.backfill_plan(pipeline.name, args.table, args.where)
@@ -830,9 +885,18 @@ def _wait_for_backfill(store: Any, request_id: int) -> int:
         now = time.monotonic()
         if now >= next_line:
             next_line = now + 5.0
-            total = f" of about {request.estimate:,}" if request.estimate else ""
+            total = _of_estimate(request.read, request.estimate, "of about")
             print(f"  {request.state}: {request.read:,} rows read{total}", flush=True)
         time.sleep(0.2)
+
+
+def _of_estimate(done: int, estimate: int | None, of: str) -> str:
+    """`` of ~N`` while the work is within the estimate; past it, say so (never done > N)."""
+    if not estimate:
+        return ""
+    if done <= estimate:
+        return f" {of}{'' if of.endswith('~') else ' '}{estimate:,}"
+    return f" (more than the estimated {estimate:,})"
 
 
 def _print_backfills(requests: list[dict[str, Any]], every: bool) -> None:
@@ -845,7 +909,7 @@ def _print_backfills(requests: list[dict[str, Any]], every: bool) -> None:
     for r in shown:
         whom = r["application"] or "every application"
         where = f" where {r['where']}" if r["where"] else ""
-        total = f" of ~{r['estimate']:,}" if r["estimate"] is not None else ""
+        total = _of_estimate(r["read"], r["estimate"], "of ~")
         error = f": {r['error']}" if r["error"] else ""
         print(
             f"    {r['id']:>4}  {r['state']:<9} {r['table']}{where} for {whom}: "
@@ -859,6 +923,13 @@ def build_parser() -> argparse.ArgumentParser:
         prog="wormhole",
         description="Change data capture and reliable pub-sub: database logs to ordered, "
         "sharded, acknowledged streams of key-value updates.",
+    )
+    from wormhole.plugins.manager import DISTRIBUTION, builtin_version
+
+    parser.add_argument(
+        "--version",
+        action="version",
+        version=f"wormhole {builtin_version()} ({DISTRIBUTION}, Python {sys.version.split()[0]})",
     )
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     parser.add_argument(
@@ -889,7 +960,14 @@ def build_parser() -> argparse.ArgumentParser:
             "as for run",
         ),
     ):
-        command = sub.add_parser(name, help=help_text)
+        command = sub.add_parser(
+            name,
+            help=help_text,
+            description=f"{help_text[0].upper()}{help_text[1:]}.",
+            epilog="exit status: 0 when stopped or done; 2 on an error (named on an `error:` "
+            "line); 3 when stopped (SIGINT, SIGTERM) before the end of --once, saying what "
+            "was left (run it again to deliver the rest); 128+N on a second signal N.",
+        )
         command.add_argument("pipeline", help="pipeline file (YAML)")
         command.add_argument("--once", action="store_true", help=once_help)
         command.add_argument("-q", "--quiet", action="store_true", help="no summary")
@@ -1088,17 +1166,19 @@ def main(argv: list[str] | None = None) -> int:
         handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
     logging.basicConfig(level=getattr(logging, level.upper()), handlers=[handler])
     count_errors()
+    global _json_errors
+    _json_errors = args.log_format == "json"
     try:
         code: int = args.func(args)
         return code
     except ConfigError as exc:
-        print(exc.render(), file=sys.stderr)
+        report_error(exc.render())
         return EXIT_USAGE
     except Stopped as exc:  # a stop asked for while starting: not a failure
         logging.getLogger("wormhole").info("%s", exc)
         return EXIT_OK
     except WormholeError as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        report_error(f"error: {exc}")
         return exc.exit_code
     except KeyboardInterrupt:
         return 130
@@ -1106,6 +1186,29 @@ def main(argv: list[str] | None = None) -> int:
         # Output piped into `head` and the like: not an error.
         sys.stderr.close()
         return EXIT_OK
+    except OSError as exc:
+        if exc.filename is None:
+            raise
+        # A file-system error no code path above named: still the path and the fix.
+        logging.getLogger("wormhole").debug("file-system error", exc_info=True)
+        problem = file_problem(exc.filename, exc, "use")
+        report_error(f"error: {problem}")
+        return problem.exit_code
+
+
+_json_errors = False
+"""``--log-format json``: the final error is a JSON log line too."""
+
+
+def report_error(text: str) -> None:
+    """The command's final error on stderr: as given, or with ``--log-format json`` one JSON
+    object (``level`` error, ``logger`` wormhole, ``message`` without the ``error:``)."""
+    if not _json_errors:
+        print(text, file=sys.stderr)
+        return
+    record = logging.LogRecord("wormhole", logging.ERROR, "", 0, text.removeprefix("error: "),
+                               None, None)  # fmt: skip
+    print(JsonFormatter().format(record), file=sys.stderr)
 
 
 if __name__ == "__main__":

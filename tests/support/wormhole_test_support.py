@@ -1,7 +1,7 @@
 """Sinks that misbehave on purpose, loaded by tests through WORMHOLE_PLUGINS.
 
 * ``gate``: writes nothing until the file named by ``gate`` exists (an application
-  that falls behind).
+  that falls behind); with ``entered``, creates that file when its first write begins.
 * ``flaky``: fails its first ``failures`` writes with an OSError, then appends
   envelopes to ``path`` like jsonl (retry with backoff).
 * ``broken``: raises SinkError on open (a fatal sink problem).
@@ -28,6 +28,7 @@ from wormhole.plugins.hookspecs import hookimpl
 
 class GateOptions(Options):
     gate: str
+    entered: str | None = None
 
 
 class GateSink:
@@ -38,6 +39,8 @@ class GateSink:
         pass
 
     def write(self, updates: list[Update]) -> None:
+        if self.options.entered is not None:
+            open(self.options.entered, "a").close()
         while not os.path.exists(self.options.gate):
             time.sleep(0.02)
 

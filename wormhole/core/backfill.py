@@ -37,8 +37,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from wormhole.core.datamarkers import connect_durable
-from wormhole.core.errors import BackfillError, WormholeError, first_line
+from wormhole.core.datamarkers import connect_durable, connect_read_only
+from wormhole.core.errors import BackfillError, StateError, file_problem, first_line
 from wormhole.core.progress import Progress, ProgressTask
 from wormhole.core.shard import canonical_key
 from wormhole.core.update import Update
@@ -160,10 +160,7 @@ class BackfillStore:
             self.db = connect_durable(self.path, busy_timeout_ms=30_000)
             self.db.execute(_SCHEMA)
         except (OSError, sqlite3.Error) as exc:
-            raise WormholeError(
-                f"cannot open the backfill queue {self.path} ({exc}); check that the "
-                f"state_dir is writable"
-            ) from exc
+            raise file_problem(self.path, exc, "open the backfill queue") from exc
 
     @classmethod
     def exists(cls, state_dir: Path) -> bool:
@@ -297,11 +294,21 @@ def summary(state_dir: Path) -> list[dict[str, Any]]:
     """Every backfill of a state dir (for ``wormhole status``), oldest first; [] if none."""
     if not BackfillStore.exists(state_dir):
         return []
-    store = BackfillStore(state_dir)
+    path = Path(state_dir) / FILENAME
     try:
-        return [r.as_dict() for r in store.all()]
+        db = connect_read_only(path)
+    except sqlite3.Error as exc:
+        raise StateError(
+            f"cannot read the backfill queue {path}: {exc}; give this user read access to the "
+            f"state_dir and its files"
+        ) from exc
+    try:
+        rows = db.execute(f"SELECT {_COLUMNS} FROM backfills ORDER BY id").fetchall()
+    except sqlite3.OperationalError:
+        return []  # created but not initialised yet
     finally:
-        store.close()
+        db.close()
+    return [BackfillRequest.from_row(r).as_dict() for r in rows]
 
 
 # ------------------------------------------------------------------ the runner

@@ -182,7 +182,10 @@ class Caravan:
         with self.lock:
             if app in self.applications:
                 self.applications.remove(app)
-        log.info("application %s leaves caravan %s: %s", app.name, self.thread.name, why)
+        # The thread is named "caravan <applications>". An application without subscribers
+        # is routine (they are starting, or restarting): no line at INFO for it.
+        level = logging.DEBUG if why == "no subscriber connected" else logging.INFO
+        log.log(level, "application %s leaves %s: %s", app.name, self.thread.name, why)
         if self.on_evict is not None:
             self.on_evict(self, app)
 

@@ -7,8 +7,9 @@ import threading
 import time
 from collections.abc import Iterable
 from pathlib import Path
+from typing import Any
 
-from wormhole.core.errors import StateError
+from wormhole.core.errors import StateError, file_problem
 from wormhole.plugins.components import Datamarker
 
 SCHEMA = """
@@ -35,6 +36,36 @@ def connect_durable(path: str | Path, busy_timeout_ms: int = 10_000) -> sqlite3.
     return db
 
 
+def connect_read_only(path: str | Path) -> sqlite3.Connection:
+    """A read-only SQLite connection that writes nothing, not even in a directory this user
+    may not write (``wormhole status`` as another user). A WAL database whose ``-wal`` and
+    ``-shm`` files are gone (no writer open) is read as immutable."""
+    db = sqlite3.connect(f"file:{path}?mode=ro", uri=True, check_same_thread=False)
+    try:
+        db.execute("SELECT count(*) FROM sqlite_master").fetchone()
+        return db
+    except sqlite3.OperationalError:
+        db.close()
+        if Path(f"{path}-wal").exists():
+            raise
+    return sqlite3.connect(f"file:{path}?mode=ro&immutable=1", uri=True, check_same_thread=False)
+
+
+def load_stored(
+    component: Any, pipeline: str, state_dir: Path
+) -> dict[tuple[str, int], Datamarker]:
+    """The stored datamarkers of a pipeline's store, opened read-only when the store can
+    (``open_read_only``, optional for a store plugin), for commands that only look."""
+    store = component.create()
+    opener = getattr(store, "open_read_only", None) or store.open
+    opener(pipeline, state_dir)
+    try:
+        markers: dict[tuple[str, int], Datamarker] = store.load()
+        return markers
+    finally:
+        store.close()
+
+
 class SqliteDatamarkerStore:
     """``<state_dir>/state.db``: one row per flow, written in one transaction per save."""
 
@@ -52,11 +83,23 @@ class SqliteDatamarkerStore:
             db = connect_durable(self.path)
             db.executescript(SCHEMA)
         except (OSError, sqlite3.Error) as exc:
-            raise StateError(
-                f"cannot open the datamarker store {self.path}: {exc}; "
-                f"make the state_dir writable or choose another"
-            ) from exc
+            raise file_problem(self.path, exc, "open the datamarker store") from exc
         self.db = db
+
+    def open_read_only(self, pipeline: str, state_dir: Path) -> None:
+        """Open to read (``load``, ``get_meta``) only: nothing is created or written."""
+        self.path = state_dir / self.filename
+        if not self.path.exists():
+            self.db = sqlite3.connect(":memory:", check_same_thread=False)
+            self.db.executescript(SCHEMA)
+            return
+        try:
+            self.db = connect_read_only(self.path)
+        except (OSError, sqlite3.Error) as exc:
+            raise StateError(
+                f"cannot read the datamarker store {self.path}: {exc}; give this user read "
+                f"access to the state_dir and its files"
+            ) from exc
 
     def _conn(self) -> sqlite3.Connection:
         if self.db is None:
@@ -95,7 +138,7 @@ class SqliteDatamarkerStore:
         except sqlite3.Error as exc:
             if db.in_transaction:
                 db.execute("ROLLBACK")
-            raise StateError(f"cannot save datamarkers to {self.path}: {exc}") from exc
+            raise file_problem(self.path, exc, "save datamarkers") from exc
 
     def forget(self, application: str) -> int:
         db = self._conn()
@@ -103,7 +146,7 @@ class SqliteDatamarkerStore:
             with self.lock:
                 cursor = db.execute("DELETE FROM datamarkers WHERE application = ?", (application,))
         except sqlite3.Error as exc:
-            raise StateError(f"cannot delete datamarkers from {self.path}: {exc}") from exc
+            raise file_problem(self.path or "state.db", exc, "delete datamarkers") from exc
         return cursor.rowcount
 
     def get_meta(self, key: str) -> str | None:
@@ -116,11 +159,14 @@ class SqliteDatamarkerStore:
             self._set_meta(key, value)
 
     def _set_meta(self, key: str, value: str) -> None:
-        self._conn().execute(
-            "INSERT INTO meta (key, value) VALUES (?, ?) "
-            "ON CONFLICT (key) DO UPDATE SET value = excluded.value",
-            (key, value),
-        )
+        try:
+            self._conn().execute(
+                "INSERT INTO meta (key, value) VALUES (?, ?) "
+                "ON CONFLICT (key) DO UPDATE SET value = excluded.value",
+                (key, value),
+            )
+        except sqlite3.Error as exc:
+            raise file_problem(self.path or "state.db", exc, "write the datamarker store") from exc
 
     def close(self) -> None:
         if self.db is not None:

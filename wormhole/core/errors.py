@@ -88,3 +88,77 @@ class FilterError(WormholeError):
     def __init__(self, application: str, message: str) -> None:
         super().__init__(message)
         self.application = application
+
+
+def file_problem(
+    path: object, exc: BaseException | None, what: str, setting: str = "state_dir"
+) -> StateError:
+    """A file-system error on ``path`` as an error that names the path and the fix.
+
+    ``what`` says what could not be done (``"lock the state dir"``), ``setting`` the key of
+    the pipeline file that chose the path. For an error without an errno (SQLite's
+    ``attempt to write a readonly database``), the path is probed for the cause."""
+    import errno
+    import os
+
+    name = os.fspath(path)  # type: ignore[call-overload]
+    code = getattr(exc, "errno", None) if isinstance(exc, OSError) else _probe(name)
+    reason = os.strerror(code) if code else first_line(exc) if exc else "not writable"
+    if code in (errno.EACCES, errno.EPERM):
+        fix = (
+            f"run wormhole as the user that owns it{_owner(name)}, give this user (uid "
+            f"{os.geteuid()}) write access to it, or set {setting} to a directory this user "
+            f"may write"
+        )
+    elif code == errno.EROFS:
+        fix = f"its file system is mounted read-only: remount it read-write, or set {setting} "
+        fix += "to a writable directory"
+    elif code in (errno.ENOSPC, errno.EDQUOT):
+        fix = f"free space on that disk, or set {setting} to a directory on another one"
+    else:
+        fix = f"check the path and its permissions, or set {setting} to another directory"
+    return StateError(f"cannot {what}: {name}: {reason}; {fix}")
+
+
+def _probe(path: str) -> int | None:
+    """Why ``path`` (a file, or the directory meant to hold it) cannot be written."""
+    import os
+
+    if os.path.isdir(path):
+        return _probe_dir(path)
+    if os.path.exists(path):
+        try:
+            os.close(os.open(path, os.O_WRONLY))
+        except OSError as exc:
+            return exc.errno
+    # Missing, or writable while its directory (SQLite's journal) may not be.
+    return _probe_dir(os.path.dirname(path) or ".")
+
+
+def _probe_dir(directory: str) -> int | None:
+    import os
+
+    try:
+        probe = os.path.join(directory, f".wormhole-probe-{os.getpid()}")
+        os.close(os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
+        os.unlink(probe)
+    except OSError as exc:
+        return exc.errno
+    return None
+
+
+def _owner(path: str) -> str:
+    """`` (user NAME, uid N)`` for the file or, if missing, its directory; "" if unknown."""
+    import os
+    import pwd
+
+    for candidate in (path, os.path.dirname(path)):
+        try:
+            uid = os.stat(candidate).st_uid
+        except OSError:
+            continue
+        try:
+            return f" (user {pwd.getpwuid(uid).pw_name}, uid {uid})"
+        except KeyError:
+            return f" (uid {uid})"
+    return ""

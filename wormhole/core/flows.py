@@ -57,6 +57,16 @@ def application_filter(config: Application) -> BatchFilter | None:
     )
 
 
+class AheadOfLog(StateError):
+    """A stored datamarker past the end of the publisher log. After a torn tail was cut
+    off, the source sends those updates again (they were never confirmed to it) and the
+    log grows back to it: the application can start then."""
+
+    def __init__(self, message: str, position: int) -> None:
+        super().__init__(message)
+        self.position = position
+
+
 def start_flows(
     config: Application,
     shards: int,
@@ -98,11 +108,12 @@ def start_flows(
             where = f"applications.{name}.start"
         if position > end:
             if marker is not None:
-                raise StateError(
+                raise AheadOfLog(
                     f"{where} is position {position}, past the end of the publisher log "
                     f"({end}) in {publisher_log.directory}: updates that were acknowledged are "
                     f"missing from the log (was the state_dir replaced or damaged?). "
-                    f"Restore it, or start over with a new state_dir"
+                    f"Restore it, or start over with a new state_dir",
+                    position,
                 )
             raise StartError(
                 f"{where} is position {position}, past the end of the publisher log "

@@ -263,7 +263,7 @@ class SubscriberPorts:
 
 
 # ---------------------------------------------------------------- collecting
-SOURCE_GAUGE = re.compile(r"^[a-z][a-z0-9_]*_(bytes|seconds|updates)$")
+SOURCE_GAUGE = re.compile(r"^[a-z][a-z0-9_]*_(bytes|seconds|updates|files)$")
 """What a source's ``lag()`` may name a gauge (``lag_bytes``, ``retained_bytes`` ...)."""
 
 

@@ -8,6 +8,7 @@ options model its plugin declares.
 
 from __future__ import annotations
 
+import fnmatch
 import os
 import re
 import types
@@ -22,7 +23,7 @@ from pydantic import BaseModel, ByteSize, Field, ValidationError, field_validato
 
 from wormhole.core.errors import ConfigError
 from wormhole.core.metrics import DEFAULT_LISTEN, Listen, parse_listen
-from wormhole.plugins.components import Kind, Options, Registered
+from wormhole.plugins.components import ComponentUse, Kind, Options, Registered
 
 if typing.TYPE_CHECKING:
     from wormhole.plugins.manager import Registry
@@ -253,6 +254,7 @@ class ApplicationConfig(Options):
         None,
         description="multiple-copy: set by `wormhole apps move`: the copy serving the "
         "application when the move was requested hands it to this one",
+        json_schema_extra={"internal": True},  # not listed as an option to write
     )
     external: bool = Field(
         False,
@@ -463,8 +465,18 @@ class Pipeline:
 _VAR = re.compile(r"\$(\$|\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\})")
 
 
-def interpolate(value: Any, env: Mapping[str, str], path: str, problems: list[str]) -> Any:
-    """Replace ``${VAR}`` / ``${VAR:-default}`` in every string; ``$$`` is a literal ``$``."""
+def interpolate(
+    value: Any,
+    env: Mapping[str, str],
+    path: str,
+    problems: list[str],
+    unused: tuple[str, ...] = (),
+) -> Any:
+    """Replace ``${VAR}`` / ``${VAR:-default}`` in every string; ``$$`` is a literal ``$``.
+
+    Under a key matching one of the ``unused`` patterns (``fnmatch``, e.g. ``source.*``: a
+    part the command does not use), an unset variable stays as written instead of being an
+    error: ``wormhole status`` needs no database password."""
     if isinstance(value, str):
         if "$" not in value:
             return value
@@ -477,6 +489,8 @@ def interpolate(value: Any, env: Mapping[str, str], path: str, problems: list[st
                 return env[name]
             if default is not None:
                 return default
+            if any(fnmatch.fnmatchcase(path, pattern) for pattern in unused):
+                return m.group(0)
             problems.append(
                 f"{path or '<root>'}: environment variable {name} is not set "
                 f"(set it, or write ${{{name}:-default}})"
@@ -486,11 +500,11 @@ def interpolate(value: Any, env: Mapping[str, str], path: str, problems: list[st
         return _VAR.sub(sub, value)
     if isinstance(value, dict):
         return {
-            k: interpolate(v, env, f"{path}.{k}" if path else str(k), problems)
+            k: interpolate(v, env, f"{path}.{k}" if path else str(k), problems, unused)
             for k, v in value.items()
         }
     if isinstance(value, list):
-        return [interpolate(v, env, f"{path}[{i}]", problems) for i, v in enumerate(value)]
+        return [interpolate(v, env, f"{path}[{i}]", problems, unused) for i, v in enumerate(value)]
     return value
 
 
@@ -530,7 +544,14 @@ def _known_keys(model: type[BaseModel], loc: tuple[Any, ...]) -> list[str] | Non
             i += 1
         current = annotation
     if isinstance(current, type) and issubclass(current, BaseModel):
-        return list(current.model_fields)
+        return [
+            name
+            for name, field in current.model_fields.items()
+            if not (
+                isinstance(field.json_schema_extra, dict)
+                and field.json_schema_extra.get("internal")
+            )
+        ]
     return None
 
 
@@ -611,12 +632,19 @@ def _check_shape(
     ancestors.pop()
 
 
+READ_STATE_UNUSED = ("source.*", "transport.*", "applications.*.sink.*")
+"""What commands that only read the state dir (``status``, ``top``) do not use: unset
+environment variables there (a database password) are not needed."""
+
+
 def load_pipeline(
     path: str | os.PathLike[str],
     registry: Registry | None = None,
     env: Mapping[str, str] | None = None,
+    unused: tuple[str, ...] = (),
 ) -> Pipeline:
-    """Read and validate a pipeline file; raises ConfigError listing every problem."""
+    """Read and validate a pipeline file; raises ConfigError listing every problem.
+    ``unused``: see :func:`interpolate`."""
     name = str(path)
     try:
         text = Path(path).read_text()
@@ -624,7 +652,7 @@ def load_pipeline(
         raise ConfigError(f"file not found: {name}", name) from None
     except (OSError, UnicodeDecodeError) as exc:
         raise ConfigError(f"cannot read {name}: {exc}", name) from None
-    return parse_pipeline(text, name, registry, env)
+    return parse_pipeline(text, name, registry, env, unused)
 
 
 def parse_pipeline(
@@ -632,6 +660,7 @@ def parse_pipeline(
     source: str = "<pipeline>",
     registry: Registry | None = None,
     env: Mapping[str, str] | None = None,
+    unused: tuple[str, ...] = (),
 ) -> Pipeline:
     if registry is None:
         from wormhole.plugins.manager import default_registry
@@ -645,7 +674,7 @@ def parse_pipeline(
             source,
         )
     problems: list[str] = []
-    data = interpolate(data, env, "", problems)
+    data = interpolate(data, env, "", problems, unused)
     if problems:
         raise ConfigError(problems, source)
     try:
@@ -742,6 +771,7 @@ def _applications(
                     filters.append(fc)
         if model is not None:
             app = model.applications[app_name]
+            _check_use(sink_c, ComponentUse(f"{base}.sink", app_name, app.subscribers), problems)
             apps[app_name] = Application(
                 name=app_name,
                 start=app.start,
@@ -759,6 +789,13 @@ def _applications(
                 on_error=app.on_error,
             )
     return apps
+
+
+def _check_use(component: Component | None, use: ComponentUse, problems: list[str]) -> None:
+    """The component's own checks of this use (its spec's ``check``), if it has any."""
+    if component is None or component.registered.spec.check is None:
+        return
+    problems.extend(component.registered.spec.check(component.options, use))
 
 
 def parse_application(

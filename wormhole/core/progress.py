@@ -31,10 +31,15 @@ def _duration(seconds: float) -> str:
 class ProgressTask:
     """One piece of long work: ``done`` of ``total`` (None: not known) ``unit``."""
 
-    def __init__(self, owner: Progress, name: str, total: int | None, unit: str) -> None:
+    def __init__(
+        self, owner: Progress, name: str, total: int | None, unit: str, estimate: bool = True
+    ) -> None:
         self.owner = owner
         self.name = name
         self.total = total
+        self.estimate = estimate
+        """Whether ``total`` is an estimate (a database's row count): shown as ``~N``, and
+        once the work goes past it, no longer shown as a total (nor is an ETA)."""
         self.unit = unit
         self.done = 0
         self.detail = ""
@@ -50,16 +55,29 @@ class ProgressTask:
         self.update(done=self.done + count, detail=detail)
 
     def update(
-        self, done: int | None = None, total: int | None = None, detail: str | None = None
+        self,
+        done: int | None = None,
+        total: int | None = None,
+        detail: str | None = None,
+        estimate: bool | None = None,
     ) -> None:
-        """Set what is done, the total, or the detail (what is left as is when None)."""
+        """Set what is done, the total (``estimate``: whether it is one), or the detail
+        (what is left as is when None)."""
         with self.owner.lock:
             if done is not None:
                 self.done = done
             if total is not None:
                 self.total = total
+            if estimate is not None:
+                self.estimate = estimate
             if detail is not None:
                 self.detail = detail
+        self.owner._show(self)
+
+    def forget_total(self) -> None:
+        """The total is not known (any more): no percentage, no ETA."""
+        with self.owner.lock:
+            self.total = None
         self.owner._show(self)
 
     def finish(self) -> None:
@@ -67,8 +85,8 @@ class ProgressTask:
         if self.finished is not None:
             return
         self.finished = time.monotonic()
-        if self.total is not None and self.total < self.done:
-            self.total = self.done
+        # What was done is the total now, exactly.
+        self.total, self.estimate = self.done, False
         self.owner._finish(self)
 
     # ----------------------------------------------------------------- figures
@@ -83,12 +101,22 @@ class ProgressTask:
         return self.done / elapsed if elapsed > 0 else 0.0
 
     @property
+    def known_total(self) -> int | None:
+        """The total to show: None when there is none, or when the work went past an
+        estimate (the estimate was wrong; how much is left is not known)."""
+        total = self.total
+        if total is None or (self.estimate and self.done > total):
+            return None
+        return max(total, self.done)
+
+    @property
     def eta(self) -> float | None:
         """Seconds left at the rate so far (None: no total, or no rate yet)."""
         rate = self.rate
-        if self.total is None or rate <= 0:
+        total = self.known_total
+        if total is None or rate <= 0:
             return None
-        return max(0.0, (self.total - self.done) / rate)
+        return max(0.0, (total - self.done) / rate)
 
     def figures(self) -> dict[str, Any]:
         """The task as ``live.json`` carries it."""
@@ -97,7 +125,8 @@ class ProgressTask:
             "name": self.name,
             "unit": self.unit,
             "done": self.done,
-            "total": self.total,
+            "total": self.known_total,
+            "estimate": self.estimate,
             "detail": self.detail,
             "rate": round(self.rate, 1),
             "eta_seconds": None if eta is None else round(eta, 1),
@@ -106,10 +135,13 @@ class ProgressTask:
 
     def line(self) -> str:
         """The task in a log line: ``initial snapshot: 20,000 of ~50,000 rows (40%), ...``."""
-        if self.total:
-            # The total may be an estimate (a database's row count); it never goes below done.
-            total = max(self.total, self.done)
-            of = f" of ~{total:,} {self.unit} ({100 * self.done / total:.0f}%)"
+        total = self.known_total
+        if total:
+            about = "~" if self.estimate else ""
+            of = f" of {about}{total:,} {self.unit} ({100 * self.done / total:.0f}%)"
+        elif self.total and self.finished is None:
+            # An estimate the work went past: say so rather than show done > total.
+            of = f" {self.unit} (more than the estimated {self.total:,}; total not known)"
         else:
             of = f" {self.unit}"
         text = f"{self.name}: {self.done:,}{of}, {self.rate:,.0f} {self.unit}/s"
@@ -154,9 +186,11 @@ class Progress:
             terminal = False
         return cls(logger, interval_s, bar=terminal, stream=stream)
 
-    def task(self, name: str, total: int | None = None, unit: str = "rows") -> ProgressTask:
-        """Start reporting a piece of work."""
-        task = ProgressTask(self, name, total, unit)
+    def task(
+        self, name: str, total: int | None = None, unit: str = "rows", estimate: bool = True
+    ) -> ProgressTask:
+        """Start reporting a piece of work (``estimate``: whether ``total`` is one)."""
+        task = ProgressTask(self, name, total, unit, estimate)
         with self.lock:
             self.running.append(task)
         if self.bar:
@@ -226,7 +260,7 @@ class Progress:
         rich = self._rich
         if rich is None:
             return
-        total = None if task.total is None else max(task.total, task.done)
+        total = task.known_total
         rich.update(
             task._bar,
             completed=task.done,

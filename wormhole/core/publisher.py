@@ -29,8 +29,9 @@ from wormhole.core.errors import (
     StateError,
     Stopped,
     WormholeError,
+    file_problem,
 )
-from wormhole.core.flows import application_filter, start_flows
+from wormhole.core.flows import AheadOfLog, application_filter, start_flows
 from wormhole.core.hub import ApplicationRuntime, Hub
 from wormhole.core.metrics import REGISTRY, MetricsServer, PublisherCollector, serve
 from wormhole.core.pipeline import Application, Pipeline, load_pipeline
@@ -73,6 +74,15 @@ class RunSummary:
     """Bytes of publisher log the caravans read from disk (the tail comes from memory)."""
     caravan_merges: int = 0
     caravan_splits: int = 0
+    once: bool = False
+    complete: bool | None = None
+    """``run --once``: whether every application acknowledged the end position (False
+    when a stop came first); None for a run until stopped."""
+    source_left: bool = False
+    """``run --once`` stopped before the source was read to its end position."""
+    applications_left: dict[str, int] = field(default_factory=dict)
+    """``run --once`` stopped early: per application, updates of the publisher log it did
+    not acknowledge."""
 
     @property
     def rate(self) -> float:
@@ -113,6 +123,16 @@ class Publisher:
         """Runs the queue, when the source can backfill."""
         self.metrics_server: MetricsServer | None = None
         """The metrics endpoint (``metrics.listen``), while running."""
+        self.reached_end = False
+        """``run --once``: every application acknowledged the end position."""
+        self.truncated: list[str] = []
+        """Torn tails this run cut off the publisher log."""
+        self.snapshot_pending: set[str] = set()
+        """While the applications start: the tables the source's initial snapshot is about to
+        read in full (``snapshot_pending``, optional for a source)."""
+        self.refilling: dict[str, AheadOfLog] = {}
+        """Applications whose datamarkers are past the end of the log a torn tail was cut
+        from: they start once the source has sent those updates again."""
 
     def request_reload(self) -> None:
         """Re-read the pipeline file (SIGHUP): add and remove applications."""
@@ -139,14 +159,18 @@ class Publisher:
                 tail_updates=pipeline.log.tail_updates,
             )
             recovery = publisher_log.open()
+            self.truncated = recovery.truncated
             cleanup.callback(publisher_log.close)
             source = self.source = pipeline.source.create()
             source.open(self._source_context(), recovery.checkpoint)
             cleanup.callback(source.close)
+            pending = getattr(source, "snapshot_pending", None)
+            self.snapshot_pending = set(pending() if pending is not None else [])
             end = source.capture_end() if self.once else None
             backfills = self.backfills = BackfillStore(pipeline.state_dir)
             cleanup.callback(backfills.close)
             hub = self._start_delivery(cleanup, store, publisher_log)
+            self.snapshot_pending = set()  # applications added later come after its start
             backfiller = self.backfiller = self._open_backfills(source)
             tailer = self.tailer = Tailer(
                 source,
@@ -191,10 +215,7 @@ class Publisher:
         try:
             state_dir.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
-            raise StateError(
-                f"state_dir: cannot create {state_dir} ({exc.strerror}); choose a writable "
-                f"directory"
-            ) from exc
+            raise file_problem(exc.filename or state_dir, exc, "create the state_dir") from exc
         cleanup.callback(os.close, self._lock_state_dir())
         store: DatamarkerStore = self.pipeline.datamarker_store.create()
         store.open(self.pipeline.name, state_dir)
@@ -306,7 +327,10 @@ class Publisher:
     def _lock_state_dir(self) -> int:
         """One process per state dir: two would interleave one log and one set of datamarkers."""
         path = self.pipeline.state_dir / "lock"
-        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError as exc:
+            raise file_problem(path, exc, "lock the state_dir") from exc
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -341,6 +365,10 @@ class Publisher:
         for name, config in self.pipeline.applications.items():
             try:
                 runtime = self._runtime(name, config, stored, publisher_log, new)
+            except AheadOfLog as exc:
+                if not self._wait_for_refill(name, exc, publisher_log):
+                    self.start_failures[name] = exc
+                continue
             except StateError as exc:
                 # This application's start point or stored datamarkers are unusable: it does
                 # not run, the others do, and the run reports it.
@@ -382,12 +410,57 @@ class Publisher:
             active=self.pipeline.mode != "multiple-copy",
         )
 
+    def _wait_for_refill(self, name: str, exc: AheadOfLog, publisher_log: PublisherLog) -> bool:
+        """An application ahead of a log whose torn tail was cut off this run waits for the
+        source to send the cut updates again (True); otherwise its start fails (False)."""
+        if not self.truncated or self.transport_reads_log:
+            log.error("application %s does not start: %s", name, exc)
+            return False
+        self.refilling[name] = exc
+        log.warning(
+            "application %s: its datamarker (position %d) is past the end of the publisher "
+            "log (%d) after its torn tail was cut off; it starts once the source has sent "
+            "those updates again",
+            name,
+            exc.position,
+            publisher_log.next_seq,
+        )
+        return True
+
+    def _start_refilled(self, store: Any, publisher_log: PublisherLog, hub: Hub) -> None:
+        """Start the applications waiting for the log to grow back to their datamarkers; fail
+        them when the source has ended (``--once``) short of them."""
+        assert self.tailer is not None
+        source_done = self.tailer.done.is_set()
+        for name, exc in list(self.refilling.items()):
+            if publisher_log.next_seq < exc.position:
+                if source_done:
+                    del self.refilling[name]
+                    hub.failed[name] = StateError(
+                        f"{exc} (the source did not send the updates cut off with the log's "
+                        f"torn tail again: they are lost from this state_dir)"
+                    )
+                continue
+            del self.refilling[name]
+            config = self.pipeline.applications.get(name)
+            if config is not None:  # not removed meanwhile
+                self._start_application(store, publisher_log, hub, name, config)
+
     def _queue_start_backfills(self, name: str, tables: list[str]) -> None:
         """``start: {backfill: [...]}``: backfills of those tables for this application."""
         if self.backfills is None:
             return
         defaults = self.pipeline.backfill
         for table in tables:
+            if self._in_snapshot(table):
+                log.info(
+                    "application %s: no backfill of %s queued: it starts before the source's "
+                    "initial snapshot, which delivers every row of %s to it",
+                    name,
+                    table,
+                    table,
+                )
+                continue
             try:
                 request = self.backfills.add(
                     table, None, name, defaults.chunk_size, defaults.pause_ms, origin="start"
@@ -396,6 +469,12 @@ class Publisher:
                 log.info("application %s: its start backfill is not queued again: %s", name, exc)
                 continue
             log.info("application %s starts at the log end; %s queued", name, request.describe())
+
+    def _in_snapshot(self, table: str) -> bool:
+        pending = self.snapshot_pending
+        return table in pending or (
+            "." not in table and any(t.endswith(f".{table}") for t in pending)
+        )
 
     def _open_backfills(self, source: Source) -> Backfiller | None:
         """The backfill queue, and its runner when the source can backfill."""
@@ -430,12 +509,15 @@ class Publisher:
             if self.stop_requested.is_set() or hub.failure is not None or self.failure:
                 return
             assert self.tailer is not None
-            if self.once and self.tailer.done.is_set():
+            if self.refilling:
+                self._start_refilled(store, publisher_log, hub)
+            if self.once and self.tailer.done.is_set() and not self.refilling:
                 if target is None:
                     target = publisher_log.next_seq
                 if hub.all_acknowledged(target):
                     if overall is not None:
                         overall(target, True)
+                    self.reached_end = True
                     return
             if overall is not None:
                 overall(target, False)
@@ -469,12 +551,12 @@ class Publisher:
     def _once_progress(self, hub: Hub) -> Any:
         """``run --once``: progress of every application to the end position, in
         publisher-log positions from the oldest datamarker at start. Until the source has
-        reached its end, the total is the log's end so far."""
+        reached its end there is no total (the log's end so far is none); then it is exact."""
         assert self.publisher_log is not None
         publisher_log = self.publisher_log
         with hub.lock:
             start = min((a.min_datamarker() for a in hub.applications.values()), default=0)
-        task = self.progress.task("run --once", None, "updates")
+        task = self.progress.task("run --once", None, "updates", estimate=False)
 
         def report(target: int | None, finished: bool) -> None:
             with hub.lock:
@@ -482,9 +564,13 @@ class Publisher:
                     (a.min_datamarker() for a in hub.applications.values()),
                     default=publisher_log.next_seq,
                 )
-            end = publisher_log.next_seq if target is None else target
-            detail = "to the end position" if target is not None else "reading the source"
-            task.update(done=max(0, oldest - start), total=max(0, end - start), detail=detail)
+            done = max(0, oldest - start)
+            if target is None:
+                # The source is still being read: how many updates it holds is not known
+                # (what the log holds so far is not a total).
+                task.update(done=done, detail="reading the source; total not known yet")
+            else:
+                task.update(done=done, total=max(0, target - start), detail="to the end position")
             if finished:
                 task.finish()
 
@@ -546,29 +632,47 @@ class Publisher:
             hub.remove_application(name)
             pipeline.applications.pop(name, None)
             log.info("application %s removed (its datamarkers are kept)", name)
-        for name in sorted(wanted - running):
-            config = fresh[name]
-            new: list[Datamarker] = []
-            try:
-                runtime = self._runtime(name, config, store.load(), publisher_log, new)
-            except StateError as exc:
-                log.error("application %s does not start: %s", name, exc)
-                continue
-            if runtime is None:
-                continue
-            store.save(new)
-            pipeline.applications[name] = config
-            hub.add_application(runtime)
-            self.membership.watch_subscribers(name)
-            if self.copies is not None:
-                self.copies.add(name)
-            self.transport.add_application(runtime)
-            if self.caravans is not None:
-                self.caravans.add_application(runtime)
-            log.info("application %s added, from position %d", name, runtime.min_datamarker())
+        for name in sorted(wanted - running - set(self.refilling)):
+            self._start_application(store, publisher_log, hub, name, fresh[name])
+        self._changed_applications(wanted & running, fresh)
+
+    def _start_application(
+        self, store: Any, publisher_log: PublisherLog, hub: Hub, name: str, config: Application
+    ) -> None:
+        """Add an application to the running pipeline."""
+        assert self.transport is not None and self.membership is not None
+        new: list[Datamarker] = []
+        try:
+            runtime = self._runtime(name, config, store.load(), publisher_log, new)
+        except AheadOfLog as exc:
+            if name in self.pipeline.applications and self.truncated:
+                self.refilling[name] = exc  # still short of another of its datamarkers
+                return
+            log.error("application %s does not start: %s", name, exc)
+            return
+        except StateError as exc:
+            log.error("application %s does not start: %s", name, exc)
+            return
+        if runtime is None:
+            return
+        store.save(new)
+        self.pipeline.applications[name] = config
+        hub.add_application(runtime)
+        self.membership.watch_subscribers(name)
+        if self.copies is not None:
+            self.copies.add(name)
+        self.transport.add_application(runtime)
+        if self.caravans is not None:
+            self.caravans.add_application(runtime)
+        log.info("application %s added, from position %d", name, runtime.min_datamarker())
+
+    def _changed_applications(self, kept: set[str], fresh: dict[str, Application]) -> None:
+        """Changes to running applications: which copy serves them applies at once, the
+        rest at a restart."""
+        pipeline = self.pipeline
         changed = [
             n
-            for n in wanted & running
+            for n in kept
             if n in pipeline.applications and n in fresh and fresh[n] != pipeline.applications[n]
         ]
         for name in list(changed):
@@ -628,7 +732,24 @@ class Publisher:
             summary.applications[name] = ApplicationSummary(
                 name, app.acknowledged_updates, marker, publisher_log.next_seq - marker
             )
+        if self.once:
+            self._once_outcome(summary, hub)
         return summary
+
+    def _once_outcome(self, summary: RunSummary, hub: Hub) -> None:
+        """``run --once``: complete, or what a stop left undone."""
+        summary.once = True
+        tailer = self.tailer
+        summary.source_left = tailer is None or not tailer.finished
+        summary.applications_left = {
+            name: app.lag for name, app in summary.applications.items() if app.lag > 0
+        }
+        # A stop that came once all was acknowledged (by the drain, say) left nothing.
+        summary.complete = self.reached_end or (
+            not summary.source_left
+            and not summary.applications_left
+            and hub.all_acknowledged(summary.log_end)
+        )
 
 
 def tune_gc() -> None:

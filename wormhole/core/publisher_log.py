@@ -40,7 +40,7 @@ from typing import Any, BinaryIO
 import msgspec
 from msgspec import Raw
 
-from wormhole.core.errors import LogCorruptError, SourceError, StateError
+from wormhole.core.errors import LogCorruptError, SourceError, StateError, file_problem
 from wormhole.core.framing import (
     HEADER,
     HEADER_SIZE,
@@ -202,15 +202,17 @@ class PublisherLog:
         try:
             self.directory.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
-            raise StateError(
-                f"cannot create the publisher log directory {self.directory}: {exc.strerror}; "
-                f"choose a writable state_dir"
-            ) from exc
+            raise file_problem(self.directory, exc, "create the publisher log directory") from exc
         if not os.access(self.directory, os.W_OK | os.X_OK):
-            raise StateError(
-                f"the publisher log directory {self.directory} is not writable; "
-                f"fix its permissions or choose another state_dir"
-            )
+            raise file_problem(self.directory, None, "write the publisher log directory")
+        try:
+            return self._recover()
+        except OSError as exc:
+            raise file_problem(
+                exc.filename or self.directory, exc, "recover the publisher log"
+            ) from exc
+
+    def _recover(self) -> Recovery:
         truncated: list[str] = []
         found = sorted(
             (key, p)

@@ -166,7 +166,7 @@ class LocalSubscriber:
         if self.thread.is_alive():
             self.abort.set()
             log.warning(
-                "%s: the sink did not finish its queued batches within %.0fs; stopping "
+                "%s: the sink did not finish its queued batches within %gs; stopping "
                 "without them (they are delivered again on the next run)",
                 self.name,
                 timeout,

@@ -19,7 +19,7 @@ from typing import Any
 
 from wormhole.core.backfill import Backfiller
 from wormhole.core.backoff import Backoff
-from wormhole.core.errors import SourceStopped, StateError
+from wormhole.core.errors import SourceStopped, file_problem
 from wormhole.core.publisher_log import PreparedBatch, PublisherLog
 from wormhole.core.shard import assign_shards
 from wormhole.core.update import Update
@@ -76,6 +76,8 @@ class Tailer:
         self.on_failure = on_failure
         """Called with no arguments when either thread fails (the publisher stops)."""
         self.done = threading.Event()
+        self.finished = False
+        """With ``once``: the source returned everything up to ``end`` (not stopped first)."""
         self.failure: BaseException | None = None
         self.updates = 0
         """Updates appended to the publisher log (and confirmed to the source)."""
@@ -130,7 +132,8 @@ class Tailer:
         if not self.once or not self.source.reached(self.end):
             return False
         # Backfills queued or running are part of the work of `run --once`.
-        return self.backfiller is None or self.backfiller.idle()
+        self.finished = self.backfiller is None or self.backfiller.idle()
+        return self.finished
 
     def _read_loop(self) -> None:
         source, publisher_log, shards = self.source, self.publisher_log, self.shards
@@ -202,9 +205,8 @@ class Tailer:
                 return True
             except OSError as exc:
                 if exc.errno not in TRANSIENT_WRITE_ERRORS:
-                    raise StateError(
-                        f"cannot write the publisher log in {publisher_log.directory}: {exc}"
-                    ) from exc
+                    where = exc.filename or publisher_log.directory
+                    raise file_problem(where, exc, "write the publisher log") from exc
                 if not backoff.wait(
                     "cannot append to the publisher log in %s (%s); nothing was lost, "
                     "retrying in %.1fs: free space on that disk",

@@ -11,12 +11,16 @@ its endpoint and shows every ``wormhole_source_*`` gauge it finds there, whateve
 
 from __future__ import annotations
 
+import contextlib
+import os
 import time
 import urllib.request
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from wormhole.core.datamarkers import load_stored
 from wormhole.core.dead_letters import count_dead_letters
 from wormhole.core.pipeline import Pipeline
 from wormhole.core.publisher_log import inspect_log
@@ -44,6 +48,10 @@ class Reading:
     """The source's ``type`` (shown, never acted on)."""
     source_note: str = ""
     """Why there are no source gauges, if there are none."""
+    lag_of: str = ""
+    """With a transport that counts lag at its destination: what the lag column counts."""
+    lag_error: str = ""
+    """Why that lag is unknown, if it is."""
     taken: float = field(default_factory=time.time)
 
 
@@ -80,6 +88,7 @@ def read(pipeline: Pipeline) -> Reading:
     if live is None:
         reading.applications = _stored(pipeline, info.next_seq)
         _count_dead_letters(pipeline, reading)
+        _destination_lag(pipeline, reading)
         return reading
     end = int(live.get("log", {}).get("end", info.next_seq))
     carried: dict[str, tuple[int, int]] = {}
@@ -96,6 +105,7 @@ def read(pipeline: Pipeline) -> Reading:
         app["failed"] = failed.get(name)
         reading.applications[name] = app
     _count_dead_letters(pipeline, reading)
+    _destination_lag(pipeline, reading)
     address = live.get("metrics")
     if address:
         try:
@@ -105,6 +115,22 @@ def read(pipeline: Pipeline) -> Reading:
     else:
         reading.source_note = "serve metrics (metrics.listen) to see the source's lag"
     return reading
+
+
+def _destination_lag(pipeline: Pipeline, reading: Reading) -> None:
+    """A transport that counts lag at its destination (Kafka: consumer groups' committed
+    offsets) gives each application's lag; the publisher's datamarkers only say what it
+    handed over."""
+    measure = pipeline.transport.registered.spec.lag
+    if measure is None:
+        return
+    found = measure(pipeline.transport.options, pipeline)
+    reading.lag_of, reading.lag_error = found.what, found.error
+    for name in sorted(n for n, a in pipeline.applications.items() if not a.external):
+        app = reading.applications.setdefault(name, {})
+        shards = found.shards.get(name)
+        app["lag_updates"] = None if shards is None else sum(shards.values())
+        app["lag_seconds"] = None
 
 
 def _count_dead_letters(pipeline: Pipeline, reading: Reading) -> None:
@@ -121,12 +147,7 @@ def _stored(pipeline: Pipeline, end: int) -> dict[str, dict[str, Any]]:
     """Applications' lag from the stored datamarkers (no publisher running)."""
     if not pipeline.state_dir.is_dir():
         return {name: {"datamarker": None} for name in sorted(pipeline.applications)}
-    store = pipeline.datamarker_store.create()
-    store.open(pipeline.name, pipeline.state_dir)
-    try:
-        markers = store.load()
-    finally:
-        store.close()
+    markers = load_stored(pipeline.datamarker_store, pipeline.name, pipeline.state_dir)
     apps: dict[str, dict[str, Any]] = {}
     for name in sorted(pipeline.applications):
         positions = [m.position for (app, _), m in markers.items() if app == name]
@@ -207,6 +228,10 @@ def render(reading: Reading) -> Any:
             _number(app.get("caravan_lag")),
         )
     parts.append(apps)
+    if reading.lag_of:
+        parts.append(Text(f"lag: {reading.lag_of}"))
+    if reading.lag_error:
+        parts.append(Text(f"lag unknown: {reading.lag_error}", style="red"))
 
     if live is not None:
         source = live.get("source") or {}
@@ -245,8 +270,9 @@ def render(reading: Reading) -> Any:
         parts.append(caravans)
 
         for task in live.get("progress", []):
-            total = task.get("total")
-            of = f" of ~{total:,}" if total else ""
+            total = task.get("total")  # None once the work went past an estimate
+            about = "~" if task.get("estimate", True) else ""
+            of = f" of {about}{total:,}" if total else ""
             eta = task.get("eta_seconds")
             parts.append(
                 Text(
@@ -277,10 +303,49 @@ def run(pipeline: Pipeline, interval: float, once: bool, out: Any = None) -> Non
         return
     from rich.live import Live
 
-    with Live(render(read(pipeline)), console=console, auto_refresh=False, screen=False) as view:
-        while True:
-            time.sleep(interval)
+    with (
+        _keys() as quit_pressed,
+        Live(render(read(pipeline)), console=console, auto_refresh=False, screen=False) as view,
+    ):
+        while not quit_pressed(interval):
             view.update(render(read(pipeline)), refresh=True)
+
+
+@contextlib.contextmanager
+def _keys() -> Iterator[Callable[[float], bool]]:
+    """``wait(seconds)``: wait that long, True as soon as ``q`` is pressed. On a terminal,
+    stdin is read key by key meanwhile (and restored after); elsewhere it is not read."""
+    import sys
+
+    stdin = sys.stdin
+    if stdin is None or not stdin.isatty():
+
+        def sleep(seconds: float) -> bool:
+            time.sleep(seconds)
+            return False
+
+        yield sleep
+        return
+    import select
+    import termios
+    import tty
+
+    fd = stdin.fileno()
+    saved = termios.tcgetattr(fd)
+
+    def wait(seconds: float) -> bool:
+        deadline = time.monotonic() + seconds
+        while (left := deadline - time.monotonic()) > 0:
+            ready, _, _ = select.select([fd], [], [], left)
+            if ready and os.read(fd, 1) in (b"q", b"Q"):
+                return True
+        return False
+
+    try:
+        tty.setcbreak(fd)
+        yield wait
+    finally:
+        termios.tcsetattr(fd, termios.TCSADRAIN, saved)
 
 
 __all__ = ["Reading", "read", "render", "run", "scrape_source_gauges"]

@@ -102,6 +102,40 @@ class ComponentSpec:
     remote_log: Callable[[RemoteLogRequest], RemoteLog] | None = None
     """Transport: open a publisher's log from another machine, as an external application
     (``spark.readStream.format("wormhole").option("publishers", ...)`` reads flows with it)."""
+    lag: Callable[[Any, Any], DestinationLag] | None = None
+    """Transport that reads the log (``reads_log``): ``lag(options, pipeline)``, each
+    application's lag as its destination counts it (Kafka: the consumer group's committed
+    offsets against the topics' ends), for ``wormhole status`` and ``top``; the stored
+    datamarkers only say what the transport handed over."""
+    check: Callable[[Any, ComponentUse], list[str]] | None = None
+    """``check(options, use)``: problems with this use of the component that need no outside
+    service (each naming its key, e.g. ``applications.search.subscribers: ...``), found when
+    the pipeline file is read, so that ``wormhole validate`` rejects what ``run`` would."""
+
+
+@dataclass(frozen=True)
+class DestinationLag:
+    """Applications' lag as a transport's destination counts it (see ``ComponentSpec.lag``)."""
+
+    what: str
+    """What the number counts, for the column's heading (``Kafka records ...``)."""
+    shards: dict[str, dict[int, int]] = field(default_factory=dict)
+    """Application -> shard -> lag."""
+    error: str = ""
+    """Why it could not be measured (the broker did not answer, say); then ``shards`` is
+    empty."""
+
+
+@dataclass(frozen=True)
+class ComponentUse:
+    """Where a pipeline file uses a component, for its spec's ``check``."""
+
+    path: str
+    """The component's key, e.g. ``applications.search.sink``."""
+    application: str | None = None
+    """For a sink or a filter: its application."""
+    subscribers: int = 1
+    """For a sink: how many subscribers the application runs (each opens the sink)."""
 
 
 @dataclass(frozen=True)

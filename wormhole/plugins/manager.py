@@ -51,11 +51,20 @@ class PluginError(WormholeError):
     """A plugin could not be loaded or declares something invalid."""
 
 
-def _builtin_version() -> str:
-    try:
-        return importlib.metadata.version("wormhole")
-    except importlib.metadata.PackageNotFoundError:  # pragma: no cover - source checkout
-        return "0+unknown"
+DISTRIBUTION = "wormhole-cdc"
+"""The name Wormhole is installed under (``pip install wormhole-cdc``; on PyPI ``wormhole`` is
+another project). The package and the command are ``wormhole``."""
+
+
+def builtin_version() -> str:
+    """The installed version of Wormhole (an install made before the distribution was
+    renamed is found under its old name, ``wormhole``)."""
+    for name in (DISTRIBUTION, "wormhole"):
+        try:
+            return importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            continue
+    return "0+unknown"  # pragma: no cover - a source checkout, not installed
 
 
 def create_plugin_manager(
@@ -101,7 +110,7 @@ class Registry:
         dists: dict[int, tuple[str, str]] = {}
         for plugin, distinfo in pm.list_plugin_distinfo():
             dists[id(plugin)] = (distinfo.project_name, distinfo.version)
-        builtin = ("wormhole", _builtin_version())
+        builtin = (DISTRIBUTION, builtin_version())
         for kind in KINDS:
             hook = getattr(pm.hook, _HOOK_BY_KIND[kind])
             for impl in hook.get_hookimpls():

@@ -281,7 +281,7 @@ def start_tansu(storage: str | None = None, relay: bool = False) -> Iterator[Tan
     try:
         import confluent_kafka  # noqa: F401
     except ImportError:
-        require(False, "confluent-kafka (pip install 'wormhole[kafka]')")
+        require(False, "confluent-kafka (pip install 'wormhole-cdc[kafka]')")
     assert binary is not None
     directory = Path(tempfile.mkdtemp(prefix="wormhole-tansu-"))
     s3: S3Server | None = None

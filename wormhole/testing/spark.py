@@ -32,7 +32,7 @@ def start_spark(master: str = "local[2]") -> Iterator[Any]:
     try:
         from pyspark.sql import SparkSession
     except ImportError:  # pragma: no cover - reported by require
-        require(False, "pyspark (pip install 'wormhole[spark]')")
+        require(False, "pyspark (pip install 'wormhole-cdc[spark]')")
         raise
     # Workers must import wormhole: they run the interpreter of this (virtual) environment.
     os.environ["PYSPARK_PYTHON"] = sys.executable
@@ -133,7 +133,7 @@ def _spark_home() -> Path:
     try:
         import pyspark
     except ImportError:  # pragma: no cover - reported by require
-        require(False, "pyspark (pip install 'wormhole[spark]')")
+        require(False, "pyspark (pip install 'wormhole-cdc[spark]')")
         raise
     return Path(pyspark.__file__).parent
 

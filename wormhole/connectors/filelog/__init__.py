@@ -17,6 +17,7 @@ The checkpoint stored with every batch in the publisher log is
 
 from __future__ import annotations
 
+import fnmatch
 import functools
 import logging
 import os
@@ -68,6 +69,12 @@ class FilelogOptions(Options):
     )
     table: str | None = Field(
         None, description="table for lines that name none (default: the file's directory name)"
+    )
+    glob: str | None = Field(
+        None,
+        description="read only files whose name matches this pattern, e.g. '*.jsonl' (files "
+        "being written under another name, a .tmp, are then left alone); default: every "
+        "file whose name does not start with a dot",
     )
     batch_bytes: ByteSize = Field(ByteSize(1 << 20), description="read at most this much per batch")
     poll_interval_ms: int = Field(100, ge=1, description="how often to look for new data")
@@ -146,21 +153,50 @@ class Stream:
     publisher_id: str | None = None
     prefix: str = ""
     files_cache: list[str] = field(default_factory=list)
+    glob: str | None = None
+    known: set[str] | None = None
+    """Names listed before (None: not listed yet): a new one is news."""
+    skipped: list[str] = field(default_factory=list)
+    """Files that appeared with a name sorting before the file being read: never read."""
 
     def list_files(self) -> list[str]:
         if self.only_file is not None:
             return [self.only_file] if (self.directory / self.only_file).exists() else []
+        glob = self.glob
         try:
             names = [
                 e.name
                 for e in os.scandir(self.directory)
-                if not e.name.startswith(".") and e.is_file()
+                if not e.name.startswith(".")
+                and (glob is None or fnmatch.fnmatchcase(e.name, glob))
+                and e.is_file()
             ]
         except OSError as exc:
             raise SourceError(f"source.path: cannot list {self.directory}: {exc.strerror}") from exc
         names.sort(key=natural_key)
+        if self.known is not None and self.file is not None and len(self.known) != len(names):
+            self._notice_late(names)
+        self.known = set(names)
         self.files_cache = names
         return names
+
+    def _notice_late(self, names: list[str]) -> None:
+        """Say so when a file appears behind the one being read: the source never goes back."""
+        assert self.known is not None and self.file is not None
+        current = natural_key(self.file)
+        for name in names:
+            if name in self.known or natural_key(name) >= current:
+                continue
+            self.skipped.append(name)
+            log.warning(
+                "%s: appeared while %s was being read, and its name sorts before it: it is "
+                "never read (files are read in name order, and the source does not go back). "
+                "Have the producer write so that each new file's name sorts after the last "
+                "(write under a dot name or another directory, then rename), or read only "
+                "final names with source.glob",
+                self.directory / name,
+                self.file,
+            )
 
     def close(self) -> None:
         if self.handle is not None:
@@ -215,6 +251,7 @@ class FilelogSource:
             stream = Stream(stream_id, self.root / stream_id)
         else:
             stream = Stream(stream_id, self.root)
+        stream.glob = self.options.glob
         self.streams[stream_id] = stream
         return stream
 
@@ -679,7 +716,8 @@ class FilelogSource:
                     unread += size
                 elif here == key:
                     unread += max(0, size - int(offset))
-        return {"lag_bytes": float(unread)}
+        skipped = sum(len(stream.skipped) for stream in list(self.streams.values()))
+        return {"lag_bytes": float(unread), "skipped_files": float(skipped)}
 
     def close(self) -> None:
         for stream in self.streams.values():

@@ -12,7 +12,7 @@ from pydantic import Field
 
 from wormhole.core.errors import SinkError
 from wormhole.core.update import Update, encode_envelopes
-from wormhole.plugins.components import ComponentSpec, Options, SinkContext
+from wormhole.plugins.components import ComponentSpec, ComponentUse, Options, SinkContext
 from wormhole.plugins.hookspecs import hookimpl
 
 log = logging.getLogger("wormhole.jsonl")
@@ -150,6 +150,18 @@ class JsonlSink:
             self.file = None
 
 
+def check_use(options: JsonlOptions, use: ComponentUse) -> list[str]:
+    """The path's placeholders, before any subscriber opens it."""
+    try:
+        options.path.format(application="a", subscriber=0)
+    except (KeyError, IndexError, ValueError) as exc:
+        return [
+            f"{use.path}.path: {options.path!r} has an unknown placeholder ({exc}); "
+            f"use {{application}} or {{subscriber}}"
+        ]
+    return []
+
+
 @hookimpl
 def wormhole_sinks() -> list[ComponentSpec]:
     return [
@@ -158,6 +170,7 @@ def wormhole_sinks() -> list[ComponentSpec]:
             name="jsonl",
             factory=JsonlSink,
             options=JsonlOptions,
+            check=check_use,
             description="Append update envelopes to a JSON-lines file (fsync before ack).",
         )
     ]

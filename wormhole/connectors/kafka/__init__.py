@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from wormhole.connectors.kafka.options import KafkaOptions
-from wormhole.plugins.components import ComponentSpec, SubscribeRequest
+from wormhole.plugins.components import ComponentSpec, DestinationLag, SubscribeRequest
 from wormhole.plugins.hookspecs import hookimpl
 
 if TYPE_CHECKING:
@@ -35,6 +35,12 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(name)
 
 
+def _lag(options: KafkaOptions, pipeline: Any) -> DestinationLag:
+    from wormhole.connectors.kafka.lag import group_lag
+
+    return group_lag(options, pipeline)
+
+
 def _subscribe(request: SubscribeRequest) -> None:
     from wormhole.connectors.kafka.consumer import subscribe_command
 
@@ -53,6 +59,7 @@ def wormhole_transports() -> list[ComponentSpec]:
             "partition = shard, a consumer group per application.",
             reads_log=True,
             subscribe=_subscribe,
+            lag=_lag,
         )
     ]
 

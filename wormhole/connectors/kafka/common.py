@@ -30,7 +30,7 @@ def kafka() -> Any:
     except ImportError as exc:  # pragma: no cover - depends on the environment
         raise ConfigError(
             "transport.type: kafka needs the confluent-kafka package; install it with "
-            "pip install 'wormhole[kafka]'"
+            "pip install 'wormhole-cdc[kafka]'"
         ) from exc
     return confluent_kafka
 
@@ -66,6 +66,8 @@ class Topics:
         # Connection failures are reported once, by wait_for_brokers, not per attempt.
         self.admin = ck.admin.AdminClient({"log_level": 2, **client_config(options, {})})
         self.known: set[str] = set()
+        self.compacted: dict[str, bool] = {}
+        """Per known topic: whether its cleanup.policy includes compact."""
 
     def wait_for_brokers(self) -> None:
         """Retry the brokers for ``connect_timeout_s``; then fail, naming the address."""
@@ -107,7 +109,7 @@ class Topics:
             if found.error is not None:
                 raise StateError(f"transport: topic {topic!r}: {found.error.str()}")
             self._check(topic, len(found.partitions))
-            self.known.add(topic)
+            self._known(topic)
             return
         if not self.options.create_topics:
             raise StateError(
@@ -119,6 +121,10 @@ class Topics:
             topic,
             num_partitions=self.shards,
             replication_factor=self.options.replication_factor,
+            config={
+                k: str(v).lower() if isinstance(v, bool) else str(v)
+                for k, v in self.options.topic_config.items()
+            },
         )
         future = self.admin.create_topics([new], operation_timeout=30)[topic]
         try:
@@ -133,7 +139,23 @@ class Topics:
             # Created meanwhile by someone else: check it like an existing one.
             metadata = self.admin.list_topics(timeout=10)
             self._check(topic, len(metadata.topics[topic].partitions))
+        self._known(topic)
+
+    def _known(self, topic: str) -> None:
         self.known.add(topic)
+        self.compacted[topic] = "compact" in self.cleanup_policy(topic)
+
+    def cleanup_policy(self, topic: str) -> str:
+        """The topic's ``cleanup.policy`` as the broker says ("" if it cannot tell)."""
+        ck = kafka()
+        resource = ck.admin.ConfigResource("topic", topic)
+        try:
+            found = self.admin.describe_configs([resource])[resource].result(timeout=10)
+        except Exception as exc:
+            log.warning("topic %s: cannot read its cleanup.policy (%s)", topic, _reason(exc))
+            return ""
+        entry = found.get("cleanup.policy")
+        return str(entry.value or "") if entry is not None else ""
 
     def _check(self, topic: str, partitions: int) -> None:
         if partitions != self.shards:

@@ -231,6 +231,9 @@ class KafkaSubscriber(Handlers):
             key = (m.topic(), m.partition())
             if key not in owned:
                 continue
+            if m.value() is None:
+                offsets[key] = m.offset() + 1  # a tombstone after a delete (for compaction)
+                continue
             headers = m.headers()
             if headers is not None and len(headers) > 3 and self._not_ours(headers):
                 offsets[key] = m.offset() + 1  # a backfill for another application

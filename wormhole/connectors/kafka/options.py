@@ -32,6 +32,15 @@ class KafkaOptions(Options):
     create_topics: bool = Field(
         True, description="create missing topics with one partition per shard"
     )
+    topic_config: dict[str, ConfigValue] = Field(
+        default_factory=dict,
+        description="settings of the topics wormhole creates, e.g. {cleanup.policy: compact}",
+    )
+    tombstones: bool | None = Field(
+        None,
+        description="after a delete, a record with the same key and no value, so that log "
+        "compaction removes the key (default: where the topic's cleanup.policy has compact)",
+    )
     replication_factor: int = Field(
         -1, ge=-1, description="replication factor of created topics (-1: the broker's default)"
     )

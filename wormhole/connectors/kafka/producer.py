@@ -32,6 +32,7 @@ from wormhole.connectors.kafka.common import (
     kafka,
     table_topic,
 )
+from wormhole.connectors.kafka.lag import log_ends
 from wormhole.connectors.kafka.options import KafkaOptions
 from wormhole.core.children import SubscriberProcesses
 from wormhole.core.errors import ConfigError, WormholeError
@@ -45,6 +46,17 @@ META_KEY = "kafka.produced"
 
 _key_encoder = msgspec.json.Encoder(order="sorted")
 _value_encoder = msgspec.json.Encoder()
+
+
+def dataset_key(update: Any) -> bytes:
+    """A record key unique per table in a topic that carries every table:
+    ``{"key":{...},"table":"schema.table"}``, canonical JSON (members sorted)."""
+    return _key_encoder.encode({"key": update.key, "table": update.table})
+
+
+def table_key(update: Any) -> bytes:
+    """In a topic per table the key columns alone are unique: ``{"id":1}``."""
+    return _key_encoder.encode(update.key)
 
 
 DEFAULTS: dict[str, Any] = {
@@ -115,6 +127,8 @@ class KafkaTransport:
         self.skip: list[int] = []
         self.skip_until = 0
         self.shard_headers: list[tuple[str, bytes]] = []
+        self.topic_tables: dict[str, str] = {}
+        """With topic_naming table: the table each topic carries."""
         self.produced = 0
         self.saved: list[int] = []
         self.applications: list[str] = []
@@ -309,14 +323,15 @@ class KafkaTransport:
         for shard, i in last.items():
             markers[i] = self._marker((topic, shard), first)
         produce = self.producer.produce
-        encode_key = _key_encoder.encode
+        encode_key = dataset_key
         encode_value = _value_encoder.encode
         shard_headers = self.shard_headers
+        tombstones = self._tombstones(topic)
         seq = first
         for i, u in enumerate(updates):
             shard = u.shard
-            value = encode_value(envelope(u))
-            key = encode_key(u.key)
+            value: bytes | None = encode_value(envelope(u))
+            key = encode_key(u)
             headers = [
                 shard_headers[shard],
                 (HEADER_LOGICAL, u.logical.encode()),
@@ -324,13 +339,20 @@ class KafkaTransport:
             ]
             if u.audience:  # a backfill for one application: the others' consumers skip it
                 headers.append((HEADER_AUDIENCE, u.audience.encode()))
+            marker = markers.get(i)
+            if tombstones and u.op == "d":
+                # The delete, then its tombstone (which carries the shard's delivery report).
+                args = (topic, value, key, shard)
+                if not self._produce_when_room(args, None, headers, seq, u):
+                    return
+                value = None
             # Positional arguments all through: librdkafka's Python binding parses
             # keyword arguments by building every keyword's name, per call.
             try:
-                produce(topic, value, key, shard, markers.get(i), None, 0, headers)
+                produce(topic, value, key, shard, marker, None, 0, headers)
             except BufferError:
                 args = (topic, value, key, shard)
-                if not self._produce_when_room(args, markers.get(i), headers, seq, u):
+                if not self._produce_when_room(args, marker, headers, seq, u):
                     return
             except kafka().KafkaException as exc:
                 raise self._unproducible(exc, seq, u) from None
@@ -353,7 +375,7 @@ class KafkaTransport:
             topics.append(topic)
             last[(topic, u.shard)] = i
         markers = {i: self._marker(key, first) for key, i in last.items()}
-        encode_key = _key_encoder.encode
+        encode_key = dataset_key if dataset else table_key
         encode_value = _value_encoder.encode
         for i, u in enumerate(updates):
             topic = topics[i]
@@ -366,8 +388,14 @@ class KafkaTransport:
             ]
             if u.audience:
                 headers.append((HEADER_AUDIENCE, u.audience.encode()))
-            args = (topic, encode_value(envelope(u)), encode_key(u.key), u.shard)
-            if not self._produce_when_room(args, markers.get(i), headers, first + i, u):
+            key = encode_key(u)
+            args: tuple[Any, ...] = (topic, encode_value(envelope(u)), key, u.shard)
+            marker = markers.get(i)
+            if u.op == "d" and self._tombstones(topic):
+                if not self._produce_when_room(args, None, headers, first + i, u):
+                    return
+                args = (topic, None, key, u.shard)  # the tombstone carries the report
+            if not self._produce_when_room(args, marker, headers, first + i, u):
                 return
 
     def _marker(self, key: tuple[str, int], first: int) -> Any:
@@ -415,7 +443,22 @@ class KafkaTransport:
         assert self.topics is not None
         if topic not in self.topics.known:
             self.topics.ensure(topic)
+        owner = self.topic_tables.setdefault(topic, table)
+        if owner != table:
+            # Their keys would collide in one topic (compaction would drop one's rows).
+            raise ProduceFailed(
+                f"transport.topic_naming: tables {owner!r} and {table!r} both map to topic "
+                f"{topic!r} (characters Kafka does not allow become '_'); use topic_naming: "
+                f"dataset, whose keys name the table"
+            )
         return topic
+
+    def _tombstones(self, topic: str) -> bool:
+        """Whether a delete in ``topic`` is followed by a tombstone."""
+        if self.options.tombstones is not None:
+            return self.options.tombstones
+        assert self.topics is not None
+        return self.topics.compacted.get(topic, False)
 
     def _flush(self) -> None:
         """Wait until the broker confirmed everything produced (or stalls too long)."""
@@ -480,17 +523,18 @@ class KafkaTransport:
             app: ck.Consumer(
                 client_config(
                     self.options,
-                    {**self.options.consumer, "group.id": app, "enable.auto.commit": False},
+                    {
+                        **self.options.consumer,
+                        "group.id": app,
+                        "enable.auto.commit": False,
+                        "enable.partition.eof": True,
+                    },
                 )
             )
             for app in apps
         }
         try:
-            probe = consumers[apps[0]]
-            ends = {
-                (tp.topic, tp.partition): probe.get_watermark_offsets(tp, timeout=10)
-                for tp in partitions
-            }
+            ends = log_ends(consumers[apps[0]], partitions)
             last_lag: dict[str, int] = {}
             progress = time.monotonic()
             while apps:

@@ -18,7 +18,7 @@ from wormhole.core.datamarkers import connect_durable
 from wormhole.core.errors import SinkError
 from wormhole.core.shard import canonical_key
 from wormhole.core.update import Update
-from wormhole.plugins.components import ComponentSpec, Options, SinkContext
+from wormhole.plugins.components import ComponentSpec, ComponentUse, Options, SinkContext
 from wormhole.plugins.hookspecs import hookimpl
 
 SCHEMA = """
@@ -124,6 +124,18 @@ def _apply(db: sqlite3.Connection, kind: str, rows: list[tuple[Any, ...]]) -> No
     db.executemany(_STATEMENTS[kind], rows)
 
 
+def check_use(options: LatestOptions, use: ComponentUse) -> list[str]:
+    """The path's placeholders, before any subscriber opens it."""
+    try:
+        options.path.format(application="a")
+    except (KeyError, IndexError, ValueError) as exc:
+        return [
+            f"{use.path}.path: {options.path!r} has an unknown placeholder ({exc}); "
+            f"only {{application}} is available"
+        ]
+    return []
+
+
 @hookimpl
 def wormhole_sinks() -> list[ComponentSpec]:
     return [
@@ -132,6 +144,7 @@ def wormhole_sinks() -> list[ComponentSpec]:
             name="latest",
             factory=LatestSink,
             options=LatestOptions,
+            check=check_use,
             description="Keep the latest row of every key in a SQLite table (a live view).",
         )
     ]

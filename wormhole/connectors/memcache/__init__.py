@@ -35,7 +35,7 @@ from wormhole.core.update import NULL, Update
 from wormhole.plugins.components import ComponentSpec, Options, SinkContext
 from wormhole.plugins.hookspecs import hookimpl
 
-_INSTALL = "pip install 'wormhole[memcache]'"
+_INSTALL = "pip install 'wormhole-cdc[memcache]'"
 
 _CHUNK = 1000
 """Commands sent to a server in one pipelined round trip. The replies of a chunk fit

@@ -207,7 +207,7 @@ class MySQLSource(DatabaseSource):
         if not HAVE_DRIVER:
             raise SourceError(
                 "source.type: mysql needs mysql-replication; install the extra: pip install "
-                "'wormhole[mysql]'"
+                "'wormhole-cdc[mysql]'"
             )
         self.reader_id = _reader_id(self.options, context.pipeline)
         self.signal_id = self._signal_id(context.pipeline)
@@ -363,6 +363,13 @@ class MySQLSource(DatabaseSource):
         self.snapshot_tables = self._snapshot_plan()
         self.phase = "snapshot"
         log.info("initial snapshot of %d tables at %s:%d", len(self.snapshot_tables), file, pos)
+
+    def snapshot_pending(self) -> list[str]:
+        """Tables whose every row this open's initial snapshot is about to read (a new
+        application starting at the log end gets them all: its start backfill is not needed)."""
+        if self.phase != "snapshot":
+            return []
+        return [f"{schema}.{name}" for schema, name, _layout, _select in self.snapshot_tables]
 
     def _snapshot_estimate(self) -> int | None:
         """``information_schema.TABLES.TABLE_ROWS`` of the snapshot's tables (an estimate
@@ -569,7 +576,7 @@ class MySQLSource(DatabaseSource):
         if not HAVE_DRIVER:
             raise SourceError(
                 "source.type: mysql needs mysql-replication; install the extra: pip install "
-                "'wormhole[mysql]'"
+                "'wormhole-cdc[mysql]'"
             )
         if not self.signal_id:
             self.signal_id = self._signal_id(pipeline)

@@ -42,6 +42,11 @@ from wormhole.plugins.database_source import DatabaseSource, SnapshotTable, clos
 
 log = logging.getLogger("wormhole.postgres")
 
+ROW_ESTIMATE = "GREATEST(c.reltuples, COALESCE(s.n_live_tup, 0), -1)"
+"""A table's row count, estimated without counting (the alias ``c`` is its ``pg_class`` row,
+``s`` its ``pg_stat_user_tables`` row): the planner's count from the last ANALYZE (-1 when
+never analyzed) or the statistics' live rows, which follow inserts, whichever is larger."""
+
 try:  # optional dependency: the `postgres` extra
     import psycopg2
     import psycopg2.extensions
@@ -252,7 +257,7 @@ class PostgresSource(DatabaseSource):
         if not HAVE_PSYCOPG2:
             raise SourceError(
                 "source.type: postgres needs psycopg2; install the extra: pip install "
-                "'wormhole[postgres]'"
+                "'wormhole-cdc[postgres]'"
             )
         options = self.options
         self.slot = options.slot or f"wormhole_{_identifier(context.pipeline)}"
@@ -320,12 +325,14 @@ class PostgresSource(DatabaseSource):
         (version,) = self._query("SHOW server_version_num")[0]
         self.server_version = int(version)
         rows = self._query(
-            "SELECT rolreplication OR rolsuper FROM pg_roles WHERE rolname = current_user"
+            "SELECT rolreplication OR rolsuper, quote_ident(current_user) FROM pg_roles "
+            "WHERE rolname = current_user"
         )
         if not rows or not rows[0][0]:
+            user = rows[0][1] if rows else "<user>"
             raise SourceError(
-                "source.dsn: the user needs the REPLICATION privilege "
-                "(ALTER ROLE <user> WITH REPLICATION)"
+                f"source.dsn: the user {user} needs the REPLICATION privilege; as a superuser, "
+                f"run: ALTER ROLE {user} WITH REPLICATION"
             )
 
     def _ensure_publication(self, first_run: bool) -> None:
@@ -411,14 +418,20 @@ class PostgresSource(DatabaseSource):
             # restart knows the slot is ours even if no change arrived yet.
             self.announce = True
 
+    def snapshot_pending(self) -> list[str]:
+        """Tables whose every row this open's initial snapshot is about to read (a new
+        application starting at the log end gets them all: its start backfill is not needed)."""
+        return list(self.snapshot_tables) if self.phase == "snapshot" else []
+
     def _snapshot_estimate(self) -> int | None:
-        """``pg_class.reltuples`` of the snapshot's tables (-1, never analyzed: unknown)."""
+        """The snapshot's tables' row counts, estimated (see ROW_ESTIMATE); None if unknown."""
         total = 0
         for table in self.snapshot_tables:
             schema, _, name = table.partition(".")
             rows = self._query(
-                "SELECT c.reltuples FROM pg_class c JOIN pg_namespace n ON n.oid = "
-                "c.relnamespace WHERE n.nspname = %s AND c.relname = %s",
+                f"SELECT {ROW_ESTIMATE} FROM pg_class c JOIN pg_namespace n ON n.oid = "
+                "c.relnamespace LEFT JOIN pg_stat_user_tables s ON s.relid = c.oid "
+                "WHERE n.nspname = %s AND c.relname = %s",
                 (schema, name),
             )
             if not rows or rows[0][0] is None or rows[0][0] < 0:
@@ -483,9 +496,9 @@ class PostgresSource(DatabaseSource):
         schema = schema or "public"
         qualified = f"{schema}.{name}"
         found = self._query(
-            "SELECT c.oid::int8, c.reltuples, c.relkind::text FROM pg_class c JOIN pg_namespace "
-            "n ON n.oid = c.relnamespace WHERE n.nspname = %s AND c.relname = %s AND c.relkind "
-            "IN ('r', 'p')",
+            f"SELECT c.oid::int8, {ROW_ESTIMATE}, c.relkind::text FROM pg_class c JOIN "
+            "pg_namespace n ON n.oid = c.relnamespace LEFT JOIN pg_stat_user_tables s ON "
+            "s.relid = c.oid WHERE n.nspname = %s AND c.relname = %s AND c.relkind IN ('r', 'p')",
             (schema, name),
         )
         if not found:

@@ -28,7 +28,7 @@ from wormhole.connectors.search.options import SearchOptions
 from wormhole.connectors.search.tantivy_engine import Hit, QueryError, TantivySink
 from wormhole.connectors.search.tantivy_engine import query as _query_tantivy
 from wormhole.core.errors import ConfigError
-from wormhole.plugins.components import ComponentSpec
+from wormhole.plugins.components import ComponentSpec, ComponentUse
 from wormhole.plugins.hookspecs import hookimpl
 
 __all__ = [
@@ -101,8 +101,20 @@ def wormhole_sinks() -> list[ComponentSpec]:
             factory=make_sink,
             options=SearchOptions,
             description="Keep a full-text index (Tantivy, or OpenSearch) in step with the tables.",
+            check=check_use,
         )
     ]
+
+
+def check_use(options: SearchOptions, use: ComponentUse) -> list[str]:
+    """What ``validate`` can tell without the engine: a Tantivy index has one writer."""
+    if options.engine == "tantivy" and use.subscribers > 1:
+        return [
+            f"applications.{use.application}.subscribers: the search sink's tantivy engine "
+            f"writes one index, and a Tantivy index has one writer; set subscribers: 1 (or "
+            f"use engine: opensearch, which takes any number)"
+        ]
+    return []
 
 
 @hookimpl

@@ -70,7 +70,7 @@ def import_tantivy() -> Any:
     except ImportError as exc:
         raise SinkError(
             "the search sink's tantivy engine needs the tantivy package: "
-            "pip install 'wormhole[search]'"
+            "pip install 'wormhole-cdc[search]'"
         ) from exc
     return tantivy
 

@@ -142,7 +142,7 @@ class SparkSink:
         except ImportError as exc:
             raise SinkError(
                 f"{app}.type: spark needs pyspark and pyarrow; install the extra: "
-                f"pip install 'wormhole[spark]'"
+                f"pip install 'wormhole-cdc[spark]'"
             ) from exc
         for name in self.options.transforms:
             if not _NAME.match(name):

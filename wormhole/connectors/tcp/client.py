@@ -62,8 +62,22 @@ class SubscriberRefused(WormholeError):
     """The publisher refused this subscriber for a reason retrying cannot fix."""
 
 
+class SubscriberGaveUp(WormholeError):
+    """No session with a publisher for ``give_up_s`` seconds."""
+
+
 class _Closed(Exception):
     pass
+
+
+def _why(exc: BaseException) -> str:
+    """A connection failure, with what it likely means where that is clear."""
+    if isinstance(exc, ConnectionRefusedError):
+        return (
+            f"{exc} (nothing listens there: is the publisher running, and is this the address "
+            f"it listens on?)"
+        )
+    return str(exc)
 
 
 class Subscriber(Handlers):
@@ -84,8 +98,12 @@ class Subscriber(Handlers):
         reconnect: bool = True,
         max_backoff: float = 10.0,
         max_frame: int = 1 << 30,
+        give_up_s: float | None = None,
     ) -> None:
         self.app = app
+        self.give_up_s = give_up_s
+        """Stop retrying after this many seconds without a session (``run`` raises
+        SubscriberGaveUp); None: retry for as long as it runs (a publisher restarts)."""
         self.registry = registry
         """A registry URL (``zookeeper://HOSTS/ROOT``) or component: every publisher of
         ``dataset`` is found there, instead of ``publishers``."""
@@ -144,11 +162,21 @@ class Subscriber(Handlers):
         self._wake.set()
 
     def run(self) -> None:
-        """Serve until ``stop()``; reconnects on connection loss (with backoff)."""
-        if self.registry is None:
-            _Link(self, None, self._addresses).run()
-            return
-        self._run_registered()
+        """Serve until ``stop()``; reconnects on connection loss (with backoff). Ctrl-C
+        (KeyboardInterrupt) stops it too: ``run`` returns, and what the handler had not
+        returned from is delivered again to the next subscriber."""
+        try:
+            if self.registry is None:
+                _Link(self, None, self._addresses).run()
+                return
+            self._run_registered()
+        except KeyboardInterrupt:
+            self.stop()
+            log.info(
+                "%s/%s: stopped by Ctrl-C; updates not acknowledged are delivered again",
+                self.app,
+                self.instance,
+            )
 
     def _addresses(self) -> list[str]:
         if self._publishers is not None:
@@ -320,6 +348,8 @@ class _Link:
         stop = owner._stop
         backoff = Backoff(log, first=0.2, cap=owner.max_backoff, stop=stop)
         attempt = 0
+        since = time.monotonic()
+        """When this link last had a session (or began)."""
         while not stop.is_set():
             addresses = self.addresses()
             if not addresses:
@@ -342,8 +372,16 @@ class _Link:
                     raise
                 if self._connected:
                     backoff.reset()  # it worked until now: retry soon
+                    since = time.monotonic()
+                # Through a registry, publishers come and go: only a fixed address gives up.
+                give_up = owner.give_up_s if self.datastore is None else None
+                if give_up is not None and time.monotonic() - since >= give_up:
+                    raise SubscriberGaveUp(
+                        f"publisher {address}: no session for {give_up:g}s ({_why(exc)}); "
+                        f"giving up (give_up_s)"
+                    ) from None
                 reconnecting(log.name)
-                if not backoff.wait("publisher %s: %s; reconnecting in %.1fs", address, exc):
+                if not backoff.wait("publisher %s: %s; reconnecting in %.1fs", address, _why(exc)):
                     return
 
     def _lose_shards(self) -> None:
@@ -400,14 +438,28 @@ class _Link:
                 ),
             )
         )
-        kind, body = p.read_frame(sock, 1 << 20)
+        try:
+            kind, body = p.read_frame(sock, 1 << 20)
+        except p.ProtocolError as exc:
+            raise p.ProtocolError(
+                f"not a Wormhole publisher: its answer to the handshake is no Wormhole frame "
+                f"({exc}); check the address"
+            ) from None
+        except p.PeerClosed:
+            raise p.PeerClosed(
+                "the connection was closed during the handshake: not a Wormhole publisher, or "
+                "one that is stopping"
+            ) from None
         if kind == p.REFUSE:
             sock.close()
             if body.fatal:
                 raise SubscriberRefused(f"publisher {address} refused {owner.app}: {body.reason}")
             raise _Closed(f"refused: {body.reason}")
         if kind != p.WELCOME:
-            raise p.ProtocolError(f"expected welcome, got {p.NAMES.get(kind, kind)}")
+            raise p.ProtocolError(
+                f"not a Wormhole publisher: it answered the handshake with "
+                f"{p.NAMES.get(kind, kind)}, not a welcome"
+            )
         welcome: p.Welcome = body
         return welcome
 

@@ -61,6 +61,7 @@ def subscribe(request: SubscribeRequest) -> None:
         credits=options.credits,
         heartbeat_ms=options.heartbeat_ms,
         heartbeat_timeout_ms=options.heartbeat_timeout_ms,
+        give_up_s=options.give_up_s,
     )
     subscriber.serve_sink(sink_component, pipeline, app, request.instance)
 
@@ -85,5 +86,6 @@ def _subscribe_through_registry(request: SubscribeRequest) -> None:
         credits=options.credits,
         heartbeat_ms=options.heartbeat_ms,
         heartbeat_timeout_ms=options.heartbeat_timeout_ms,
+        give_up_s=options.give_up_s,
     )
     subscriber.serve_sink(app.sink, pipeline, app, request.instance)

@@ -88,6 +88,12 @@ class TcpOptions(Options):
     drain_timeout_s: float = Field(
         10.0, ge=0, description="on stop, how long subscribers may take to finish what they hold"
     )
+    give_up_s: float | None = Field(
+        None,
+        gt=0,
+        description="`wormhole subscribe`: exit with an error after this many seconds without "
+        "a session with a publisher (default: retry for as long as it runs)",
+    )
 
     @model_validator(mode="after")
     def _check(self) -> TcpOptions:
