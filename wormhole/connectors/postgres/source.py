@@ -28,6 +28,7 @@ from typing import Any, NamedTuple
 import msgspec
 
 from wormhole.connectors.postgres import pgoutput as pg
+from wormhole.connectors.postgres.decode_errors import DecodeErrors
 from wormhole.connectors.postgres.options import PostgresOptions
 from wormhole.connectors.postgres.schema_history import Columns, Entry, SchemaHistory
 from wormhole.core.errors import BackfillError, SourceError, first_line
@@ -246,6 +247,9 @@ class PostgresSource(DatabaseSource):
         self.watermark_prefix = ""
         self.pending_watermark: str | None = None
         self.backfill_conn: Any = None
+        self.decode_errors = DecodeErrors(options.on_decode_error == "stop")
+        self.raw_text = False
+        """A SQL_ASCII database: the snapshot reads text as bytes and decodes it here."""
 
     # ------------------------------------------------------------------ open
     def _connect_and_check(self, context: SourceContext) -> None:
@@ -317,6 +321,7 @@ class PostgresSource(DatabaseSource):
             raise SourceError(
                 f"source: the database encoding is {encoding}; this source reads UTF8 databases"
             )
+        self.raw_text = encoding == "SQL_ASCII"
         (version,) = self._query("SHOW server_version_num")[0]
         self.server_version = int(version)
         rows = self._query(
@@ -981,6 +986,7 @@ class PostgresSource(DatabaseSource):
         relations = self.relations
         heartbeat_tables = self.options.heartbeat_tables
         parse_change = pg.parse_change
+        bad: list[tuple[str, bytes]] = []
         make_insert = self._insert
         make_change = self._change
         lsn, index, complete, flush = self.lsn, self.index, self.complete, self.flush
@@ -1029,7 +1035,9 @@ class PostgresSource(DatabaseSource):
                 self.txn_index += 1
                 if skip_txn or (resuming and self.txn_index <= self.resume_index):
                     continue
-                op, relation, before, after, unchanged, full = parse_change(data, relations)
+                op, relation, before, after, unchanged, full = parse_change(data, relations, bad)
+                if bad:
+                    self._undecodable(relation, bad)
                 if heartbeat_tables and relation.table in heartbeat_tables:
                     continue
                 if op == "c":
@@ -1085,8 +1093,22 @@ class PostgresSource(DatabaseSource):
             elif tag == 77:  # M
                 transactional, prefix, content = pg.parse_message(data)
                 if transactional and prefix == self.watermark_prefix and not skip_txn:
-                    self.pending_watermark = content.decode()
+                    try:
+                        self.pending_watermark = content.decode()
+                    except UnicodeDecodeError:
+                        at = f"{self.txn_position}:{self.txn_index}"
+                        self.decode_errors.message(prefix, content, at)
             # 'Y' (type) carries nothing the envelope needs.
+
+    def _undecodable(self, relation: pg.Relation, bad: list[tuple[str, bytes]]) -> None:
+        """Text values of a change that are not UTF-8 (already rendered as undecoded by
+        the parser): a warning and the metric for each, or a stop."""
+        at = f"{self.txn_position}:{self.txn_index}"
+        try:
+            for column, raw in bad:
+                self.decode_errors.value(relation.table, column, raw, at)
+        finally:
+            bad.clear()
 
     def _insert(self, relation: pg.Relation, after: Any) -> Update:
         # The common case, kept short: an insert holds every value (never a TOAST
@@ -1194,13 +1216,42 @@ class PostgresSource(DatabaseSource):
                 for values in fetched
             ]
 
+        if self.raw_text:
+            as_dicts = self._decoding_rows(table, relation)
+
         select_list = ", ".join(
             text_of(_quote(c.name), self.base_types.get(c.type_oid, c.type_oid)) for c in columns
         )
         cursor = self.conn.cursor(name=f"wormhole_snapshot_{oid}")
+        if self.raw_text:
+            psycopg2.extensions.register_type(psycopg2.extensions.BYTES, cursor)
         cursor.itersize = self.options.batch_updates
         cursor.execute(f"SELECT {select_list} FROM {_qualified(table)}")
         return SnapshotTable(table, relation.key_columns, cursor, as_dicts)
+
+    def _decoding_rows(self, table: str, relation: pg.Relation) -> Any:
+        """``as_dicts`` of a SQL_ASCII database's snapshot: the values arrive as bytes
+        (they may not be UTF-8), decoded here by the stream's rules."""
+        columns = relation.columns
+        convert = pg.convert
+        at = f"the snapshot at {pg.lsn_text(self.snapshot_lsn)}"
+
+        def value(column: pg.Column, raw: bytes | None) -> Any:
+            if raw is None:
+                return None
+            try:
+                text = raw.decode()
+            except UnicodeDecodeError:
+                return self.decode_errors.value(table, column.name, raw, at, "table")
+            return text if column.kind == 0 else convert(column.kind, text)
+
+        def as_dicts(fetched: list[Any]) -> list[dict[str, Any]]:
+            return [
+                {c.name: value(c, v) for c, v in zip(columns, values, strict=True)}
+                for values in fetched
+            ]
+
+        return as_dicts
 
     def _end_snapshot(self) -> None:
         self.conn.commit()
