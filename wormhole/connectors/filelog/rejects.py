@@ -1,0 +1,93 @@
+"""Lines and records of the ``filelog`` source that are not updates.
+
+With ``on_decode_error: fallback`` (the default) such a line (or LogWriter record, or one
+message of a record) is not delivered: it is appended to ``<state_dir>/filelog-rejects.jsonl``
+and fsynced before the batch that moves the position past it is returned, so the position
+never passes data that was not kept somewhere durable. A warning names the file, line,
+offset and fix, and ``wormhole_source_rejected_records`` counts it. Each entry is a JSON
+object: ``file``, ``offset``, ``line`` (JSON lines) or ``seq`` (LogWriter), ``reason``,
+and the data as ``text`` (UTF-8) or ``hex`` (anything else). After a crash a line may be
+recorded twice; ``file`` and ``offset`` tell the copies apart.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+from typing import Any
+
+import msgspec
+
+from wormhole.core import metrics
+from wormhole.core.errors import SourceError
+from wormhole.core.framing import fsync_directory
+
+log = logging.getLogger("wormhole.filelog")
+
+REJECTS_FILE = "filelog-rejects.jsonl"
+_LOGGED_PER_FILE = 10
+_encode = msgspec.json.Encoder().encode
+
+
+class Rejects:
+    """The rejects file of one source: entries are buffered, then made durable together
+    (:meth:`flush`) before the batch that passes them is handed on."""
+
+    def __init__(self, state_dir: Path) -> None:
+        self.path = state_dir / REJECTS_FILE
+        self.pending: list[bytes] = []
+        self.logged: dict[str, int] = {}
+
+    def add(self, table: str, column: str, entry: dict[str, Any], data: bytes) -> None:
+        """Record ``data`` (a line or a record's payload) with ``entry`` describing it;
+        ``table`` and ``column`` label the metric."""
+        try:
+            entry["text"] = data.decode()
+        except UnicodeDecodeError:
+            entry["hex"] = data.hex()
+        self.pending.append(_encode(entry) + b"\n")
+        metrics.rejected_record(table, column)
+        file = entry["file"]
+        logged = self.logged.get(file, 0)
+        if logged < _LOGGED_PER_FILE:
+            self.logged[file] = logged + 1
+            where = f"line {entry['line']}" if "line" in entry else f"seq {entry['seq']}"
+            log.warning(
+                "%s: %s (offset %d): %s; skipped and recorded in %s. Fix the producer (each "
+                "line one update object), deliver the recorded data again if it matters, or "
+                "set source.on_decode_error: stop to stop at such data%s",
+                file,
+                where,
+                entry["offset"],
+                entry["reason"],
+                self.path,
+                " (further ones of this file are only counted)"
+                if logged == _LOGGED_PER_FILE - 1
+                else "",
+            )
+
+    def flush(self) -> None:
+        """Make the buffered entries durable (append, fsync)."""
+        if not self.pending:
+            return
+        data = b"".join(self.pending)
+        try:
+            new = not self.path.exists()
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+            try:
+                view = memoryview(data)
+                while view:
+                    view = view[os.write(fd, view) :]
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+            if new:
+                fsync_directory(str(self.path.parent))
+        except OSError as exc:
+            raise SourceError(
+                f"{self.path}: cannot record rejected source data ({exc.strerror}); free space "
+                f"or fix the permissions of the state_dir, then run again"
+            ) from exc
+        self.pending.clear()
