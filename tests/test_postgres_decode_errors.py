@@ -155,3 +155,36 @@ def test_a_watermark_message_that_is_not_utf8_is_ignored_with_a_warning(
     finally:
         source.close()
         stopping.close()
+
+
+def test_a_backfill_chunk_delivers_text_that_is_not_utf8_as_its_bytes(
+    tmp_path: Path, ascii_dsn: str
+) -> None:
+    sql(ascii_dsn, "CREATE TABLE t (s text PRIMARY KEY, n int, note text)")
+    conn = psycopg2.connect(ascii_dsn)
+    conn.autocommit = True
+    with conn.cursor() as cur:
+        for key, note in ((b"a\xff", b'q"\xfe'), ("é".encode(), b"ok")):
+            cur.execute(
+                "INSERT INTO t VALUES (convert_from(%s, 'SQL_ASCII'), 1, "
+                "convert_from(%s, 'SQL_ASCII'))",
+                (key, note),
+            )
+    conn.close()
+    source = open_source(tmp_path, ascii_dsn, "chunks", snapshot="never")
+    try:
+        plan = source.backfill_plan("chunks", "public.t", None)
+        rows = source.backfill_chunk(plan, None, 10)
+        by_n = sorted(((u.key, after(u)) for u in rows), key=str)
+        assert by_n == sorted(
+            [
+                (
+                    {"s": {"undecoded": "61ff"}},
+                    {"s": {"undecoded": "61ff"}, "n": 1, "note": {"undecoded": "7122fe"}},
+                ),
+                ({"s": "é"}, {"s": "é", "n": 1, "note": "ok"}),
+            ],
+            key=str,
+        )
+    finally:
+        source.close()

@@ -17,6 +17,7 @@ only to ``flush`` of batches the publisher log has made durable.
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import re
 import select
@@ -122,9 +123,22 @@ def _key_value_sql(expr: str, kind: int, base: int) -> str:
 
 def _key_value(kind: int, base: int, value: Any) -> Any:
     """A key value a backfill selected (text as bytes) as the stream gives it."""
-    if value is None or _native_key(kind, base):
-        return value
+    if value is None or _native_key(kind, base) or not isinstance(value, bytes):
+        return value  # a native key, or one rendered already (undecoded)
     return pg.convert(kind, value.decode())
+
+
+def _is_utf8(data: bytes) -> bool:
+    try:
+        data.decode()
+    except UnicodeDecodeError:
+        return False
+    return True
+
+
+def _escaped(text: str) -> bytes:
+    """The bytes of a string decoded with ``surrogateescape``."""
+    return text.encode("utf-8", "surrogateescape")
 
 
 def _unused_name(name: str, taken: set[str]) -> str:
@@ -686,7 +700,26 @@ class PostgresSource(DatabaseSource):
                 f"backfill of {plan.table}: a chunk cannot be read ({first_line(exc)}); if the "
                 f"table changed, backfill it again"
             ) from exc
+        if self.raw_text:
+            fetched = [self._utf8_chunk_row(plan.table, row, len(keys)) for row in fetched]
         return self._chunk_updates(plan, kinds, fetched)
+
+    def _utf8_chunk_row(self, table: str, row: Any, n_keys: int) -> Any:
+        """A backfilled row of a SQL_ASCII database whose JSON holds bytes that are not
+        UTF-8: each such text value (key or column) as :func:`pg.undecoded`."""
+        document = row[n_keys]
+        if document.isascii() or _is_utf8(document):
+            return row
+        at = "a backfill chunk"
+        values = json.loads(document.decode("utf-8", "surrogateescape"))
+        for column, value in values.items():
+            if isinstance(value, str) and not _is_utf8(raw := _escaped(value)):
+                values[column] = self.decode_errors.value(table, column, raw, at, "table")
+        # A key value is also in the row: counted and logged there.
+        keys = [
+            pg.undecoded(k) if isinstance(k, bytes) and not _is_utf8(k) else k for k in row[:n_keys]
+        ]
+        return (*keys, json.dumps(values, ensure_ascii=False).encode())
 
     def _visible_snapshot(self, cur: Any) -> None:
         """Begin a read-only REPEATABLE READ transaction whose snapshot sees every
