@@ -32,7 +32,14 @@ from typing import Any, BinaryIO, Literal
 import msgspec
 from pydantic import ByteSize, Field
 
-from wormhole.connectors.filelog.rejects import Rejects
+from wormhole.connectors.filelog.rejects import (
+    Rejects,
+    decode_line,
+    missing_field,
+    salvage,
+    utf8,
+    utf8_or_raise,
+)
 from wormhole.core.errors import LogCorruptError, SourceError
 from wormhole.core.framing import HEADER, HEADER_SIZE, MAGIC, TornTail, read_records
 from wormhole.core.update import NULL, OPS, Update
@@ -52,7 +59,6 @@ log = logging.getLogger("wormhole.filelog")
 _batch_decoder = msgspec.json.Decoder(list[Update])
 _rows_decoder = msgspec.json.Decoder(list[tuple[Update]])
 """JSON lines as ``[[line 1],[line 2],...]``: exactly one update per line."""
-_line_decoder = msgspec.json.Decoder(Update)
 _header_decoder = msgspec.json.Decoder(FileHeader)
 _OPEN_BRACE = ord("{")
 _VALID_OPS = frozenset(OPS)
@@ -447,7 +453,7 @@ class FilelogSource:
         which are delivered first (the next read stops at the bad line)."""
         updates: list[Update] | None = None
         used = len(data)
-        if b"\n\n" not in data and data[:1] != b"\n" and _utf8(data):
+        if b"\n\n" not in data and data[:1] != b"\n" and utf8(data):
             # No empty lines (the usual case): one decode of the whole chunk, and the
             # lines' offsets from their lengths, without a Python step per line.
             # Each line is wrapped in its own one-item array, so a line must hold exactly
@@ -517,7 +523,7 @@ class FilelogSource:
             offset += len(line) + 1
         if not kept:
             return [], [], len(data)
-        if _utf8(data):
+        if utf8(data):
             try:
                 rows = _rows_decoder.decode(b"[[" + b"],[".join(kept) + b"]]")
             except msgspec.DecodeError:
@@ -528,14 +534,14 @@ class FilelogSource:
         good: list[int] = []
         for line, off in zip(kept, offsets, strict=True):
             try:
-                updates.append(_decode_line(line))
+                updates.append(decode_line(line))
             except (msgspec.DecodeError, UnicodeDecodeError) as exc:
                 reason = f"not a valid update line ({exc})"
                 if self.stop_at_bad:
                     if updates:
                         return updates, good, off - start
                     self._bad(stream, off, reason)
-                self._reject(stream, off, line, reason, _missing_field(str(exc)))
+                self._reject(stream, off, line, reason, missing_field(str(exc)))
                 continue
             good.append(off)
         return updates, good, len(data)
@@ -614,7 +620,7 @@ class FilelogSource:
         self, stream: Stream, pid: str, first: int, offset: int, payload: bytes, seen: int
     ) -> list[Update]:
         try:
-            updates: list[Update | None] = list(_batch_decoder.decode(_utf8_or_raise(payload)))
+            updates: list[Update | None] = list(_batch_decoder.decode(utf8_or_raise(payload)))
         except (msgspec.DecodeError, UnicodeDecodeError) as exc:
             if self.stop_at_bad:
                 raise SourceError(
@@ -624,7 +630,15 @@ class FilelogSource:
                     f"source.on_decode_error: fallback to skip what does not decode, recorded "
                     f"in the state_dir's filelog-rejects.jsonl"
                 ) from exc
-            updates = self._salvage(stream, first, offset, payload, seen, str(exc))
+            assert self.rejects is not None
+            updates = salvage(
+                self.rejects,
+                str(stream.directory / (stream.file or "")),
+                self.options.table or stream.directory.name,
+                (first, offset, seen),
+                payload,
+                str(exc),
+            )
         if first <= seen:
             updates = updates[seen - first + 1 :]
             first = seen + 1
@@ -644,34 +658,6 @@ class FilelogSource:
                 if u.before is NULL:
                     u.before = msgspec.Raw(_encode(u.key))
                 u.after = NULL
-        return out
-
-    def _salvage(
-        self, stream: Stream, first: int, offset: int, payload: bytes, seen: int, error: str
-    ) -> list[Update | None]:
-        """A record whose payload does not decode as a whole: its messages that decode
-        (None in place of each that does not, recorded as rejected), or none at all if the
-        payload is not a JSON array (the whole record recorded)."""
-        assert self.rejects is not None
-        path = str(stream.directory / (stream.file or ""))
-        table = self.options.table or stream.directory.name
-        try:
-            items = _raw_list_decoder.decode(payload)
-        except msgspec.DecodeError:
-            entry = {"file": path, "seq": first, "offset": offset}
-            entry["reason"] = f"undecodable LogWriter record ({error})"
-            self.rejects.add(table, "", entry, payload)
-            return []
-        out: list[Update | None] = []
-        for i, item in enumerate(items):
-            try:
-                out.append(_decode_line(bytes(item)))
-            except (msgspec.DecodeError, UnicodeDecodeError) as exc:
-                out.append(None)
-                if first + i > seen:
-                    entry = {"file": path, "seq": first + i, "offset": offset}
-                    entry["reason"] = f"undecodable LogWriter message ({exc})"
-                    self.rejects.add(table, _missing_field(str(exc)), entry, bytes(item))
         return out
 
     # ------------------------------------------------------------- --once
@@ -793,37 +779,6 @@ def _is_complete_line(data: bytes) -> bool:
     except msgspec.DecodeError:
         return False
     return True
-
-
-_raw_list_decoder = msgspec.json.Decoder(list[msgspec.Raw])
-_MISSING = re.compile(r"missing required field `(\w+)`|at `\$\.(\w+)")
-
-
-def _utf8(data: bytes) -> bool:
-    """Whether ``data`` is UTF-8 (msgspec passes other bytes through inside a raw row)."""
-    if data.isascii():
-        return True
-    try:
-        data.decode()
-    except UnicodeDecodeError:
-        return False
-    return True
-
-
-def _utf8_or_raise(data: bytes) -> bytes:
-    if not data.isascii():
-        data.decode()
-    return data
-
-
-def _decode_line(line: bytes) -> Update:
-    return _line_decoder.decode(_utf8_or_raise(line))
-
-
-def _missing_field(error: str) -> str:
-    """The required key a decode error names, or empty (the metric's ``column``)."""
-    found = _MISSING.search(error)
-    return (found.group(1) or found.group(2)) if found else ""
 
 
 def _line_at(data: bytes, start: int) -> bytes:

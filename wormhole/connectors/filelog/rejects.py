@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 from pathlib import Path
 from typing import Any
 
@@ -22,12 +23,16 @@ import msgspec
 from wormhole.core import metrics
 from wormhole.core.errors import SourceError
 from wormhole.core.framing import fsync_directory
+from wormhole.core.update import Update
 
 log = logging.getLogger("wormhole.filelog")
 
 REJECTS_FILE = "filelog-rejects.jsonl"
 _LOGGED_PER_FILE = 10
 _encode = msgspec.json.Encoder().encode
+_line_decoder = msgspec.json.Decoder(Update)
+_raw_list_decoder = msgspec.json.Decoder(list[msgspec.Raw])
+_MISSING = re.compile(r"missing required field `(\w+)`|at `\$\.(\w+)")
 
 
 class Rejects:
@@ -91,3 +96,66 @@ class Rejects:
                 f"or fix the permissions of the state_dir, then run again"
             ) from exc
         self.pending.clear()
+
+
+def salvage(
+    rejects: Rejects,
+    path: str,
+    table: str,
+    where: tuple[int, int, int],
+    payload: bytes,
+    error: str,
+) -> list[Update | None]:
+    """A LogWriter record (``where``: first seq, offset, last seq already delivered) whose
+    payload does not decode as a whole: its messages that decode, None in place of each
+    that does not (recorded in ``rejects``), or none at all if the payload is not a JSON
+    array (the whole record recorded)."""
+    first, offset, seen = where
+    try:
+        items = _raw_list_decoder.decode(payload)
+    except msgspec.DecodeError:
+        entry = {"file": path, "seq": first, "offset": offset}
+        entry["reason"] = f"undecodable LogWriter record ({error})"
+        rejects.add(table, "", entry, payload)
+        return []
+    out: list[Update | None] = []
+    for i, item in enumerate(items):
+        try:
+            out.append(decode_line(bytes(item)))
+        except (msgspec.DecodeError, UnicodeDecodeError) as exc:
+            out.append(None)
+            if first + i > seen:
+                entry = {"file": path, "seq": first + i, "offset": offset}
+                entry["reason"] = f"undecodable LogWriter message ({exc})"
+                rejects.add(table, missing_field(str(exc)), entry, bytes(item))
+    return out
+
+
+def utf8(data: bytes) -> bool:
+    """Whether ``data`` is UTF-8 (msgspec passes other bytes through inside a raw row)."""
+    if data.isascii():
+        return True
+    try:
+        data.decode()
+    except UnicodeDecodeError:
+        return False
+    return True
+
+
+def utf8_or_raise(data: bytes) -> bytes:
+    """``data``, or ``UnicodeDecodeError`` if it is not UTF-8."""
+    if not data.isascii():
+        data.decode()
+    return data
+
+
+def decode_line(line: bytes) -> Update:
+    """One update line (``msgspec.DecodeError`` or ``UnicodeDecodeError`` if it is not)."""
+    return _line_decoder.decode(utf8_or_raise(line))
+
+
+def missing_field(error: str) -> str:
+    """The key a decode error names (missing, or of the wrong type), or empty: the
+    metric's ``column``."""
+    found = _MISSING.search(error)
+    return (found.group(1) or found.group(2)) if found else ""
