@@ -13,6 +13,10 @@ publisher or two publishers writing the same stream deliver each message once.
 
 The checkpoint stored with every batch in the publisher log is
 ``{"streams": {stream: [file, offset]}, "seen": {publisher_id: last_seq}}``.
+
+A line (or LogWriter message) that is not an update is skipped and kept in the state
+dir's rejects file (see :mod:`.rejects`), or stops the source (``on_decode_error: stop``)
+after what precedes it is delivered.
 """
 
 from __future__ import annotations
