@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-dev
 
-.PHONY: run test lint bench install services clean
+.PHONY: run test lint bench soak install services clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -31,6 +31,13 @@ lint: $(STAMP)
 
 test: $(STAMP) services lint
 	$(BIN)/python -m pytest
+
+## The multiple-copy fault loop of `make test`, longer (SOAK_FAULTS faults a source; replay a
+## run with WORMHOLE_CHAOS_SEED=N).
+SOAK_FAULTS ?= 60
+soak: $(STAMP) services
+	WORMHOLE_COPIES_FAULTS=$(SOAK_FAULTS) $(BIN)/python -m pytest -s \
+		tests/test_multiple_copy_faults.py
 
 bench: $(STAMP)
 	$(BIN)/python bench/filelog_throughput.py
