@@ -365,4 +365,5 @@ def run_loop(copies: Copies, write: Callable[[int, int], None]) -> None:
     print(f"seed {seed}: {rounds} rounds, {lines:,} lines, {duplicates:,} duplicates")
     print(f"a new round at every key after a fault ends: median {statistics.median(every):.2f}s")
     for kind, took in sorted(loop.took.items()):
-        print(f"  {kind}: {len(took)} times, max {max(took):.2f}s")
+        median, most = statistics.median(took), max(took)
+        print(f"  {kind}: {len(took)} times, median {median:.2f}s, max {most:.2f}s")
