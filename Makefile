@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-dev
 RUN_STAMP := $(VENV)/.installed-run
 
-.PHONY: run test lint bench install services clean
+.PHONY: run test lint bench soak install services clean
 
 # What the quickstart needs: the package and its own dependencies (about 60 MB), no extras.
 $(RUN_STAMP): pyproject.toml
@@ -39,6 +39,13 @@ lint: $(STAMP)
 
 test: $(STAMP) services lint
 	$(BIN)/python -m pytest
+
+## The multiple-copy fault loop of `make test`, longer (SOAK_FAULTS faults a source; replay a
+## run with WORMHOLE_CHAOS_SEED=N).
+SOAK_FAULTS ?= 60
+soak: $(STAMP) services
+	WORMHOLE_COPIES_FAULTS=$(SOAK_FAULTS) $(BIN)/python -m pytest -s \
+		tests/test_multiple_copy_faults.py
 
 bench: $(STAMP)
 	$(BIN)/python bench/filelog_throughput.py
