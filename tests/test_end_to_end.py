@@ -390,16 +390,31 @@ def test_a_missing_source_directory_exits_2(tmp_path: Path) -> None:
     )
 
 
-def test_a_malformed_source_line_exits_2_and_delivers_only_what_precedes_it(tmp_path: Path) -> None:
+def test_a_malformed_source_line_is_recorded_and_skipped_or_stops_after_what_precedes_it(
+    tmp_path: Path,
+) -> None:
     data = tmp_path / "data"
     data.mkdir()
     good = "".join(
         json.dumps({"key": {"rider": i}, "after": {"rider": i, "seq": 0}}) + "\n" for i in range(5)
     )
     (data / "1.jsonl").write_text(good + "this is not json\n" + good)
-    pipeline = _riders_pipeline(tmp_path)
+    source = {"type": "filelog", "path": str(data), "on_decode_error": "stop"}
+    pipeline = _riders_pipeline(tmp_path, source=source)
     _expect_exit_2(run_cli("run", str(pipeline), "--once", cwd=tmp_path), "1.jsonl: line 6")
-    assert read_envelopes(tmp_path / "out" / "history.jsonl") == []
+    # The lines before the bad one are delivered; nothing from it on.
+    history = read_envelopes(tmp_path / "out" / "history.jsonl")
+    assert sorted(e["key"]["rider"] for e in history) == list(range(5))
+    # The default: the line is kept in the state_dir's rejects file, the rest delivered.
+    source["on_decode_error"] = "fallback"
+    pipeline = _riders_pipeline(tmp_path, source=source)
+    result = run_cli("run", str(pipeline), "--once", cwd=tmp_path)
+    assert result.returncode == 0, result
+    assert "1.jsonl: line 6 (offset" in result.stderr and "filelog-rejects.jsonl" in result.stderr
+    history = read_envelopes(tmp_path / "out" / "history.jsonl")
+    assert sorted(e["key"]["rider"] for e in history) == sorted([*range(5), *range(5)])
+    [reject] = (tmp_path / "state" / "filelog-rejects.jsonl").read_text().splitlines()
+    assert json.loads(reject)["text"] == "this is not json"
 
 
 def _write_riders(directory: Path, riders: int, seconds: int, batch_size: int) -> None:

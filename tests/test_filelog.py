@@ -84,7 +84,9 @@ def test_a_malformed_line_stops_with_file_and_line(tmp_path: Path) -> None:
     path.write_text(
         line(key={"id": 1}, after={"id": 1}) + "\n" + '{"key": {"id": 2}, "after": [1}\n'
     )
-    source = open_source(path)
+    source = open_source(path, on_decode_error="stop")
+    batch = source.read(0.05)
+    assert batch is not None and [u.key["id"] for u in batch.updates] == [1]
     with pytest.raises(SourceError) as err:
         read_all(source)
     message = str(err.value)
@@ -114,7 +116,7 @@ def test_an_object_split_across_two_lines_is_an_error(tmp_path: Path) -> None:
         line(key={"id": 1}, after={"id": 1}) + '{"key": {"id": 2}\n"after": {"id": 2}}\n'
     )
     with pytest.raises(SourceError, match=r"line 2 .*not a valid update line"):
-        read_all(open_source(path))
+        read_all(open_source(path, on_decode_error="stop"))
     # Two updates on one line and one update across the next two: as many objects as lines.
     path.write_text(
         line(key={"id": 1}, after={"id": 1}).strip()
@@ -123,14 +125,14 @@ def test_an_object_split_across_two_lines_is_an_error(tmp_path: Path) -> None:
         + '{"key": {"id": 3}\n"after": {"id": 3}}\n'
     )
     with pytest.raises(SourceError, match=r"line 1 .*not a valid update line"):
-        read_all(open_source(path))
+        read_all(open_source(path, on_decode_error="stop"))
 
 
 def test_an_update_without_after_is_rejected(tmp_path: Path) -> None:
     path = tmp_path / "events.jsonl"
     path.write_text(line(op="u", key={"id": 1}))
     with pytest.raises(SourceError, match=r"line 1 .*op 'u' needs 'after'"):
-        read_all(open_source(path))
+        read_all(open_source(path, on_decode_error="stop"))
 
 
 def test_a_missing_path_is_a_clear_error(tmp_path: Path) -> None:

@@ -169,7 +169,11 @@ def test_the_auto_cdc_variant_is_a_valid_graph_and_needs_a_table_format_with_mer
 def _documented_run() -> list[str]:
     """The arguments of ``spark-pipelines`` in docs/spark.md's command for the example."""
     docs = (REPO / "docs" / "spark.md").read_text()
-    lines = [line for line in docs.splitlines() if " spark-pipelines " in line and "run" in line]
+    lines = [
+        line
+        for line in docs.splitlines()
+        if line.startswith("PYSPARK_PYTHON=") and " spark-pipelines " in line
+    ]
     assert len(lines) == 1, lines
     return lines[0].split(" spark-pipelines ", 1)[1].split()
 

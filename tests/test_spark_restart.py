@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 from conftest import REPO
 from tcp_support import Process
 
@@ -307,3 +308,60 @@ def test_a_driver_killed_in_the_file_mode_resumes_exactly_once(
     tmp_path: Path, published: Published, spark: Any
 ) -> None:
     _kill_chain(tmp_path, published, spark, "file")
+
+
+def test_a_new_reader_answers_a_replay_and_a_commit_before_any_offset(
+    tmp_path: Path, published: Published, zookeeper_server: Any
+) -> None:
+    """What Spark may ask first of the reader of a restarted query: the partitions of a
+    batch planned before the kill, or the commit of one. A new reader answers both from the
+    offsets alone, with the publishers listed and through the registry (it looked up the
+    publishers only when asked for an offset, and failed: no publisher of datastore ... is
+    reachable)."""
+    from wormhole.connectors.spark.stream import FlowRange, WormholeStreamReader, _Options
+
+    planned = {"restart": {str(s): 0 for s in range(SHARDS)}}
+    end = {"restart": {str(s): TOTAL // 2 for s in range(SHARDS)}}
+    listed = {"publishers": f"127.0.0.1:{published.port}", "token": "s3cret"}
+    reader = WormholeStreamReader(_Options({**listed, "application": "file"}))
+    ranges = reader.partitions(planned, end)
+    assert [(r.shard, r.start, r.end) for r in ranges if isinstance(r, FlowRange)] == [
+        (s, 0, TOTAL // 2) for s in range(SHARDS)
+    ]
+    fresh = WormholeStreamReader(_Options({**listed, "application": "file"}))
+    fresh.commit(end)  # stored at the publisher, as the application's datamarkers
+    assert set(_datamarkers(published, "file").values()) == {TOTAL // 2}
+
+    # Through the registry: a publisher of the same log registered in ZooKeeper.
+    root = "/spark-restart-registry"
+    pipeline = yaml.safe_load(published.pipeline.read_text())
+    port = free_port()
+    pipeline.update(
+        registry={"type": "zookeeper", "hosts": zookeeper_server.hosts, "root": root},
+        state_dir=str(tmp_path / "state"),
+        transport={"type": "tcp", "listen": f"127.0.0.1:{port}", "token": "s3cret"},
+    )
+    registered = write_pipeline(tmp_path / "registered.yml", pipeline)
+    publisher = Process("publish", str(registered), "-q", cwd=tmp_path)
+    try:
+        options = {
+            "registry": f"zookeeper://{zookeeper_server.hosts}{root}",
+            "dataset": "restart",
+            "token": "s3cret",
+            "application": "local",
+        }
+
+        def answered() -> bool:
+            reader = WormholeStreamReader(_Options(options))
+            try:
+                return len(reader.partitions(planned, end)) == SHARDS
+            except ValueError as exc:
+                if "is registered" not in str(exc):  # not registered yet: ask again
+                    raise
+                return False
+            finally:
+                reader.stop()
+
+        wait_until(answered, 60, "a new reader to plan the batch through the registry")
+    finally:
+        assert publisher.stop() == 0, publisher.stderr

@@ -85,6 +85,14 @@ UNDECODED = Counter(
     ["table", "column"],
     registry=REGISTRY,
 )
+REJECTED = Counter(
+    "wormhole_source_rejected_records",
+    "Source records that were not updates (a file-log line that is not an update object, a "
+    "LogWriter record that does not decode), skipped and kept in the state_dir's rejects "
+    "file, by table and column (the key at fault, or empty).",
+    ["table", "column"],
+    registry=REGISTRY,
+)
 SINK_WRITE_SECONDS = Histogram(
     "wormhole_sink_write_seconds",
     "Time a sink took to make one batch durable (successful writes), subscriber side.",
@@ -121,6 +129,12 @@ def reconnecting(logger: str) -> None:
 def undecoded_value(table: str, column: str) -> None:
     """A source delivered a value of ``table``.``column`` it could not decode as its bytes."""
     UNDECODED.labels(table, column).inc()
+
+
+def rejected_record(table: str, column: str) -> None:
+    """A source skipped a record of ``table`` that was not an update (kept in its rejects
+    file); ``column``: the key at fault, or empty."""
+    REJECTED.labels(table, column).inc()
 
 
 def dead_lettered(application: str, updates: int = 1) -> None:

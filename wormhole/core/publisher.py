@@ -89,6 +89,10 @@ class RunSummary:
         return self.source_updates / self.elapsed if self.elapsed > 0 else 0.0
 
 
+DRAIN_AFTER_FAILURE_S = 30.0
+"""How long a run whose source failed waits for applications to take what was read."""
+
+
 class Publisher:
     def __init__(
         self, pipeline: Pipeline, once: bool = False, local_subscribers: bool = True
@@ -97,6 +101,9 @@ class Publisher:
         self.once = once
         self.local_subscribers = local_subscribers
         self.stop_requested = threading.Event()
+        self.source_failed = threading.Event()
+        """The tailer failed: what the publisher log holds is delivered (for at most
+        :data:`DRAIN_AFTER_FAILURE_S`), then the run stops with the failure."""
         self.reload_requested = threading.Event()
         self.transport: Transport | None = None
         self.tail_stop = threading.Event()
@@ -179,7 +186,7 @@ class Publisher:
                 self.tail_stop,
                 end=end,
                 once=self.once,
-                on_failure=self.stop_requested.set,
+                on_failure=self.source_failed.set,
                 count_tables=pipeline.metrics is not None,
                 backfiller=backfiller,
             )
@@ -505,12 +512,22 @@ class Publisher:
         next_tick = 0.0
         target: int | None = None
         overall = self._once_progress(hub) if self.once else None
+        drain_until: float | None = None
+        drain_target = 0
         while True:
             if self.stop_requested.is_set() or hub.failure is not None or self.failure:
                 return
             assert self.tailer is not None
             if self.refilling:
                 self._start_refilled(store, publisher_log, hub)
+            if self.source_failed.is_set() and self.tailer.done.is_set():
+                # What was read before the failure is durable: deliver it before stopping.
+                if drain_until is None:
+                    drain_until = time.monotonic() + DRAIN_AFTER_FAILURE_S
+                    drain_target = publisher_log.next_seq
+                if hub.all_acknowledged(drain_target) or time.monotonic() > drain_until:
+                    self.stop_requested.set()
+                    return
             if self.once and self.tailer.done.is_set() and not self.refilling:
                 if target is None:
                     target = publisher_log.next_seq

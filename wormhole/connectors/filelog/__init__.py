@@ -13,6 +13,10 @@ publisher or two publishers writing the same stream deliver each message once.
 
 The checkpoint stored with every batch in the publisher log is
 ``{"streams": {stream: [file, offset]}, "seen": {publisher_id: last_seq}}``.
+
+A line (or LogWriter message) that is not an update is skipped and kept in the state
+dir's rejects file (see :mod:`.rejects`), or stops the source (``on_decode_error: stop``)
+after what precedes it is delivered.
 """
 
 from __future__ import annotations
@@ -33,6 +37,14 @@ from typing import Any, BinaryIO, Literal
 import msgspec
 from pydantic import ByteSize, Field
 
+from wormhole.connectors.filelog.rejects import (
+    Rejects,
+    decode_line,
+    missing_field,
+    salvage,
+    utf8,
+    utf8_or_raise,
+)
 from wormhole.core.errors import LogCorruptError, SourceError
 from wormhole.core.framing import HEADER, HEADER_SIZE, MAGIC, TornTail, read_records
 from wormhole.core.update import NULL, OPS, Update
@@ -52,7 +64,6 @@ log = logging.getLogger("wormhole.filelog")
 _batch_decoder = msgspec.json.Decoder(list[Update])
 _rows_decoder = msgspec.json.Decoder(list[tuple[Update]])
 """JSON lines as ``[[line 1],[line 2],...]``: exactly one update per line."""
-_line_decoder = msgspec.json.Decoder(Update)
 _header_decoder = msgspec.json.Decoder(FileHeader)
 _OPEN_BRACE = ord("{")
 _VALID_OPS = frozenset(OPS)
@@ -78,6 +89,12 @@ class FilelogOptions(Options):
     )
     batch_bytes: ByteSize = Field(ByteSize(1 << 20), description="read at most this much per batch")
     poll_interval_ms: int = Field(100, ge=1, description="how often to look for new data")
+    on_decode_error: Literal["fallback", "stop"] = Field(
+        "fallback",
+        description="a line (or LogWriter record) that is not an update: skip it, recorded "
+        "in the state_dir's filelog-rejects.jsonl, with a warning (fallback), or stop there "
+        "after delivering what precedes it (stop)",
+    )
 
 
 def natural_key(name: str) -> tuple[Any, ...]:
@@ -217,10 +234,13 @@ class FilelogSource:
         self.context: SourceContext | None = None
         self.confirmed: dict[str, Any] = {}
         """What the publisher log holds: stream id -> [file, offset] (for :meth:`lag`)."""
+        self.stop_at_bad = options.on_decode_error == "stop"
+        self.rejects: Rejects | None = None
 
     # ------------------------------------------------------------------ open
     def open(self, context: SourceContext, checkpoint: Any) -> None:
         self.context = context
+        self.rejects = Rejects(context.state_dir)
         root = self.root
         if not root.exists():
             raise SourceError(
@@ -324,6 +344,8 @@ class FilelogSource:
                     continue
             updates = self._read_stream(stream)
             if updates is not None:
+                if self.rejects is not None:
+                    self.rejects.flush()  # durable before the position passes them
                 self._rr = (self._rr + i + 1) % len(streams)
                 return SourceBatch(updates, self._checkpoint())
         return None
@@ -462,13 +484,17 @@ class FilelogSource:
             else:
                 return None
         data = data[: end + 1]
-        updates = self._parse_lines(stream, data, start)
-        stream.offset = start + min(len(data), size - start)
+        updates, used = self._parse_lines(stream, data, start)
+        stream.offset = start + min(used, size - start)
         return updates
 
-    def _parse_lines(self, stream: Stream, data: bytes, start: int) -> list[Update]:
+    def _parse_lines(self, stream: Stream, data: bytes, start: int) -> tuple[list[Update], int]:
+        """The updates of the whole lines ``data`` at ``start``, and how many of its bytes
+        were handled: all, unless ``on_decode_error: stop`` met a bad line after good ones,
+        which are delivered first (the next read stops at the bad line)."""
         updates: list[Update] | None = None
-        if b"\n\n" not in data and data[:1] != b"\n":
+        used = len(data)
+        if b"\n\n" not in data and data[:1] != b"\n" and utf8(data):
             # No empty lines (the usual case): one decode of the whole chunk, and the
             # lines' offsets from their lengths, without a Python step per line.
             # Each line is wrapped in its own one-item array, so a line must hold exactly
@@ -483,35 +509,49 @@ class FilelogSource:
                     map(_PLUS_ONE, map(len, data.split(b"\n"))), initial=start
                 )
         if updates is None:
-            updates, offsets = self._parse_careful(stream, data, start)
+            updates, offsets, used = self._parse_careful(stream, data, start)
             if not updates:
-                return updates
+                return updates, used
         default_table = self.options.table or stream.directory.name
         prefix = stream.prefix
-        for u, off in zip(updates, offsets, strict=False):  # offsets run one past the end
+        rejected: list[int] = []
+        for i, (u, off) in enumerate(zip(updates, offsets, strict=False)):  # offsets run one past
             op = u.op
-            if op not in _VALID_OPS:
-                self._bad(stream, off, f"op must be one of c, u, d, r, not {op!r}")
             after = u.after
-            if op == "d":
+            problem = None
+            if op not in _VALID_OPS:
+                problem = "op", f"op must be one of c, u, d, r, not {op!r}"
+            elif op == "d":
                 # The envelope contract: a delete has no after image; before is the
                 # old row where the line gives one, else the key columns.
                 if u.before is NULL:
                     u.before = after if after is not NULL else msgspec.Raw(_encode(u.key))
                 u.after = NULL
             elif after is NULL or memoryview(after)[0] != _OPEN_BRACE:
-                self._bad(stream, off, f"op {op!r} needs 'after', the row as a JSON object")
+                problem = "after", f"op {op!r} needs 'after', the row as a JSON object"
+            if problem is not None:
+                if self.stop_at_bad:
+                    if i == 0:
+                        self._bad(stream, off, problem[1])
+                    return updates[:i], off - start
+                self._reject(stream, off, _line_at(data, off - start), problem[1], problem[0])
+                rejected.append(i)
+                continue
             if not u.table:
                 u.table = default_table
             position = prefix + str(off)
             u.position = position
             u.logical = position
             u.connector = "filelog"
-        return updates
+        if rejected:
+            dropped = set(rejected)
+            updates = [u for i, u in enumerate(updates) if i not in dropped]
+        return updates, used
 
     def _parse_careful(
         self, stream: Stream, data: bytes, start: int
-    ) -> tuple[list[Update], list[int]]:
+    ) -> tuple[list[Update], list[int], int]:
+        """Lines one by one (blank or bad lines): (updates, their offsets, bytes handled)."""
         lines = data.split(b"\n")
         lines.pop()  # after the final newline
         offsets = []
@@ -523,21 +563,29 @@ class FilelogSource:
                 offsets.append(offset)
             offset += len(line) + 1
         if not kept:
-            return [], []
-        try:
-            rows = _rows_decoder.decode(b"[[" + b"],[".join(kept) + b"]]")
-        except msgspec.DecodeError:
-            self._raise_bad_line(stream, kept, offsets)
-            raise  # pragma: no cover - _raise_bad_line always raises
-        return list(map(_FIRST, rows)), offsets
-
-    def _raise_bad_line(self, stream: Stream, lines: list[bytes], offsets: list[int]) -> None:
-        for line, off in zip(lines, offsets, strict=True):
+            return [], [], len(data)
+        if utf8(data):
             try:
-                _line_decoder.decode(line)
-            except msgspec.DecodeError as exc:
-                self._bad(stream, off, f"not a valid update line ({exc})")
-        self._bad(stream, offsets[0], "malformed batch")
+                rows = _rows_decoder.decode(b"[[" + b"],[".join(kept) + b"]]")
+            except msgspec.DecodeError:
+                pass
+            else:
+                return list(map(_FIRST, rows)), offsets, len(data)
+        updates: list[Update] = []
+        good: list[int] = []
+        for line, off in zip(kept, offsets, strict=True):
+            try:
+                updates.append(decode_line(line))
+            except (msgspec.DecodeError, UnicodeDecodeError) as exc:
+                reason = f"not a valid update line ({exc})"
+                if self.stop_at_bad:
+                    if updates:
+                        return updates, good, off - start
+                    self._bad(stream, off, reason)
+                self._reject(stream, off, line, reason, missing_field(str(exc)))
+                continue
+            good.append(off)
+        return updates, good, len(data)
 
     def _bad(self, stream: Stream, offset: int, reason: str) -> None:
         path = stream.directory / (stream.file or "")
@@ -545,8 +593,17 @@ class FilelogSource:
         raise SourceError(
             f"{path}: line {line_no} (offset {offset}): {reason}. Expected one JSON object per "
             f'line like {{"table": "t", "op": "c", "key": {{"id": 1}}, "after": {{"id": 1}}}}; '
-            f"fix or remove the line, then run again (nothing after it was delivered)"
+            f"fix or remove the line, then run again (the lines before it were delivered, "
+            f"nothing from it on), or set source.on_decode_error: fallback to skip such lines, "
+            f"recorded in the state_dir's filelog-rejects.jsonl"
         )
+
+    def _reject(self, stream: Stream, offset: int, line: bytes, reason: str, column: str) -> None:
+        assert self.rejects is not None
+        path = stream.directory / (stream.file or "")
+        entry = {"file": str(path), "line": _line_number(path, offset), "offset": offset}
+        entry["reason"] = reason
+        self.rejects.add(self.options.table or stream.directory.name, column, entry, line)
 
     # --------------------------------------------------------- logwriter
     def _read_logwriter(
@@ -573,11 +630,17 @@ class FilelogSource:
                     break
                 last = record.first + record.count - 1
                 if last > seen:
-                    out.extend(
-                        self._messages(
+                    try:
+                        messages = self._messages(
                             stream, pid, record.first, record.offset, record.payload, seen
                         )
-                    )
+                    except SourceError:
+                        if not out:
+                            raise
+                        # on_decode_error: stop: what precedes the record goes out first.
+                        stream.offset = record.offset
+                        break
+                    out.extend(messages)
                     seen = last
                 if consumed >= want:
                     break
@@ -598,18 +661,35 @@ class FilelogSource:
         self, stream: Stream, pid: str, first: int, offset: int, payload: bytes, seen: int
     ) -> list[Update]:
         try:
-            updates = _batch_decoder.decode(payload)
-        except msgspec.DecodeError as exc:
-            raise SourceError(
-                f"{stream.directory / (stream.file or '')}: record at offset {offset} has an "
-                f"undecodable payload ({exc})"
-            ) from exc
+            updates: list[Update | None] = list(_batch_decoder.decode(utf8_or_raise(payload)))
+        except (msgspec.DecodeError, UnicodeDecodeError) as exc:
+            if self.stop_at_bad:
+                raise SourceError(
+                    f"{stream.directory / (stream.file or '')}: record at offset {offset} "
+                    f"(seq {first}..) has an undecodable payload ({exc}); nothing from it on "
+                    f"was delivered. Fix the program that wrote it, or set "
+                    f"source.on_decode_error: fallback to skip what does not decode, recorded "
+                    f"in the state_dir's filelog-rejects.jsonl"
+                ) from exc
+            assert self.rejects is not None
+            updates = salvage(
+                self.rejects,
+                str(stream.directory / (stream.file or "")),
+                self.options.table or stream.directory.name,
+                (first, offset, seen),
+                payload,
+                str(exc),
+            )
         if first <= seen:
             updates = updates[seen - first + 1 :]
             first = seen + 1
         position = f"{stream.prefix}{offset}"
         default_table = self.options.table or stream.directory.name
+        out: list[Update] = []
         for i, u in enumerate(updates):
+            if u is None:
+                continue
+            out.append(u)
             u.connector = "filelog"
             u.position = position
             u.logical = f"{pid}:{first + i}"
@@ -619,7 +699,7 @@ class FilelogSource:
                 if u.before is NULL:
                     u.before = msgspec.Raw(_encode(u.key))
                 u.after = NULL
-        return updates
+        return out
 
     # ------------------------------------------------------------- --once
     def capture_end(self) -> Any:
@@ -741,6 +821,11 @@ def _is_complete_line(data: bytes) -> bool:
     except msgspec.DecodeError:
         return False
     return True
+
+
+def _line_at(data: bytes, start: int) -> bytes:
+    end = data.find(b"\n", start)
+    return data[start:] if end < 0 else data[start:end]
 
 
 def _line_number(path: Path, offset: int) -> int:

@@ -38,6 +38,11 @@ class PostgresOptions(Options):
         None, description="heartbeat writes (idle databases)"
     )
     batch_updates: int = Field(8192, ge=1, description="changes per batch (bounds memory)")
+    on_decode_error: Literal["fallback", "stop"] = Field(
+        "fallback",
+        description="a text value that is not UTF-8 (a SQL_ASCII database): deliver it as "
+        '{"undecoded": HEX} with a warning (fallback), or stop the source naming it (stop)',
+    )
     status_interval_s: float = Field(
         10.0, gt=0, description="how often the confirmed position is reported to the server"
     )

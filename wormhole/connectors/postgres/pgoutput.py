@@ -171,13 +171,24 @@ def parse_truncate(data: bytes) -> list[int]:
     return [_U32.unpack_from(data, 6 + 4 * i)[0] for i in range(count)]
 
 
+def undecoded(raw: bytes) -> dict[str, str]:
+    """The rendering of a text value that is not UTF-8 (a ``SQL_ASCII`` database holds any
+    bytes): its bytes as lowercase hex, lossless."""
+    return {"undecoded": raw.hex()}
+
+
 def parse_tuple(
-    data: bytes, offset: int, fields: list[tuple[str, int]]
+    data: bytes,
+    offset: int,
+    fields: list[tuple[str, int]],
+    bad: list[tuple[str, bytes]] | None = None,
 ) -> tuple[dict[str, Any], list[str], int]:
     """A TupleData: (row, names of unchanged TOASTed columns, next offset).
 
     ``fields`` is the relation's (name, kind) list. Integers and floats are
-    converted straight from the bytes (``int(b"42")``), without a decode.
+    converted straight from the bytes (``int(b"42")``), without a decode. A text
+    value that is not UTF-8 becomes :func:`undecoded` and ``(column, bytes)`` is added
+    to ``bad``; without ``bad`` it raises ``UnicodeDecodeError``.
     """
     ncols = (data[offset] << 8) | data[offset + 1]
     offset += 2
@@ -191,7 +202,13 @@ def parse_tuple(
             start = offset + 5
             offset = start + u32(data, offset + 1)[0]
             if kind == 0:
-                row[name] = data[start:offset].decode()
+                try:
+                    row[name] = data[start:offset].decode()
+                except UnicodeDecodeError:
+                    if bad is None:
+                        raise
+                    bad.append((name, data[start:offset]))
+                    row[name] = undecoded(data[start:offset])
             elif kind == 1:
                 row[name] = int(data[start:offset])
             elif kind == 3:
@@ -220,12 +237,12 @@ _NONE_UNCHANGED: list[str] = []
 
 
 def parse_change(
-    data: bytes, relations: dict[int, Relation]
+    data: bytes, relations: dict[int, Relation], bad: list[tuple[str, bytes]] | None = None
 ) -> tuple[str, Relation, dict[str, Any] | None, dict[str, Any] | None, list[str], bool]:
     """An 'I', 'U' or 'D' message: (op, relation, before, after, unchanged, full_before).
 
     ``full_before`` tells whether ``before`` is the whole old row ('O') rather
-    than only its key columns ('K').
+    than only its key columns ('K'). ``bad``: see :func:`parse_tuple`.
     """
     tag = data[0]
     (oid,) = _U32.unpack_from(data, 1)
@@ -237,20 +254,20 @@ def parse_change(
     unchanged: list[str] = []
     full = False
     if tag == 73:  # 'I'
-        after, unchanged, offset = parse_tuple(data, offset + 1, columns)
+        after, unchanged, offset = parse_tuple(data, offset + 1, columns, bad)
         return "c", relation, None, after, unchanged, False
     if tag == 85:  # 'U'
         marker = data[offset]
         if marker in (75, 79):  # 'K' / 'O'
             full = marker == 79
-            before, _, offset = parse_tuple(data, offset + 1, columns)
+            before, _, offset = parse_tuple(data, offset + 1, columns, bad)
             marker = data[offset]
-        after, unchanged, offset = parse_tuple(data, offset + 1, columns)
+        after, unchanged, offset = parse_tuple(data, offset + 1, columns, bad)
         return "u", relation, before, after, unchanged, full
     if tag == 68:  # 'D'
         marker = data[offset]
         full = marker == 79
-        before, _, offset = parse_tuple(data, offset + 1, columns)
+        before, _, offset = parse_tuple(data, offset + 1, columns, bad)
         return "d", relation, before, None, [], full
     raise ValueError(f"not a change message: {chr(tag)!r}")
 
@@ -269,6 +286,7 @@ __all__ = [
     "parse_relation",
     "parse_truncate",
     "parse_type",
+    "undecoded",
     "value_kind",
 ]
 _ = (_I32, _I64, _U8)

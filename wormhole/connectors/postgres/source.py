@@ -17,6 +17,7 @@ only to ``flush`` of batches the publisher log has made durable.
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import re
 import select
@@ -28,6 +29,7 @@ from typing import Any, NamedTuple
 import msgspec
 
 from wormhole.connectors.postgres import pgoutput as pg
+from wormhole.connectors.postgres.decode_errors import DecodeErrors
 from wormhole.connectors.postgres.options import PostgresOptions
 from wormhole.connectors.postgres.schema_history import Columns, Entry, SchemaHistory
 from wormhole.core.errors import BackfillError, SourceError, first_line
@@ -126,9 +128,22 @@ def _key_value_sql(expr: str, kind: int, base: int) -> str:
 
 def _key_value(kind: int, base: int, value: Any) -> Any:
     """A key value a backfill selected (text as bytes) as the stream gives it."""
-    if value is None or _native_key(kind, base):
-        return value
+    if value is None or _native_key(kind, base) or not isinstance(value, bytes):
+        return value  # a native key, or one rendered already (undecoded)
     return pg.convert(kind, value.decode())
+
+
+def _is_utf8(data: bytes) -> bool:
+    try:
+        data.decode()
+    except UnicodeDecodeError:
+        return False
+    return True
+
+
+def _escaped(text: str) -> bytes:
+    """The bytes of a string decoded with ``surrogateescape``."""
+    return text.encode("utf-8", "surrogateescape")
 
 
 def _unused_name(name: str, taken: set[str]) -> str:
@@ -251,6 +266,9 @@ class PostgresSource(DatabaseSource):
         self.watermark_prefix = ""
         self.pending_watermark: str | None = None
         self.backfill_conn: Any = None
+        self.decode_errors = DecodeErrors(options.on_decode_error == "stop")
+        self.raw_text = False
+        """A SQL_ASCII database: the snapshot reads text as bytes and decodes it here."""
 
     # ------------------------------------------------------------------ open
     def _connect_and_check(self, context: SourceContext) -> None:
@@ -322,6 +340,7 @@ class PostgresSource(DatabaseSource):
             raise SourceError(
                 f"source: the database encoding is {encoding}; this source reads UTF8 databases"
             )
+        self.raw_text = encoding == "SQL_ASCII"
         (version,) = self._query("SHOW server_version_num")[0]
         self.server_version = int(version)
         rows = self._query(
@@ -694,7 +713,26 @@ class PostgresSource(DatabaseSource):
                 f"backfill of {plan.table}: a chunk cannot be read ({first_line(exc)}); if the "
                 f"table changed, backfill it again"
             ) from exc
+        if self.raw_text:
+            fetched = [self._utf8_chunk_row(plan.table, row, len(keys)) for row in fetched]
         return self._chunk_updates(plan, kinds, fetched)
+
+    def _utf8_chunk_row(self, table: str, row: Any, n_keys: int) -> Any:
+        """A backfilled row of a SQL_ASCII database whose JSON holds bytes that are not
+        UTF-8: each such text value (key or column) as :func:`pg.undecoded`."""
+        document = row[n_keys]
+        if document.isascii() or _is_utf8(document):
+            return row
+        at = "a backfill chunk"
+        values = json.loads(document.decode("utf-8", "surrogateescape"))
+        for column, value in values.items():
+            if isinstance(value, str) and not _is_utf8(raw := _escaped(value)):
+                values[column] = self.decode_errors.value(table, column, raw, at, "table")
+        # A key value is also in the row: counted and logged there.
+        keys = [
+            pg.undecoded(k) if isinstance(k, bytes) and not _is_utf8(k) else k for k in row[:n_keys]
+        ]
+        return (*keys, json.dumps(values, ensure_ascii=False).encode())
 
     def _visible_snapshot(self, cur: Any) -> None:
         """Begin a read-only REPEATABLE READ transaction whose snapshot sees every
@@ -994,6 +1032,7 @@ class PostgresSource(DatabaseSource):
         relations = self.relations
         heartbeat_tables = self.options.heartbeat_tables
         parse_change = pg.parse_change
+        bad: list[tuple[str, bytes]] = []
         make_insert = self._insert
         make_change = self._change
         lsn, index, complete, flush = self.lsn, self.index, self.complete, self.flush
@@ -1042,7 +1081,9 @@ class PostgresSource(DatabaseSource):
                 self.txn_index += 1
                 if skip_txn or (resuming and self.txn_index <= self.resume_index):
                     continue
-                op, relation, before, after, unchanged, full = parse_change(data, relations)
+                op, relation, before, after, unchanged, full = parse_change(data, relations, bad)
+                if bad:
+                    self._undecodable(relation, bad)
                 if heartbeat_tables and relation.table in heartbeat_tables:
                     continue
                 if op == "c":
@@ -1098,8 +1139,22 @@ class PostgresSource(DatabaseSource):
             elif tag == 77:  # M
                 transactional, prefix, content = pg.parse_message(data)
                 if transactional and prefix == self.watermark_prefix and not skip_txn:
-                    self.pending_watermark = content.decode()
+                    try:
+                        self.pending_watermark = content.decode()
+                    except UnicodeDecodeError:
+                        at = f"{self.txn_position}:{self.txn_index}"
+                        self.decode_errors.message(prefix, content, at)
             # 'Y' (type) carries nothing the envelope needs.
+
+    def _undecodable(self, relation: pg.Relation, bad: list[tuple[str, bytes]]) -> None:
+        """Text values of a change that are not UTF-8 (already rendered as undecoded by
+        the parser): a warning and the metric for each, or a stop."""
+        at = f"{self.txn_position}:{self.txn_index}"
+        try:
+            for column, raw in bad:
+                self.decode_errors.value(relation.table, column, raw, at)
+        finally:
+            bad.clear()
 
     def _insert(self, relation: pg.Relation, after: Any) -> Update:
         # The common case, kept short: an insert holds every value (never a TOAST
@@ -1207,13 +1262,42 @@ class PostgresSource(DatabaseSource):
                 for values in fetched
             ]
 
+        if self.raw_text:
+            as_dicts = self._decoding_rows(table, relation)
+
         select_list = ", ".join(
             text_of(_quote(c.name), self.base_types.get(c.type_oid, c.type_oid)) for c in columns
         )
         cursor = self.conn.cursor(name=f"wormhole_snapshot_{oid}")
+        if self.raw_text:
+            psycopg2.extensions.register_type(psycopg2.extensions.BYTES, cursor)
         cursor.itersize = self.options.batch_updates
         cursor.execute(f"SELECT {select_list} FROM {_qualified(table)}")
         return SnapshotTable(table, relation.key_columns, cursor, as_dicts)
+
+    def _decoding_rows(self, table: str, relation: pg.Relation) -> Any:
+        """``as_dicts`` of a SQL_ASCII database's snapshot: the values arrive as bytes
+        (they may not be UTF-8), decoded here by the stream's rules."""
+        columns = relation.columns
+        convert = pg.convert
+        at = f"the snapshot at {pg.lsn_text(self.snapshot_lsn)}"
+
+        def value(column: pg.Column, raw: bytes | None) -> Any:
+            if raw is None:
+                return None
+            try:
+                text = raw.decode()
+            except UnicodeDecodeError:
+                return self.decode_errors.value(table, column.name, raw, at, "table")
+            return text if column.kind == 0 else convert(column.kind, text)
+
+        def as_dicts(fetched: list[Any]) -> list[dict[str, Any]]:
+            return [
+                {c.name: value(c, v) for c, v in zip(columns, values, strict=True)}
+                for values in fetched
+            ]
+
+        return as_dicts
 
     def _end_snapshot(self) -> None:
         self.conn.commit()
