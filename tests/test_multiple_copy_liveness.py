@@ -30,6 +30,21 @@ def copies(tmp_path: Path, zookeeper_server: Any, request: pytest.FixtureRequest
     deployment.stop()
 
 
+def _deliver_round_0(copies: Copies, tmp_path: Path, keys: int) -> Path:
+    """A subscriber gets round 0 of ``keys`` keys, and the shared datamarkers name its last
+    update: a quiet period. Returns the sink's file."""
+    copies.subscribe(0)
+    out = tmp_path / "search.jsonl"
+    copies.write(keys, 0)
+    wait_until(lambda: reached(out, keys, 0), 60, "round 0")
+    wait_until(
+        lambda: max(shared_versions(copies).values(), default=(0,)) == (keys,),
+        30,
+        "the shared datamarkers to reach the last update",
+    )
+    return out
+
+
 def test_a_copy_restarted_in_a_quiet_period_keeps_what_the_shared_datamarkers_name(
     copies: Copies, tmp_path: Path
 ) -> None:
@@ -42,16 +57,7 @@ def test_a_copy_restarted_in_a_quiet_period_keeps_what_the_shared_datamarkers_na
     copies.publish("a")
     wait_until(lambda: copies.serving() == "a", 60, "copy a (preferred) to serve")
     copies.publish("b")
-    copies.subscribe(0)
-    out = tmp_path / "search.jsonl"
-    copies.write(keys, 0)
-    wait_until(lambda: reached(out, keys, 0), 60, "round 0")
-    # Quiet: the shared datamarkers name the last update written.
-    wait_until(
-        lambda: max(shared_versions(copies).values(), default=(0,)) == (keys,),
-        30,
-        "the shared datamarkers to reach the last update",
-    )
+    out = _deliver_round_0(copies, tmp_path, keys)
     assert copies.publishers["a"].stop() == 0
     wait_until(lambda: copies.serving() == "b", 30, "copy b to take over")
     restarted = copies.publish("a")
@@ -78,15 +84,7 @@ def test_a_copy_whose_status_says_ready_from_before_a_pause_is_not_handed_the_ap
         copies.pipeline(copy)
     b = copies.publish("b")
     wait_until(lambda: copies.serving() == "b", 60, "copy b (the only one) to serve")
-    copies.subscribe(0)
-    out = tmp_path / "search.jsonl"
-    copies.write(keys, 0)
-    wait_until(lambda: reached(out, keys, 0), 60, "round 0")
-    wait_until(
-        lambda: max(shared_versions(copies).values(), default=(0,)) == (keys,),
-        30,
-        "the shared datamarkers to reach the last update",
-    )
+    out = _deliver_round_0(copies, tmp_path, keys)
     epoch = serving_epoch(copies)
     options = ZooKeeperOptions(hosts=copies.zk.hosts, root=copies.root)
     stale = default_registry().create("registry", "zookeeper", options)
@@ -178,15 +176,7 @@ def test_a_serving_copy_keeps_what_the_shared_datamarkers_name_through_a_registr
     copies.pipeline("a")
     copies.publish("a")
     wait_until(lambda: copies.serving() == "a", 60, "copy a to serve")
-    copies.subscribe(0)
-    out = tmp_path / "search.jsonl"
-    copies.write(keys, 0)
-    wait_until(lambda: reached(out, keys, 0), 60, "round 0")
-    wait_until(
-        lambda: max(shared_versions(copies).values(), default=(0,)) == (keys,),
-        30,
-        "the shared datamarkers to reach the last update",
-    )
+    out = _deliver_round_0(copies, tmp_path, keys)
     assert copies.publishers["a"].stop() == 0
     a = copies.publish("a")
     wait_until(lambda: copies.serving() == "a", 30, "the restarted copy a to serve")
@@ -329,15 +319,7 @@ def test_a_single_copy_killed_and_restarted_in_a_quiet_period_delivers_the_next_
     copies.pipeline("a")
     copies.publish("a")
     wait_until(lambda: copies.serving() == "a", 60, "copy a to serve")
-    copies.subscribe(0)
-    out = tmp_path / "search.jsonl"
-    copies.write(keys, 0)
-    wait_until(lambda: reached(out, keys, 0), 60, "round 0")
-    wait_until(
-        lambda: max(shared_versions(copies).values(), default=(0,)) == (keys,),
-        30,
-        "the shared datamarkers to reach the last update",
-    )
+    out = _deliver_round_0(copies, tmp_path, keys)
     # Its own datamarkers are on disk at the log's end: the restart's first persist used to
     # collect the segment holding the update the shared datamarkers name.
     wait_until(lambda: persisted_at_one_end(tmp_path / "state-a", keys), 30, "a to persist")
