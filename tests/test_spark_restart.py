@@ -103,7 +103,7 @@ def published(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Published]:
             "dataset": {"shards": SHARDS},
             "source": {"type": "filelog", "path": str(data), "poll_interval_ms": 20},
             "transport": {"type": "tcp", "listen": f"127.0.0.1:{port}", "token": "s3cret"},
-            "applications": {name: {"external": True} for name in CHAINS},
+            "applications": {name: {"external": True} for name in [*CHAINS, "fresh"]},
         },
     )
     publisher = Process("publish", str(pipeline), "-q", cwd=root)
@@ -323,14 +323,14 @@ def test_a_new_reader_answers_a_replay_and_a_commit_before_any_offset(
     planned = {"restart": {str(s): 0 for s in range(SHARDS)}}
     end = {"restart": {str(s): TOTAL // 2 for s in range(SHARDS)}}
     listed = {"publishers": f"127.0.0.1:{published.port}", "token": "s3cret"}
-    reader = WormholeStreamReader(_Options({**listed, "application": "file"}))
+    reader = WormholeStreamReader(_Options({**listed, "application": "fresh"}))
     ranges = reader.partitions(planned, end)
     assert [(r.shard, r.start, r.end) for r in ranges if isinstance(r, FlowRange)] == [
         (s, 0, TOTAL // 2) for s in range(SHARDS)
     ]
-    fresh = WormholeStreamReader(_Options({**listed, "application": "file"}))
+    fresh = WormholeStreamReader(_Options({**listed, "application": "fresh"}))
     fresh.commit(end)  # stored at the publisher, as the application's datamarkers
-    assert set(_datamarkers(published, "file").values()) == {TOTAL // 2}
+    assert set(_datamarkers(published, "fresh").values()) == {TOTAL // 2}
 
     # Through the registry: a publisher of the same log registered in ZooKeeper.
     root = "/spark-restart-registry"
@@ -348,7 +348,7 @@ def test_a_new_reader_answers_a_replay_and_a_commit_before_any_offset(
             "registry": f"zookeeper://{zookeeper_server.hosts}{root}",
             "dataset": "restart",
             "token": "s3cret",
-            "application": "local",
+            "application": "fresh",
         }
 
         def answered() -> bool:
