@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from test_filelog import read_all
 
 from wormhole.connectors.filelog import FilelogOptions, FilelogSource
 from wormhole.connectors.filelog.rejects import REJECTS_FILE
@@ -27,15 +28,6 @@ def open_source(path: Path, state: Path, checkpoint: Any = None, **options: Any)
         SourceContext("t", state, 16, threading.Event(), logging.getLogger("test")), checkpoint
     )
     return source
-
-
-def read_all(source: FilelogSource) -> tuple[list[Any], Any]:
-    updates: list[Any] = []
-    checkpoint = None
-    while (batch := source.read(0.05)) is not None:
-        updates += batch.updates
-        checkpoint = batch.checkpoint
-    return updates, checkpoint
 
 
 def line(**fields: Any) -> bytes:
