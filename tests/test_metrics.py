@@ -388,7 +388,14 @@ def test_postgres_source_lag_grows_with_unread_wal_and_returns_to_zero(
     )
     try:
         _catch_up(source)
-        run_sql(postgres_dsn, "INSERT INTO events SELECT g, 1 FROM generate_series(1, 2000) g")
+        # The test cluster runs with synchronous_commit=off, where a commit returns before its
+        # WAL is written, and pg_current_wal_lsn() is the write position: this transaction
+        # commits synchronously so that its WAL is written (and counted) when lag() looks.
+        run_sql(
+            postgres_dsn,
+            "SET synchronous_commit = on",
+            "INSERT INTO events SELECT g, 1 FROM generate_series(1, 2000) g",
+        )
         behind = source.lag()
         assert behind["lag_bytes"] > 2000 * 20, behind
         assert behind["retained_bytes"] >= behind["lag_bytes"], behind
