@@ -94,9 +94,11 @@ def _signature(relation: pg.Relation) -> Columns:
 
 
 _NATIVE_INTS = frozenset({20, 21, 23})  # int8 int2 int4: the driver gives Python ints
-_PADDED_OR_SHOWN = frozenset({1042, 869, 650})
-"""bpchar, inet, cidr: their cast to text differs from their output (it trims the padding,
-shows the netmask), so their text is taken from the output function, as pgoutput sends it."""
+_PADDED_OR_SHOWN = frozenset({1042, 869, 650, 142, 18})
+"""bpchar, inet, cidr, xml, "char": their cast to text differs from their output (it trims
+the padding, shows the netmask, keeps the XML declaration, and before PostgreSQL 15 gives a
+byte over 127 raw where the output escapes it as ``\\ooo``), so their text is taken from the
+output function, as pgoutput sends it."""
 
 
 def text_of(expr: str, base: int) -> str:
@@ -113,8 +115,16 @@ def _json_value(expr: str, kind: int, base: int) -> str:
     booleans as JSON values, every other type as its text)."""
     if kind == 1:
         return expr if base in _NATIVE_INTS else f"{expr}::text::numeric"
-    if kind in (2, 3):
-        return expr  # row_to_json writes booleans and floats (non-finite as text)
+    if kind == 3:
+        # As the stream's: a finite float is a JSON number with a fraction or an exponent
+        # (row_to_json writes -0 as "-0", which JSON readers take for the integer 0), a
+        # non-finite one its text.
+        return (
+            f"CASE WHEN {expr}::text ~ '^-?[0-9]+$' THEN ({expr}::text || '.0')::json "
+            f"ELSE to_json({expr}) END"
+        )
+    if kind == 2:
+        return expr  # row_to_json writes booleans
     return text_of(expr, base)
 
 
