@@ -29,6 +29,7 @@ from typing import Any, NamedTuple
 import msgspec
 
 from wormhole.connectors.postgres import pgoutput as pg
+from wormhole.connectors.postgres import schema_trigger
 from wormhole.connectors.postgres.decode_errors import DecodeErrors
 from wormhole.connectors.postgres.options import PostgresOptions
 from wormhole.connectors.postgres.schema_history import Columns, Entry, SchemaHistory
@@ -305,11 +306,13 @@ class PostgresSource(DatabaseSource):
             self._drop_slot()
         self._ensure_publication(first_run=True)
         self._warn_about_out_of_line_keys()
+        self._ensure_schema_trigger()
         self._create_slot_and_snapshot()
 
     def _resume(self, checkpoint: Any) -> None:
         self._ensure_publication(first_run=False)
         self._warn_about_out_of_line_keys()
+        self._ensure_schema_trigger()
         self._require_slot()
         self.resume_lsn = pg.parse_lsn(checkpoint["lsn"])
         self.resume_index = int(checkpoint.get("index", -1))
@@ -388,6 +391,28 @@ class PostgresSource(DatabaseSource):
                 f"(FOR ALL TABLES needs a superuser)"
             ) from exc
         log.info("created publication %s %s", self.publication, target)
+
+    def _ensure_schema_trigger(self) -> None:
+        """With ``schema_trigger``: install the trigger unless it is there (see
+        :mod:`schema_trigger`)."""
+        if not self.options.schema_trigger:
+            return
+        if self.server_version < schema_trigger.MINIMUM_VERSION:
+            raise SourceError(
+                f"source.schema_trigger: the schema trigger needs PostgreSQL 14 or later "
+                f"(pgoutput sends logical decoding messages from 14 on); this server is "
+                f"{self.server_version}. Set schema_trigger: false"
+            )
+        if schema_trigger.installed(self._query):
+            return
+        try:
+            self._query(schema_trigger.INSTALL)
+        except psycopg2.Error as exc:
+            raise SourceError(
+                f"source.schema_trigger: cannot install the schema trigger ({first_line(exc)}); "
+                f"{schema_trigger.PRIVILEGE_HINT}, or set schema_trigger: false"
+            ) from exc
+        log.info("installed the schema trigger (event triggers %s)", schema_trigger.TRIGGERS)
 
     def _slot_exists(self) -> bool:
         return bool(
@@ -859,6 +884,14 @@ class PostgresSource(DatabaseSource):
         oid, lsn = relation.oid, self.txn_lsn
         signature = _signature(relation)
         names = [c.name for c in relation.columns]
+        written = history.in_band_at(oid, lsn, self.txn_index + 1)
+        if (
+            written is not None
+            and written.identity == relation.replica_identity
+            and set(signature) <= set(written.columns)
+        ):
+            # The schema trigger wrote the table's version into the WAL: exact.
+            return [n for n in names if n in written.primary_key]
         table = self._catalog_tables([oid]).get(oid)
         if (
             table is not None
@@ -1073,7 +1106,10 @@ class PostgresSource(DatabaseSource):
                     self.seen_lsn = max(self.seen_lsn, cursor.wal_end)
                     if self.confirmed >= self.flush:
                         # Idle, and all that was emitted is durable: the slot may move
-                        # past WAL that held nothing for this publication.
+                        # past WAL that held nothing for this publication (once what the
+                        # schema history learnt from it is durable too).
+                        if self.history is not None and self.history.dirty:
+                            self.history.save()
                         self.confirmed = max(self.confirmed, cursor.wal_end)
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
@@ -1154,7 +1190,41 @@ class PostgresSource(DatabaseSource):
                     except UnicodeDecodeError:
                         at = f"{self.txn_position}:{self.txn_index}"
                         self.decode_errors.message(prefix, content, at)
+                elif transactional and prefix == schema_trigger.PREFIX:
+                    # Recorded even in a transaction emitted before: the history is
+                    # rebuilt from the WAL it replays.
+                    self._schema_change(content)
             # 'Y' (type) carries nothing the envelope needs.
+
+    def _schema_change(self, content: bytes) -> None:
+        """A message of the schema trigger: the table's version after a DDL, exact at
+        this point of the WAL."""
+        assert self.history is not None
+        try:
+            message = schema_trigger.parse(content)
+        except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+            log.warning(
+                "ignoring a message with prefix %s at %s:%s that the schema trigger did not "
+                "write (%s)",
+                schema_trigger.PREFIX,
+                self.txn_position,
+                self.txn_index,
+                exc,
+            )
+            return
+        if message.dropped:
+            return
+        entry = message.entry(self.txn_lsn, self.txn_index + 1)
+        self.history.record_in_band(message.oid, entry)
+        relation = self.relations.get(message.oid)
+        if (
+            relation is not None
+            and relation.replica_identity in ("f", "n")
+            and entry.columns == _signature(relation)
+        ):
+            # Its primary key changed and the columns did not: the next change is keyed by
+            # the new one whether or not a Relation message comes first.
+            relation.key_columns = self._stream_key(relation)
 
     def _undecodable(self, relation: pg.Relation, bad: list[tuple[str, bytes]]) -> None:
         """Text values of a change that are not UTF-8 (already rendered as undecoded by
