@@ -71,6 +71,17 @@ WORKLOAD = [
     "ALTER TABLE nothing REPLICA IDENTITY NOTHING",
     "INSERT INTO nothing VALUES (1, 'x')",
     "DROP TABLE nothing",
+    # A partition, keyed by the partitioned table's primary key, which a command on the
+    # partitioned table changes.
+    "CREATE TABLE parted (id int, code int NOT NULL, v text, PRIMARY KEY (id)) "
+    "PARTITION BY LIST (id)",
+    "CREATE TABLE parted_1 PARTITION OF parted FOR VALUES IN (1)",
+    "ALTER TABLE parted_1 REPLICA IDENTITY FULL",
+    "INSERT INTO parted VALUES (1, 10, 'x')",
+    "UPDATE parted SET v = 'y'",
+    "ALTER TABLE parted DROP CONSTRAINT parted_pkey, ADD PRIMARY KEY (id, code)",
+    "UPDATE parted SET v = 'z'",
+    "DROP TABLE parted",
     # A table that was there at the slot's start: a column added, then dropped.
     "ALTER TABLE before_slot ADD COLUMN extra int",
     "UPDATE before_slot SET extra = 1",
@@ -95,6 +106,9 @@ EXPECTED = [
     ("c", "keyless", {"a": 1, "v": 2}),
     ("u", "keyless", {"a": 1}),
     ("c", "nothing", {"id": 1}),
+    ("c", "parted_1", {"id": 1}),
+    ("u", "parted_1", {"id": 1}),
+    ("u", "parted_1", {"id": 1, "code": 10}),
     ("u", "before_slot", {"id": 1}),
 ]
 
@@ -175,6 +189,37 @@ def test_without_the_trigger_the_catalog_cannot_tell_a_dropped_tables_key(
     assert keys[0] == ("c", "several", all_columns)  # every column: the table is gone
     assert keys[4] == ("c", "rekeyed", {"code": 10})  # the catalog's key, not id's
     assert any("the primary key of public.several" in r.getMessage() for r in caplog.records)
+
+
+def test_the_history_keeps_only_what_a_change_still_to_decode_can_need(tmp_path: Path) -> None:
+    from wormhole.connectors.postgres.schema_history import Entry, SchemaHistory
+
+    history = SchemaHistory(tmp_path / "history.json")
+    columns = [("id", 23, -1)]
+    for oid, lsn, index, identity in [
+        (1, 100, 0, "f"),
+        (1, 200, 0, "f"),
+        (1, 200, 2, "n"),
+        (1, 300, 0, "f"),
+        (2, 100, 0, "f"),
+        (2, 150, 1, ""),  # dropped
+    ]:
+        history.record_in_band(oid, Entry(lsn, identity, columns, ["id"], index, True))
+    history.record_in_band(1, Entry(200, "n", columns, ["id"], 2, True))  # a replay
+    assert [(e.lsn, e.index) for e in history.in_band[1]] == [
+        (100, 0),
+        (200, 0),
+        (200, 2),
+        (300, 0),
+    ]
+    assert history.in_band_at(1, 200, 1).index == 0  # type: ignore[union-attr]
+    assert history.in_band_at(1, 200, 2).identity == "n"  # type: ignore[union-attr]
+    assert history.in_band_at(1, 99, 5) is None
+    history.prune(250)
+    assert [(e.lsn, e.index) for e in history.in_band[1]] == [(200, 2), (300, 0)]
+    assert 2 not in history.in_band
+    history.save()
+    assert SchemaHistory(tmp_path / "history.json").in_band[1] == history.in_band[1]
 
 
 def _trigger_pipeline(tmp_path: Path, dsn: str) -> Path:

@@ -32,7 +32,7 @@ TYPES = [
     "CREATE DOMAIN flag AS boolean",
     "CREATE DOMAIN ratio AS double precision",
     "CREATE DOMAIN label AS text",
-    "CREATE DOMAIN tag AS \"char\"",
+    'CREATE DOMAIN tag AS "char"',
     "CREATE DOMAIN padded AS char(4)",
     "CREATE DOMAIN address AS inet",
 ]
@@ -132,7 +132,7 @@ COLUMNS: list[tuple[str, str, list[str]]] = [
         "c_json",
         "json",
         [
-            "'{\"a\": [1, 2.50, \"x\\u00e9\"],   \"b\": null}'",
+            '\'{"a": [1, 2.50, "x\\u00e9"],   "b": null}\'',
             "'  [ ]  '",
             "'\"\\u0000\"'",
             "'1e400'",
@@ -141,7 +141,7 @@ COLUMNS: list[tuple[str, str, list[str]]] = [
     (
         "c_jsonb",
         "jsonb",
-        ["'{\"z\": 1, \"a\": {\"nested\": [true, null]}}'", "'\"é\\n\"'", "'1.000'"],
+        ['\'{"z": 1, "a": {"nested": [true, null]}}\'', "'\"é\\n\"'", "'1.000'"],
     ),
     ("c_jsonpath", "jsonpath", ["'$.a[*] ? (@ > 1)'"]),
     ("c_int_arr", "int[]", ["'{1,NULL,3}'", "'{{1,2},{3,4}}'", "'{}'", "'[0:1]={7,8}'"]),
@@ -182,7 +182,7 @@ COLUMNS: list[tuple[str, str, list[str]]] = [
         [
             "'<a b=\"1\">x &amp; y</a>'",
             "'just text'",
-            "'<?xml version=\"1.0\" encoding=\"UTF-8\"?><doc/>'",
+            '\'<?xml version="1.0" encoding="UTF-8"?><doc/>\'',
         ],
     ),
     ("c_point", "point", ["'(1,2)'", "'(-0,NaN)'"]),
@@ -218,7 +218,8 @@ def _big(seed: int) -> str:
     # Incompressible, so PostgreSQL stores it out of line (TOAST).
     import hashlib
 
-    return "'" + "".join(hashlib.sha256(f"{seed}-{k}".encode()).hexdigest() for k in range(300)) + "'"
+    chunks = (hashlib.sha256(f"{seed}-{k}".encode()).hexdigest() for k in range(300))
+    return "'" + "".join(chunks) + "'"
 
 
 ROWS = max(len(values) for _, _, values in COLUMNS)

@@ -120,8 +120,9 @@ def _schema_trigger_command(args: Any) -> int:
         conn.autocommit = True
         with conn.cursor() as cur:
             cur.execute("SHOW server_version_num")
-            (version,) = cur.fetchone()
-            if not args.remove and int(version) < schema_trigger.MINIMUM_VERSION:
+            row = cur.fetchone()
+            version = int(row[0]) if row else 0
+            if not args.remove and version < schema_trigger.MINIMUM_VERSION:
                 raise SourceError(
                     f"the schema trigger needs PostgreSQL 14 or later (pgoutput sends logical "
                     f"decoding messages from 14 on); this server is {version}"

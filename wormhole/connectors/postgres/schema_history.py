@@ -43,7 +43,8 @@ class Entry(msgspec.Struct, array_like=True):
     index: int = -1
     """In-band entries: how many changes of the transaction came before the DDL."""
     in_band: bool = False
-    """Written into the WAL by the schema trigger (exact at its position)."""
+    """Written into the WAL by the schema trigger (exact at its position). An in-band entry
+    whose ``identity`` is empty records the table's drop."""
 
     def same_version(self, other: Entry) -> bool:
         return (
@@ -93,6 +94,21 @@ class SchemaHistory:
         else:
             found.insert(index, entry)
         self.dirty = True
+
+    def prune(self, confirmed: int) -> None:
+        """Forget in-band entries no change still to be decoded can need: the slot resends
+        nothing that commits before ``confirmed``, so of the entries before it only the
+        newest is kept, and none of a table whose newest entry there is its drop."""
+        for oid, found in list(self.in_band.items()):
+            older = 0
+            while older < len(found) and found[older].lsn < confirmed:
+                older += 1
+            stale = older - 1 if older and found[older - 1].identity else older
+            if stale > 0:
+                del found[:stale]
+                self.dirty = True
+            if not found:
+                del self.in_band[oid]
 
     def in_band_at(self, oid: int, lsn: int, index: int) -> Entry | None:
         """The version the schema trigger recorded last before the change ``index`` of the

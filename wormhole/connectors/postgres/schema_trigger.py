@@ -66,19 +66,26 @@ BEGIN
            WHERE classid = 'pg_class'::regclass LOOP
     SELECT CASE WHEN c.relkind IN ('i', 'I') THEN i.indrelid ELSE c.oid END INTO rel
       FROM pg_class c LEFT JOIN pg_index i ON i.indexrelid = c.oid WHERE c.oid = r.objid;
-    IF rel IS NULL OR rel = ANY(seen) THEN
+    IF rel IS NULL THEN
       CONTINUE;
     END IF;
-    seen := seen || rel;
-    PERFORM pg_logical_emit_message(true, '{PREFIX}', json_build_object(
-      'tag', r.command_tag, 'oid', rel::int8, 'schema', n.nspname, 'name', c.relname,
-      'identity', c.relreplident,
-      'columns', ({_COLUMNS}),
-      'primary_key', ({_INDEX.format("indisprimary")}),
-      'identity_index', ({_INDEX.format("indisreplident")}),
-      'ddl', current_query())::text)
-      FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
-      WHERE c.oid = rel AND c.relkind IN ('r', 'p');
+    -- The table and the tables under it (partitions, inheritance children): a command on
+    -- a parent changes them too, and their changes are streamed under their own names.
+    FOR rel IN WITH RECURSIVE tree(oid) AS (
+                 SELECT rel UNION SELECT i.inhrelid FROM pg_inherits i
+                 JOIN tree ON i.inhparent = tree.oid)
+               SELECT tree.oid FROM tree WHERE tree.oid <> ALL(seen) LOOP
+      seen := seen || rel;
+      PERFORM pg_logical_emit_message(true, '{PREFIX}', json_build_object(
+        'tag', r.command_tag, 'oid', rel::int8, 'schema', n.nspname, 'name', c.relname,
+        'identity', c.relreplident,
+        'columns', ({_COLUMNS}),
+        'primary_key', ({_INDEX.format("indisprimary")}),
+        'identity_index', ({_INDEX.format("indisreplident")}),
+        'ddl', current_query())::text)
+        FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+        WHERE c.oid = rel AND c.relkind IN ('r', 'p');
+    END LOOP;
   END LOOP;
 END
 $wormhole$;
@@ -129,8 +136,10 @@ class SchemaMessage(msgspec.Struct):
     identity_index: list[str] = msgspec.field(default_factory=list)
 
     def entry(self, lsn: int, index: int) -> Entry:
-        """The table's version after the command, at (commit LSN, changes before it)."""
-        return Entry(lsn, self.identity, list(self.columns), self.primary_key, index, True)
+        """The table's version after the command, at (commit LSN, changes before it); a
+        drop is an entry without identity."""
+        identity = "" if self.dropped else self.identity
+        return Entry(lsn, identity, list(self.columns), self.primary_key, index, True)
 
 
 _decode = msgspec.json.Decoder(SchemaMessage).decode

@@ -1051,6 +1051,7 @@ class PostgresSource(DatabaseSource):
     def _checkpoint(self) -> dict[str, Any]:
         if self.history is not None:
             # Durable no later than the batch keyed by what it learnt.
+            self.history.prune(self.confirmed)
             self.history.save()
         return {
             "phase": "stream",
@@ -1211,8 +1212,6 @@ class PostgresSource(DatabaseSource):
                 self.txn_index,
                 exc,
             )
-            return
-        if message.dropped:
             return
         entry = message.entry(self.txn_lsn, self.txn_index + 1)
         self.history.record_in_band(message.oid, entry)
