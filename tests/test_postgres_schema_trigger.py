@@ -15,6 +15,7 @@ import pytest
 
 from wormhole.connectors.postgres.options import PostgresOptions
 from wormhole.connectors.postgres.source import PostgresSource
+from wormhole.core.errors import SourceError
 from wormhole.core.update import Update
 from wormhole.plugins.components import SourceContext
 from wormhole.testing import run_cli, write_pipeline
@@ -257,6 +258,13 @@ def test_the_command_installs_and_removes_the_trigger_and_names_the_privilege(
         assert refused.returncode == 2, refused
         assert "cannot install the schema trigger" in refused.stderr
         assert "needs a superuser" in refused.stderr and "--sql" in refused.stderr
+        # The source's option says the same, naming itself.
+        sql(postgres_dsn, "CREATE PUBLICATION every FOR ALL TABLES")
+        with pytest.raises(SourceError) as stopped:
+            _open(tmp_path, f"{postgres_dsn} user={plain}", schema_trigger=True)
+        assert "source.schema_trigger: cannot install the schema trigger" in str(stopped.value)
+        assert "needs a superuser" in str(stopped.value)
+        assert "schema_trigger: false" in str(stopped.value)
         assert _installed(postgres_dsn) == 0
     finally:
         sql(postgres_dsn, f"DROP ROLE {plain}")

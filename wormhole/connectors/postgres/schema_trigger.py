@@ -11,9 +11,10 @@ identity at every point of the WAL, however late it decodes it.
 
 One trigger serves every pipeline of the database. Creating an event trigger needs a
 superuser; the function runs as its owner (``SECURITY DEFINER``), so DDL by any user is
-recorded. The function has no exception handler: a handler is a subtransaction, and logical
-decoding returns a subtransaction's message after the changes its transaction made later,
-not at its own position.
+recorded. The function has no exception handler: with one, logical decoding (PostgreSQL 15)
+returned the message, emitted in the handler's subtransaction, after the changes its
+transaction made later rather than at its own position. An error in it fails the DDL, as in
+any event trigger.
 """
 
 from __future__ import annotations
