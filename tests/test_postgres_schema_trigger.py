@@ -83,6 +83,17 @@ WORKLOAD = [
     "ALTER TABLE parted DROP CONSTRAINT parted_pkey, ADD PRIMARY KEY (id, code)",
     "UPDATE parted SET v = 'z'",
     "DROP TABLE parted",
+    # Created, filled, keyed and renamed in one transaction; a key of two columns.
+    "BEGIN",
+    "CREATE TABLE onetx (a int NOT NULL, b int NOT NULL, v text)",
+    "ALTER TABLE onetx REPLICA IDENTITY FULL",
+    "INSERT INTO onetx VALUES (1, 2, 'x')",
+    "ALTER TABLE onetx ADD PRIMARY KEY (b, a)",
+    "UPDATE onetx SET v = 'y'",
+    "ALTER TABLE onetx RENAME TO onetx_renamed",
+    "UPDATE onetx_renamed SET v = 'z'",
+    "COMMIT",
+    "DROP TABLE onetx_renamed",
     # A table that was there at the slot's start: a column added, then dropped.
     "ALTER TABLE before_slot ADD COLUMN extra int",
     "UPDATE before_slot SET extra = 1",
@@ -110,6 +121,9 @@ EXPECTED = [
     ("c", "parted_1", {"id": 1}),
     ("u", "parted_1", {"id": 1}),
     ("u", "parted_1", {"id": 1, "code": 10}),
+    ("c", "onetx", {"a": 1, "b": 2, "v": "x"}),  # no primary key yet: every column
+    ("u", "onetx", {"a": 1, "b": 2}),  # in column order
+    ("u", "onetx_renamed", {"a": 1, "b": 2}),
     ("u", "before_slot", {"id": 1}),
 ]
 
