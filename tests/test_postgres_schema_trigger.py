@@ -206,6 +206,74 @@ def test_without_the_trigger_the_catalog_cannot_tell_a_dropped_tables_key(
     assert any("the primary key of public.several" in r.getMessage() for r in caplog.records)
 
 
+def test_schema_changes_of_published_tables_are_delivered_as_events_when_asked(
+    tmp_path: Path, postgres_dsn: str
+) -> None:
+    import msgspec
+
+    sql(
+        postgres_dsn,
+        "CREATE SCHEMA app",
+        "CREATE PUBLICATION every FOR TABLES IN SCHEMA app",
+        "CREATE TABLE public.unpublished (id int PRIMARY KEY)",
+    )
+    source = _open(tmp_path, postgres_dsn, schema_trigger=True, schema_events=True)
+    try:
+        source.read(0.2)
+        sql(
+            postgres_dsn,
+            "CREATE TABLE app.t (id int PRIMARY KEY, v varchar(20))",
+            "INSERT INTO app.t VALUES (1, 'x')",
+            "ALTER TABLE public.unpublished ADD COLUMN v text",  # not published: no event
+            "BEGIN",
+            "ALTER TABLE app.t ADD COLUMN n numeric(5, 2), REPLICA IDENTITY FULL",
+            "UPDATE app.t SET n = 1.5",
+            "COMMIT",
+            "DROP TABLE app.t",
+        )
+        decoded = _read(source, 5)
+    finally:
+        source.close()
+    events = [
+        (u.op, u.table, u.key, msgspec.json.decode(bytes(u.after)) if u.after else None)
+        for u in decoded
+    ]
+    create = {
+        "table": "app.t",
+        "tag": "CREATE TABLE",
+        "ddl": "CREATE TABLE app.t (id int PRIMARY KEY, v varchar(20))",
+        "columns": [
+            {"name": "id", "type": "integer"},
+            {"name": "v", "type": "character varying(20)"},
+        ],
+        "primary_key": ["id"],
+        "replica_identity": "default",
+    }
+    alter = {
+        "table": "app.t",
+        "tag": "ALTER TABLE",
+        "ddl": "ALTER TABLE app.t ADD COLUMN n numeric(5, 2), REPLICA IDENTITY FULL",
+        "columns": [
+            {"name": "id", "type": "integer"},
+            {"name": "v", "type": "character varying(20)"},
+            {"name": "n", "type": "numeric(5,2)"},
+        ],
+        "primary_key": ["id"],
+        "replica_identity": "full",
+    }
+    drop = {"table": "app.t", "tag": "DROP TABLE", "ddl": "DROP TABLE app.t", "dropped": True}
+    assert events == [
+        ("c", "wormhole.schema_changes", {"table": "app.t"}, create),
+        ("c", "app.t", {"id": 1}, {"id": 1, "v": "x"}),
+        ("c", "wormhole.schema_changes", {"table": "app.t"}, alter),
+        ("u", "app.t", {"id": 1}, {"id": 1, "v": "x", "n": "1.50"}),
+        ("c", "wormhole.schema_changes", {"table": "app.t"}, drop),
+    ]
+    # An event has a position of its own, before the changes after it in its transaction.
+    assert decoded[2].position.endswith(":0") and decoded[3].position.endswith(":1")
+    assert decoded[2].txid == decoded[3].txid
+
+
 def test_the_history_keeps_only_what_a_change_still_to_decode_can_need(tmp_path: Path) -> None:
     from wormhole.connectors.postgres.schema_history import Entry, SchemaHistory
 

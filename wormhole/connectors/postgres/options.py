@@ -50,6 +50,11 @@ class PostgresOptions(Options):
         "(needs a superuser and PostgreSQL 14; `wormhole postgres-schema-trigger` installs it "
         "by hand)",
     )
+    schema_events: bool = Field(
+        False,
+        description="deliver each schema change of a published table that the schema trigger "
+        "recorded as an insert into the table wormhole.schema_changes (needs the trigger)",
+    )
     status_interval_s: float = Field(
         10.0, gt=0, description="how often the confirmed position is reported to the server"
     )

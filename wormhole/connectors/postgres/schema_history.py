@@ -45,6 +45,8 @@ class Entry(msgspec.Struct, array_like=True):
     in_band: bool = False
     """Written into the WAL by the schema trigger (exact at its position). An in-band entry
     whose ``identity`` is empty records the table's drop."""
+    published: bool = False
+    """In-band entries: the source's publication published the table after the DDL."""
 
     def same_version(self, other: Entry) -> bool:
         return (
@@ -109,6 +111,13 @@ class SchemaHistory:
                 self.dirty = True
             if not found:
                 del self.in_band[oid]
+
+    def published(self, oid: int) -> bool:
+        """Whether the source's publication published the table when it was last seen."""
+        in_band = self.in_band.get(oid)
+        if in_band:
+            return in_band[-1].published
+        return bool(self.entries.get(oid))
 
     def in_band_at(self, oid: int, lsn: int, index: int) -> Entry | None:
         """The version the schema trigger recorded last before the change ``index`` of the

@@ -39,6 +39,11 @@ _COLUMNS = (
     "ORDER BY a.attnum), '[]') FROM pg_catalog.pg_attribute a WHERE a.attrelid = rel "
     "AND a.attnum > 0 AND NOT a.attisdropped AND a.attgenerated = ''"
 )
+_TYPES = (
+    "SELECT coalesce(json_agg(format_type(a.atttypid, a.atttypmod) ORDER BY a.attnum), '[]') "
+    "FROM pg_catalog.pg_attribute a WHERE a.attrelid = rel AND a.attnum > 0 AND NOT "
+    "a.attisdropped AND a.attgenerated = ''"
+)
 _INDEX = (
     "SELECT coalesce(json_agg(a.attname ORDER BY a.attnum), '[]') FROM pg_catalog.pg_index i "
     "JOIN pg_catalog.pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = ANY(i.indkey) "
@@ -83,6 +88,10 @@ BEGIN
         'columns', ({_COLUMNS}),
         'primary_key', ({_INDEX.format("indisprimary")}),
         'identity_index', ({_INDEX.format("indisreplident")}),
+        'types', ({_TYPES}),
+        'publications', (SELECT coalesce(json_agg(p.pubname), '[]')
+                         FROM pg_publication_tables p
+                         WHERE p.schemaname = n.nspname AND p.tablename = c.relname),
         'ddl', current_query())::text)
         FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
         WHERE c.oid = rel AND c.relkind IN ('r', 'p');
@@ -135,12 +144,44 @@ class SchemaMessage(msgspec.Struct):
     columns: list[tuple[str, int, int]] = msgspec.field(default_factory=list)
     primary_key: list[str] = msgspec.field(default_factory=list)
     identity_index: list[str] = msgspec.field(default_factory=list)
+    types: list[str] = msgspec.field(default_factory=list)
+    """Each column's type as SQL writes it (``character varying(20)``)."""
+    publications: list[str] = msgspec.field(default_factory=list)
+    """The publications that published the table after the command."""
 
-    def entry(self, lsn: int, index: int) -> Entry:
-        """The table's version after the command, at (commit LSN, changes before it); a
-        drop is an entry without identity."""
+    @property
+    def table(self) -> str:
+        return f"{self.schema}.{self.name}"
+
+    def entry(self, lsn: int, index: int, published: bool) -> Entry:
+        """The table's version after the command, at (commit LSN, index of the message in
+        its transaction); a drop is an entry without identity."""
         identity = "" if self.dropped else self.identity
-        return Entry(lsn, identity, list(self.columns), self.primary_key, index, True)
+        return Entry(
+            lsn, identity, list(self.columns), self.primary_key, index, True, published
+        )
+
+    def event(self) -> dict[str, Any]:
+        """The row of the schema-change event (see docs/postgres.md)."""
+        row: dict[str, Any] = {"table": self.table, "tag": self.tag, "ddl": self.ddl}
+        if self.dropped:
+            row["dropped"] = True
+            return row
+        row["columns"] = [
+            {"name": name, "type": type_}
+            for (name, _oid, _typmod), type_ in zip(self.columns, self.types, strict=False)
+        ]
+        row["primary_key"] = self.primary_key
+        row["replica_identity"] = _IDENTITIES.get(self.identity, self.identity)
+        if self.identity == "i":
+            row["identity_index"] = self.identity_index
+        return row
+
+
+_IDENTITIES = {"d": "default", "f": "full", "n": "nothing", "i": "index"}
+
+EVENTS_TABLE = "wormhole.schema_changes"
+"""The table name of schema-change events (``schema_events``)."""
 
 
 _decode = msgspec.json.Decoder(SchemaMessage).decode

@@ -394,8 +394,24 @@ class PostgresSource(DatabaseSource):
 
     def _ensure_schema_trigger(self) -> None:
         """With ``schema_trigger``: install the trigger unless it is there (see
-        :mod:`schema_trigger`)."""
+        :mod:`schema_trigger`). ``schema_events`` needs it."""
         if not self.options.schema_trigger:
+            if self.options.schema_events and not (
+                self.server_version >= schema_trigger.MINIMUM_VERSION
+                and schema_trigger.installed(self._query)
+            ):
+                raise SourceError(
+                    f"source.schema_events: schema-change events come from the schema "
+                    f"trigger, which is not installed in this database; set "
+                    f"schema_trigger: true (needs a superuser) or have a superuser run "
+                    f"`wormhole postgres-schema-trigger PIPELINE`"
+                    + (
+                        f" (it needs PostgreSQL 14 or later; this server is "
+                        f"{self.server_version})"
+                        if self.server_version < schema_trigger.MINIMUM_VERSION
+                        else ""
+                    )
+                )
             return
         if self.server_version < schema_trigger.MINIMUM_VERSION:
             raise SourceError(
@@ -1192,15 +1208,21 @@ class PostgresSource(DatabaseSource):
                         at = f"{self.txn_position}:{self.txn_index}"
                         self.decode_errors.message(prefix, content, at)
                 elif transactional and prefix == schema_trigger.PREFIX:
-                    # Recorded even in a transaction emitted before: the history is
-                    # rebuilt from the WAL it replays.
-                    self._schema_change(content)
+                    # Counted as a change (its event's position), and recorded even in a
+                    # transaction emitted before: the history is rebuilt from the WAL.
+                    self.txn_index += 1
+                    emit = not skip_txn and not (resuming and self.txn_index <= self.resume_index)
+                    event = self._schema_change(content, emit)
+                    if event is not None:
+                        append(event)
+                        lsn, index, complete = self.txn_lsn, self.txn_index, False
             # 'Y' (type) carries nothing the envelope needs.
 
-    def _schema_change(self, content: bytes) -> None:
+    def _schema_change(self, content: bytes, emit: bool) -> Update | None:
         """A message of the schema trigger: the table's version after a DDL, exact at
-        this point of the WAL."""
-        assert self.history is not None
+        this point of the WAL; with ``schema_events`` (and ``emit``), its event."""
+        history = self.history
+        assert history is not None
         try:
             message = schema_trigger.parse(content)
         except (msgspec.DecodeError, msgspec.ValidationError) as exc:
@@ -1212,9 +1234,13 @@ class PostgresSource(DatabaseSource):
                 self.txn_index,
                 exc,
             )
-            return
-        entry = message.entry(self.txn_lsn, self.txn_index + 1)
-        self.history.record_in_band(message.oid, entry)
+            return None
+        if message.dropped:
+            published = history.published(message.oid)
+        else:
+            published = self.publication in message.publications
+        entry = message.entry(self.txn_lsn, self.txn_index, published)
+        history.record_in_band(message.oid, entry)
         relation = self.relations.get(message.oid)
         if (
             relation is not None
@@ -1224,6 +1250,13 @@ class PostgresSource(DatabaseSource):
             # Its primary key changed and the columns did not: the next change is keyed by
             # the new one whether or not a Relation message comes first.
             relation.key_columns = self._stream_key(relation)
+        if not (emit and published and self.options.schema_events):
+            return None
+        if message.table in self.options.heartbeat_tables:
+            return None
+        return self._update(
+            "c", schema_trigger.EVENTS_TABLE, {"table": message.table}, None, message.event()
+        )
 
     def _undecodable(self, relation: pg.Relation, bad: list[tuple[str, bytes]]) -> None:
         """Text values of a change that are not UTF-8 (already rendered as undecoded by
