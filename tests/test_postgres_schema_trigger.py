@@ -191,6 +191,10 @@ def test_without_the_trigger_the_catalog_cannot_tell_a_dropped_tables_key(
 ) -> None:
     """What the trigger fixes (and docs/postgres.md says happens without it)."""
     sql(postgres_dsn, "CREATE PUBLICATION every FOR ALL TABLES")
+    with pytest.raises(SourceError) as refused:
+        _open(tmp_path, postgres_dsn, schema_events=True)
+    assert "source.schema_events:" in str(refused.value)
+    assert "set schema_trigger: true" in str(refused.value)
     source = _open(tmp_path, postgres_dsn)
     try:
         source.read(0.2)

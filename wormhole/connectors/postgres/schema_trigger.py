@@ -157,9 +157,7 @@ class SchemaMessage(msgspec.Struct):
         """The table's version after the command, at (commit LSN, index of the message in
         its transaction); a drop is an entry without identity."""
         identity = "" if self.dropped else self.identity
-        return Entry(
-            lsn, identity, list(self.columns), self.primary_key, index, True, published
-        )
+        return Entry(lsn, identity, list(self.columns), self.primary_key, index, True, published)
 
     def event(self) -> dict[str, Any]:
         """The row of the schema-change event (see docs/postgres.md)."""

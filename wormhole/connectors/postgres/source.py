@@ -401,13 +401,12 @@ class PostgresSource(DatabaseSource):
                 and schema_trigger.installed(self._query)
             ):
                 raise SourceError(
-                    f"source.schema_events: schema-change events come from the schema "
-                    f"trigger, which is not installed in this database; set "
-                    f"schema_trigger: true (needs a superuser) or have a superuser run "
-                    f"`wormhole postgres-schema-trigger PIPELINE`"
+                    "source.schema_events: schema-change events come from the schema "
+                    "trigger, which is not installed in this database; set "
+                    "schema_trigger: true (needs a superuser) or have a superuser run "
+                    "`wormhole postgres-schema-trigger PIPELINE`"
                     + (
-                        f" (it needs PostgreSQL 14 or later; this server is "
-                        f"{self.server_version})"
+                        f" (it needs PostgreSQL 14 or later; this server is {self.server_version})"
                         if self.server_version < schema_trigger.MINIMUM_VERSION
                         else ""
                     )
