@@ -18,7 +18,7 @@ from wormhole.connectors.postgres.source import PostgresSource
 from wormhole.core.errors import SourceError
 from wormhole.core.update import Update
 from wormhole.plugins.components import SourceContext
-from wormhole.testing import run_cli, write_pipeline
+from wormhole.testing import read_envelopes, run_cli, write_pipeline
 from wormhole.testing.postgres import run_sql as sql
 
 BIG = "repeat('k', 2000)"
@@ -362,6 +362,26 @@ def test_the_command_installs_and_removes_the_trigger_and_names_the_privilege(
         done = run_cli("postgres-schema-trigger", pipeline, cwd=tmp_path)
         assert done.returncode == 0, done
         assert _installed(postgres_dsn) == 2
+    # A pipeline's application receives the events in the envelope, in order with the rows.
+    events = write_pipeline(
+        tmp_path / "events.yml",
+        {
+            "pipeline": "events",
+            "state_dir": str(tmp_path / "events"),
+            "source": {"type": "postgres", "dsn": postgres_dsn, "schema_events": True},
+            "transport": {"type": "inprocess"},
+            "applications": {"out": {"sink": {"type": "jsonl", "path": str(tmp_path / "o.jsonl")}}},
+        },
+    )
+    assert run_cli("run", str(events), "--once", cwd=tmp_path).returncode == 0
+    sql(postgres_dsn, "CREATE TABLE t (id int PRIMARY KEY)", "INSERT INTO t VALUES (1)")
+    assert run_cli("run", str(events), "--once", cwd=tmp_path).returncode == 0
+    out = read_envelopes(tmp_path / "o.jsonl")
+    assert [(e["op"], e["source"]["table"], e["key"]) for e in out] == [
+        ("c", "wormhole.schema_changes", {"table": "public.t"}),
+        ("c", "public.t", {"id": 1}),
+    ]
+    assert out[0]["after"]["columns"] == [{"name": "id", "type": "integer"}]
     removed = run_cli("postgres-schema-trigger", pipeline, "--remove", cwd=tmp_path)
     assert removed.returncode == 0, removed
     assert _installed(postgres_dsn) == 0
