@@ -362,6 +362,10 @@ def test_every_common_type_agrees_value_for_value_with_test_decoding(
         row = msgspec.json.decode(bytes(update.after))
         _same_row(row, new, f"snapshot row {table} id {new['id']}", image=False)
 
+    # The workload has unchanged TOASTed values in updates of both tables.
+    unchanged = {t for op, t, _, new in oracle if new and UNCHANGED in new.values()}
+    assert unchanged == set(tables)
+
     # The stream: change for change, in order.
     for index, (update, (op, table, old, new)) in enumerate(
         zip(stream, oracle[len(snapshot_rows) :], strict=True)
