@@ -1244,10 +1244,11 @@ class PostgresSource(DatabaseSource):
         if (
             relation is not None
             and relation.replica_identity in ("f", "n")
+            and entry.identity == relation.replica_identity
             and entry.columns == _signature(relation)
         ):
-            # Its primary key changed and the columns did not: the next change is keyed by
-            # the new one whether or not a Relation message comes first.
+            # Its primary key changed and nothing the Relation message says did: the next
+            # change is keyed by the new one whether or not a Relation message comes first.
             relation.key_columns = self._stream_key(relation)
         if not (emit and published and self.options.schema_events):
             return None
