@@ -35,6 +35,12 @@ WORKLOAD = [
     f"INSERT INTO several (toasted_key, c1) VALUES ({BIG}, 'a')",
     "UPDATE several SET c1 = 'b'",
     "DELETE FROM several",
+    # ... and its transaction larger than logical_decoding_work_mem (spilled to disk).
+    "BEGIN",
+    "INSERT INTO several (toasted_key) SELECT g::text FROM generate_series(1, 10234) g",
+    "UPDATE several SET c1 = c2 WHERE id = 2",
+    "DELETE FROM several WHERE id = 2",
+    "COMMIT",
     "DROP TABLE several",
     # The primary key moves to another column, the columns unchanged.
     "CREATE TABLE rekeyed (id int PRIMARY KEY, code int NOT NULL, v text)",
@@ -104,6 +110,9 @@ EXPECTED = [
     ("c", "several", {"toasted_key": "k" * 2000}),
     ("u", "several", {"toasted_key": "k" * 2000}),
     ("d", "several", {"toasted_key": "k" * 2000}),
+    *[("c", "several", {"toasted_key": str(n)}) for n in range(1, 10235)],
+    ("u", "several", {"toasted_key": "1"}),
+    ("d", "several", {"toasted_key": "1"}),
     ("c", "rekeyed", {"id": 1}),
     ("u", "rekeyed", {"id": 1}),
     ("u", "rekeyed", {"code": 10}),
@@ -135,7 +144,11 @@ def _open(tmp_path: Path, dsn: str, checkpoint: Any = None, **options: Any) -> P
     context = SourceContext(
         "late", tmp_path / "state", 4, threading.Event(), logging.getLogger("late")
     )
-    source.open(context, checkpoint)
+    try:
+        source.open(context, checkpoint)
+    except BaseException:
+        source.close()
+        raise
     return source
 
 
@@ -164,6 +177,8 @@ def test_changes_are_keyed_by_the_primary_key_at_their_position_after_any_ddl_an
         "INSERT INTO before_slot VALUES (1, 'x')",
         "CREATE PUBLICATION every FOR ALL TABLES",
     )
+    database = postgres_dsn.split("dbname=")[1].split()[0]
+    sql(postgres_dsn, f"ALTER DATABASE {database} SET logical_decoding_work_mem = '64kB'")
     source = _open(tmp_path, postgres_dsn, schema_trigger=True)
     try:
         start = source.read(0.2)  # the new slot's position, announced
@@ -175,6 +190,11 @@ def test_changes_are_keyed_by_the_primary_key_at_their_position_after_any_ddl_an
         source.close()
     assert _keys(decoded) == EXPECTED
     assert not [r for r in caplog.records if "is not known" in r.getMessage()]
+    conn = psycopg2.connect(postgres_dsn)
+    with conn.cursor() as cur:
+        cur.execute("SELECT spill_txns FROM pg_stat_replication_slots WHERE slot_name = 'late'")
+        assert cur.fetchone()[0] > 0  # the large transaction was decoded from disk
+    conn.close()
     # A replay of the same WAL (a restart from an earlier checkpoint: nothing was
     # confirmed), with a schema history that already holds every later version.
     again = _open(tmp_path, postgres_dsn, start.checkpoint)
@@ -198,7 +218,9 @@ def test_without_the_trigger_the_catalog_cannot_tell_a_dropped_tables_key(
     source = _open(tmp_path, postgres_dsn)
     try:
         source.read(0.2)
-        sql(postgres_dsn, *WORKLOAD[:14])  # several, rekeyed
+        several = WORKLOAD[: WORKLOAD.index("BEGIN")] + ["DROP TABLE several"]
+        rekeyed = [s for s in WORKLOAD if "rekeyed" in s][:7]
+        sql(postgres_dsn, *several, *rekeyed)
         with caplog.at_level(logging.WARNING, logger="wormhole.postgres"):
             decoded = _read(source, 8)
     finally:
