@@ -218,7 +218,7 @@ def test_without_the_trigger_the_catalog_cannot_tell_a_dropped_tables_key(
     source = _open(tmp_path, postgres_dsn)
     try:
         source.read(0.2)
-        several = WORKLOAD[: WORKLOAD.index("BEGIN")] + ["DROP TABLE several"]
+        several = [*WORKLOAD[: WORKLOAD.index("BEGIN")], "DROP TABLE several"]
         rekeyed = [s for s in WORKLOAD if "rekeyed" in s][:7]
         sql(postgres_dsn, *several, *rekeyed)
         with caplog.at_level(logging.WARNING, logger="wormhole.postgres"):
