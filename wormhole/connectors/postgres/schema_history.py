@@ -18,8 +18,8 @@ state directory, so a later run that decodes old WAL finds what an earlier run s
 
 With the schema trigger (see ``schema_trigger``), every DDL writes the table's version
 into the WAL at the DDL's own position: these *in-band* entries are exact at every point
-of the WAL and are kept apart from the others (``in_band``), ordered by (commit LSN,
-changes of the transaction before the DDL).
+of the WAL and are kept apart from the others (``in_band``), ordered by (commit LSN, the
+message's index in its transaction, counted with the changes).
 """
 
 from __future__ import annotations
@@ -41,7 +41,8 @@ class Entry(msgspec.Struct, array_like=True):
     primary_key: list[str]
     """Empty when the table had no primary key."""
     index: int = -1
-    """In-band entries: how many changes of the transaction came before the DDL."""
+    """In-band entries: the message's index in its transaction (the changes and the schema
+    trigger's messages are counted together); a change at a greater index comes after it."""
     in_band: bool = False
     """Written into the WAL by the schema trigger (exact at its position). An in-band entry
     whose ``identity`` is empty records the table's drop."""
@@ -120,8 +121,8 @@ class SchemaHistory:
         return bool(self.entries.get(oid))
 
     def in_band_at(self, oid: int, lsn: int, index: int) -> Entry | None:
-        """The version the schema trigger recorded last before the change ``index`` of the
-        transaction that commits at ``lsn``, if any."""
+        """The version the schema trigger recorded last at or before index ``index`` of the
+        transaction that commits at ``lsn`` (a change there comes after it), if any."""
         for entry in reversed(self.in_band.get(oid, ())):
             if entry.lsn < lsn or (entry.lsn == lsn and entry.index <= index):
                 return entry
