@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from wormhole.connectors.zookeeper.registry import ZooKeeperOptions
+from wormhole.connectors.zookeeper.options import ZooKeeperOptions
 from wormhole.plugins.components import ComponentSpec
 from wormhole.plugins.hookspecs import hookimpl
 
