@@ -44,7 +44,7 @@ log = logging.getLogger("wormhole.zookeeper")
 
 @dataclasses.dataclass(frozen=True)
 class Claim:
-    """A serving claim this process made (:meth:`ServingClaims.claim`)."""
+    """A serving claim this process made (:meth:`Claims.claim`)."""
 
     path: str
     epoch: int
@@ -56,7 +56,7 @@ class Claim:
     """The epochs counter's version after this claim's bump: any later claim changes it."""
 
 
-class ServingClaims:
+class Claims:
     """The serving claims this process holds, made and given up in ZooKeeper."""
 
     def __init__(self, session: Session, layout: Layout, skipped: SkippedNodes) -> None:

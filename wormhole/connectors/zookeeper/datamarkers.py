@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import logging
 
-from wormhole.connectors.zookeeper.claims import Claim, ServingClaims
+from wormhole.connectors.zookeeper.claims import Claim, Claims
 from wormhole.connectors.zookeeper.nodes import (
     Layout,
     check_name,
@@ -33,7 +33,7 @@ class SharedDatamarkers:
     """The shared datamarkers of a dataset's flows, read by every copy, written under a
     serving claim."""
 
-    def __init__(self, session: Session, layout: Layout, claims: ServingClaims) -> None:
+    def __init__(self, session: Session, layout: Layout, claims: Claims) -> None:
         self.session = session
         self.layout = layout
         self.claims = claims

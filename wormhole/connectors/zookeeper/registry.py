@@ -27,7 +27,7 @@ from collections.abc import Callable
 from typing import Any
 
 from wormhole.connectors.zookeeper.applications import Applications, RawApplications
-from wormhole.connectors.zookeeper.claims import ServingClaims
+from wormhole.connectors.zookeeper.claims import Claims
 from wormhole.connectors.zookeeper.datamarkers import SharedDatamarkers
 from wormhole.connectors.zookeeper.ephemeral import OwnedNodes
 from wormhole.connectors.zookeeper.nodes import Layout, SkippedNodes, check_name
@@ -36,8 +36,10 @@ from wormhole.connectors.zookeeper.publishers import Publishers
 from wormhole.connectors.zookeeper.session import Session
 from wormhole.connectors.zookeeper.subscribers import Subscribers
 from wormhole.plugins.components import (
+    ApplicationStore,
     PublisherEntry,
     ServingClaim,
+    ServingClaims,
     SharedDatamarker,
     SubscriberEntry,
 )
@@ -59,8 +61,8 @@ class ZooKeeperRegistry:
         self.owned = OwnedNodes()
         self.publishers = Publishers(session, layout, self.owned, self.skipped)
         self.subscribers = Subscribers(session, layout, self.owned, self.skipped)
-        self.applications_store = Applications(session, layout)
-        self.claims = ServingClaims(session, layout, self.skipped)
+        self.apps = Applications(session, layout)
+        self.claims = Claims(session, layout, self.skipped)
         self.datamarkers = SharedDatamarkers(session, layout, self.claims)
         session.resync_hooks = [self.claims.resync, self._reregister]
         # Serving claims went with an expired session: they are not made again.
@@ -92,7 +94,7 @@ class ZooKeeperRegistry:
 
     def application_path(self, name: str) -> str:
         """Where an application lives, for messages: ``zookeeper HOSTS node PATH``."""
-        return self.applications_store.path(name)
+        return self.apps.path(name)
 
     def open(self, dataset: str, stop: threading.Event) -> None:
         check_name("dataset", dataset)
@@ -179,27 +181,34 @@ class ZooKeeperRegistry:
         self.subscribers.watch(application, fn)
 
     # ---------------------------------------------------------- applications
+    def application_store(self) -> ApplicationStore:
+        return self
+
     def holds_applications(self) -> bool:
+        """Always: the applications are registry data (``application_store()`` is this)."""
         return True
 
     def seed_applications(self, raw: dict[str, Any]) -> bool:
-        return self.applications_store.seed(raw)
+        return self.apps.seed(raw)
 
     def applications(self) -> RawApplications:
-        return self.applications_store.all()
+        return self.apps.all()
 
     def watch_applications(self, fn: Callable[[RawApplications], None]) -> None:
-        self.applications_store.watch(fn)
+        self.apps.watch(fn)
 
     def put_application(self, name: str, raw: dict[str, Any]) -> None:
-        self.applications_store.put(name, raw)
+        self.apps.put(name, raw)
 
     def remove_application(self, name: str) -> bool:
         check_name("application", name)
         self.subscribers.forget_application(name)
-        return self.applications_store.remove(name)
+        return self.apps.remove(name)
 
     # ----------------------------------- serving claims + shared datamarkers
+    def serving_claims(self) -> ServingClaims:
+        return self
+
     def claim_serving(self, application: str, datastore: str, copy: str) -> int | None:
         return self.claims.claim(application, datastore, copy)
 
