@@ -1014,7 +1014,7 @@ def build_parser() -> argparse.ArgumentParser:
     subscribe.set_defaults(func=cmd_subscribe)
 
     validate = sub.add_parser("validate", help="check a pipeline file")
-    validate.add_argument("pipeline")
+    validate.add_argument("pipeline", help="pipeline file (YAML)")
     validate.set_defaults(func=cmd_validate)
 
     plugins = sub.add_parser("plugins", help="list components by kind and their distribution")
@@ -1022,8 +1022,8 @@ def build_parser() -> argparse.ArgumentParser:
     plugins.set_defaults(func=cmd_plugins)
 
     status = sub.add_parser("status", help="datamarker and lag of every flow")
-    status.add_argument("pipeline")
-    status.add_argument("--json", action="store_true")
+    status.add_argument("pipeline", help="pipeline file (YAML)")
+    status.add_argument("--json", action="store_true", help="print the status as JSON")
     status.set_defaults(func=cmd_status)
 
     top = sub.add_parser(
@@ -1054,7 +1054,7 @@ def build_parser() -> argparse.ArgumentParser:
     apps_sub = apps.add_subparsers(dest="action", required=True, metavar="ACTION")
     apps_list = apps_sub.add_parser("list", help="the registered applications")
     apps_list.add_argument("pipeline", help="pipeline file (YAML) naming the registry")
-    apps_list.add_argument("--json", action="store_true")
+    apps_list.add_argument("--json", action="store_true", help="print the list as JSON")
     apps_add = apps_sub.add_parser(
         "add", help="register an application for every publisher of the dataset"
     )
@@ -1106,13 +1106,20 @@ def build_parser() -> argparse.ArgumentParser:
         if action == "show":
             command.add_argument("id", type=int, help="the dead letter's id")
         if action == "list":
-            command.add_argument("--json", action="store_true")
-        if action in ("replay", "purge"):
+            command.add_argument("--json", action="store_true", help="print the list as JSON")
+        if action == "replay":
             command.add_argument(
                 "--id",
                 type=int,
                 action="append",
                 help="only this dead letter (repeatable); replay takes its whole key",
+            )
+        if action == "purge":
+            command.add_argument(
+                "--id",
+                type=int,
+                action="append",
+                help="only this dead letter (repeatable); the others stay",
             )
         if action == "purge":
             command.add_argument("--yes", action="store_true", help="purge every dead letter")
