@@ -20,8 +20,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from wormhole.core.datamarkers import load_stored
 from wormhole.core.dead_letters import count_dead_letters
+from wormhole.core.lag import Lag, measure, stored_datamarkers
 from wormhole.core.pipeline import Pipeline
 from wormhole.core.publisher_log import inspect_log
 from wormhole.core.status import read_live_status
@@ -86,9 +86,13 @@ def read(pipeline: Pipeline) -> Reading:
     )
     live = reading.live
     if live is None:
-        reading.applications = _stored(pipeline, info.next_seq)
+        lag = measure(pipeline, stored_datamarkers(pipeline), info.next_seq)
+        reading.applications = {
+            name: {"datamarker": lag.oldest(name), "lag_updates": lag.behind(name)}
+            for name in sorted(pipeline.applications)
+        }
         _count_dead_letters(pipeline, reading)
-        _destination_lag(pipeline, reading)
+        _destination_lag(pipeline, reading, lag)
         return reading
     end = int(live.get("log", {}).get("end", info.next_seq))
     carried: dict[str, tuple[int, int]] = {}
@@ -105,7 +109,8 @@ def read(pipeline: Pipeline) -> Reading:
         app["failed"] = failed.get(name)
         reading.applications[name] = app
     _count_dead_letters(pipeline, reading)
-    _destination_lag(pipeline, reading)
+    # Live figures hold the publisher-log lag; only the destination's is measured here.
+    _destination_lag(pipeline, reading, measure(pipeline, {}, end))
     address = live.get("metrics")
     if address:
         try:
@@ -117,19 +122,16 @@ def read(pipeline: Pipeline) -> Reading:
     return reading
 
 
-def _destination_lag(pipeline: Pipeline, reading: Reading) -> None:
+def _destination_lag(pipeline: Pipeline, reading: Reading, lag: Lag) -> None:
     """A transport that counts lag at its destination (Kafka: consumer groups' committed
     offsets) gives each application's lag; the publisher's datamarkers only say what it
     handed over."""
-    measure = pipeline.transport.registered.spec.lag
-    if measure is None:
+    if lag.destination is None:
         return
-    found = measure(pipeline.transport.options, pipeline)
-    reading.lag_of, reading.lag_error = found.what, found.error
+    reading.lag_of, reading.lag_error = lag.what, lag.error
     for name in sorted(n for n, a in pipeline.applications.items() if not a.external):
         app = reading.applications.setdefault(name, {})
-        shards = found.shards.get(name)
-        app["lag_updates"] = None if shards is None else sum(shards.values())
+        app["lag_updates"] = lag.at_destination(name)
         app["lag_seconds"] = None
 
 
@@ -141,22 +143,6 @@ def _count_dead_letters(pipeline: Pipeline, reading: Reading) -> None:
         config = pipeline.applications.get(name)
         keeps = config is not None and config.on_error.policy == "dead_letter"
         app["dead_letters"] = counts.get(name, 0) if keeps or name in counts else None
-
-
-def _stored(pipeline: Pipeline, end: int) -> dict[str, dict[str, Any]]:
-    """Applications' lag from the stored datamarkers (no publisher running)."""
-    if not pipeline.state_dir.is_dir():
-        return {name: {"datamarker": None} for name in sorted(pipeline.applications)}
-    markers = load_stored(pipeline.datamarker_store, pipeline.name, pipeline.state_dir)
-    apps: dict[str, dict[str, Any]] = {}
-    for name in sorted(pipeline.applications):
-        positions = [m.position for (app, _), m in markers.items() if app == name]
-        oldest = min(positions) if positions else None
-        apps[name] = {
-            "datamarker": oldest,
-            "lag_updates": None if oldest is None else max(0, end - oldest),
-        }
-    return apps
 
 
 # ---------------------------------------------------------------- rendering
