@@ -10,7 +10,7 @@ per flow of every publisher: all from here.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, overload
 
 from wormhole.core.datamarkers import load_stored
 from wormhole.core.pipeline import Pipeline
@@ -19,6 +19,10 @@ PUBLISHER_LAG = "publisher-log updates after the datamarker"
 """What the lag counts when the transport does not count it at its destination."""
 
 
+@overload
+def behind(end: int, position: int) -> int: ...
+@overload
+def behind(end: int, position: int | None) -> int | None: ...
 def behind(end: int, position: int | None) -> int | None:
     """Publisher-log updates from ``position`` to ``end`` (None without a position)."""
     return None if position is None else max(0, end - position)
