@@ -12,9 +12,11 @@ from collections.abc import Callable
 from typing import Any
 
 from wormhole.plugins.components import (
+    ApplicationStore,
     ComponentSpec,
     NoOptions,
     PublisherEntry,
+    ServingClaims,
     SubscriberEntry,
 )
 from wormhole.plugins.hookspecs import hookimpl
@@ -56,10 +58,10 @@ class FileRegistry:
     def statuses(self) -> dict[str, dict[str, Any]]:
         return {}
 
-    def application_store(self) -> None:
+    def application_store(self) -> ApplicationStore | None:
         return None  # the applications are the file's
 
-    def serving_claims(self) -> None:
+    def serving_claims(self) -> ServingClaims | None:
         return None  # one publisher: no copies to coordinate
 
     def register_subscriber(self, application: str, entry: SubscriberEntry) -> None:

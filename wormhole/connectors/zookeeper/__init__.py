@@ -1,6 +1,6 @@
 """The built-in ``zookeeper`` registry: publishers, applications and subscribers of a
-dataset in ZooKeeper (:mod:`wormhole.connectors.zookeeper.registry`; needs kazoo, the
-``zookeeper`` extra)."""
+dataset in ZooKeeper (needs kazoo, the ``zookeeper`` extra). One concept per module;
+:mod:`wormhole.connectors.zookeeper.registry` puts them together and lists them."""
 
 from __future__ import annotations
 

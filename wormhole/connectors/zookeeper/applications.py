@@ -87,7 +87,7 @@ class Applications:
         return self.session.retrying("read the applications", lambda: self.read(None))
 
     def watch(self, fn: Callable[[RawApplications], None]) -> None:
-        self.session.watch(f"the applications of {self.layout.dataset}", self.read, fn)
+        self.session.dispatcher.watch(f"the applications of {self.layout.dataset}", self.read, fn)
 
     def put(self, name: str, raw: dict[str, Any]) -> None:
         from kazoo.exceptions import NodeExistsError, NoNodeError

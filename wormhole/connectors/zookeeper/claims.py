@@ -232,7 +232,7 @@ class Claims:
                     del self._held[key]
             if (path, epoch, sid) not in self._abandoned:
                 self._abandoned.append((path, epoch, sid))
-        self.session.resync_later()
+        self.session.dispatcher.resync_later()
 
     def fenced(self, key: tuple[str, str], claim: Claim, why: str) -> None:
         """The claim is lost (another claim, or its node changed): forget it."""
@@ -303,7 +303,7 @@ class Claims:
         check_name("application", application)
         check_name("datastore", datastore)
         path = self.layout.serving(application, datastore)
-        self.session.watch(
+        self.session.dispatcher.watch(
             f"the serving claim of {application} on {datastore}",
             lambda watcher: self._read(path, watcher),
             fn,

@@ -75,7 +75,7 @@ class Publishers:
                     session.options.hosts,
                     type(exc).__name__,
                 )
-                session.resync_later()
+                session.dispatcher.resync_later()
 
     def release(self, datastore: str, holder: PublisherEntry) -> bool:
         """Remove ``holder``'s registration: its publisher and status nodes, named by
@@ -124,7 +124,7 @@ class Publishers:
                 log.error("status not shared: %s", exc)
             except session.errors() as exc:
                 log.debug("status of %s not shared now: %r", datastore, exc)
-                session.resync_later()
+                session.dispatcher.resync_later()
 
     def _hold(self, owned: OwnedNode, sid: int | None) -> None:
         """Create ``owned``'s ephemeral node, or update it if this session holds it.
@@ -218,7 +218,7 @@ class Publishers:
         return entries
 
     def watch(self, fn: Callable[[list[PublisherEntry]], None]) -> None:
-        self.session.watch(f"the publishers of {self.layout.dataset}", self.read, fn)
+        self.session.dispatcher.watch(f"the publishers of {self.layout.dataset}", self.read, fn)
 
     def statuses(self) -> dict[str, dict[str, Any]]:
         from kazoo.exceptions import NoNodeError

@@ -5,7 +5,8 @@ kept in ZooKeeper (through kazoo).
 it only puts together the parts, each in a module of its own:
 
 =================  ===========================================================
-``session``        the kazoo client, retries, the registry's thread
+``session``        the kazoo client, its operations and retries
+``dispatch``       the registry's thread: connection changes, re-registration, watches
 ``watches``        watches that survive reconnects, called off kazoo's thread
 ``nodes``          the znode layout, names, JSON values
 ``ephemeral``      this process's ephemeral nodes, registered again after a loss
@@ -64,7 +65,7 @@ class ZooKeeperRegistry:
         self.apps = Applications(session, layout)
         self.claims = Claims(session, layout, self.skipped)
         self.datamarkers = SharedDatamarkers(session, layout, self.claims)
-        session.resync_hooks = [self.claims.resync, self._reregister]
+        session.dispatcher.resync_hooks = [self.claims.resync, self._reregister]
         # Serving claims went with an expired session: they are not made again.
         session.expiry_hooks = [lambda: self.claims.forget(keep=None)]
 
@@ -113,7 +114,7 @@ class ZooKeeperRegistry:
         except BaseException:
             self.close()
             raise
-        session.start_thread(f"wormhole-zookeeper-{dataset}")
+        session.dispatcher.start(f"wormhole-zookeeper-{dataset}")
 
     def close(self) -> None:
         session = self.session
@@ -150,7 +151,7 @@ class ZooKeeperRegistry:
             self.subscribers.reregister(sid)
 
     def watch_connection(self, fn: Callable[[bool], None]) -> None:
-        self.session.watch_connection(fn)
+        self.session.dispatcher.watch_connection(fn)
 
     # ------------------------------------------------------------ publishers
     def register_publisher(self, entry: PublisherEntry) -> None:

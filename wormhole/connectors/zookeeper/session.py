@@ -1,17 +1,12 @@
-"""The connection to ZooKeeper: one kazoo client, its session, and the registry's thread.
+"""The connection to ZooKeeper: one kazoo client, its session, and the operations on it.
 
-kazoo's connection listener must not block, and neither may its watch callbacks; both
-hand their work to one thread of the registry's (:meth:`Session._run`), which
-
-- tells :meth:`Session.watch_connection` watchers when the connection is interrupted
-  (``SUSPENDED``, ``LOST``) and back (``CONNECTED``), in order;
-- after a reconnect (and whenever a write was put off, :meth:`Session.resync_later`) calls
-  the resync hooks, which register this process's nodes again;
-- refreshes watches (:mod:`wormhole.connectors.zookeeper.watches`): a fired watch is read
-  again, and every watch is read again (and its function called) after a reconnect.
-
-A session that expires (``LOST``) counts in :attr:`Session.expiries` and calls the expiry
-hooks at once (serving claims went with it).
+Operations wait a bounded time for ZooKeeper's answer (:meth:`Session.do`); those a caller
+must see through retry while ZooKeeper cannot be reached, up to ``connect_timeout_s``
+(:meth:`Session.retrying`). kazoo's connection listener (:meth:`Session._on_state`) only
+records the state and hands the rest to the registry's thread
+(:mod:`wormhole.connectors.zookeeper.dispatch`). A session that expires (``LOST``) counts
+in :attr:`Session.expiries` and calls the expiry hooks at once (serving claims went with
+it).
 """
 
 from __future__ import annotations
@@ -22,8 +17,8 @@ import time
 from collections.abc import Callable
 from typing import Any, TypeVar
 
+from wormhole.connectors.zookeeper.dispatch import Dispatcher
 from wormhole.connectors.zookeeper.options import ZooKeeperOptions
-from wormhole.connectors.zookeeper.watches import ConnectionWatch, Watch
 from wormhole.core.errors import ConfigError, StateError, Stopped
 
 log = logging.getLogger("wormhole.zookeeper")
@@ -32,7 +27,7 @@ T = TypeVar("T")
 
 
 class Session:
-    """A kazoo client for one registry, the operations on it, and its thread."""
+    """A kazoo client for one registry and the operations on it (its thread: :attr:`dispatcher`)."""
 
     def __init__(self, options: ZooKeeperOptions) -> None:
         self.options = options
@@ -41,21 +36,9 @@ class Session:
         self.closed = False
         self.expiries = 0
         """Sessions of this process that expired."""
-        self.resync_hooks: list[Callable[[int | None], None]] = []
-        """Called from the thread with the session id when registrations must be made
-        again (after a reconnect, or a write put off)."""
         self.expiry_hooks: list[Callable[[], None]] = []
         """Called from kazoo's listener when the session expired: must not block."""
-        self._cond = threading.Condition()
-        self._watches: list[Watch[Any]] = []
-        self._pending: dict[int, Watch[Any]] = {}
-        self._reconnected = False
-        self._resync = False
-        self._thread: threading.Thread | None = None
-        self._connection_watchers: list[ConnectionWatch] = []
-        self._connection_lock = threading.Lock()
-        """Held while calling connection watchers, so they hear every change in order."""
-        self._connection_events: list[bool] = []
+        self.dispatcher = Dispatcher(self)
 
     # ------------------------------------------------------------- lifecycle
     def describe(self) -> str:
@@ -105,20 +88,14 @@ class Session:
                     deadline - now,
                 )
                 next_warning = now + min(5.0, 2 * (now - started))
-        with self._cond:
-            self._reconnected = False  # the first connection: nothing to register again
-
-    def start_thread(self, name: str) -> None:
-        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
-        self._thread.start()
+        self.dispatcher.first_connection()
 
     def begin_close(self) -> bool:
         """Mark the session closed and wake the thread; False if it was closed already."""
         if self.closed:
             return False
         self.closed = True
-        with self._cond:
-            self._cond.notify_all()
+        self.dispatcher.wake()
         return True
 
     def finish_close(self) -> None:
@@ -126,8 +103,7 @@ class Session:
         client = self.client
         if client is None:
             return
-        if self._thread is not None:
-            self._thread.join(timeout=self.options.session_timeout_ms / 1000 + 1)
+        self.dispatcher.join(timeout=self.options.session_timeout_ms / 1000 + 1)
         client.remove_listener(self._on_state)
         try:
             client.stop()
@@ -225,61 +201,17 @@ class Session:
         sid: int = client.client_id[0]
         return sid
 
-    # ---------------------------------------------------------------- watches
-    def watch(
-        self, what: str, read: Callable[[Callable[[Any], None]], T], fn: Callable[[T], None]
-    ) -> None:
-        """Call ``fn`` with ``read(watcher)`` now and whenever a watch ``read`` set fires
-        and the value changed (and after every reconnect)."""
-        watch = Watch(what, read, fn, self._schedule)
-        with self._cond:
-            self._watches.append(watch)
-        try:
-            if not self.connected.is_set():
-                raise self.unreachable_error("not connected")
-            watch.refresh()
-        except self.errors() as exc:
-            log.warning(
-                "cannot read %s from ZooKeeper at %s now (%s); the watch starts once it "
-                "is reachable",
-                what,
-                self.options.hosts,
-                type(exc).__name__,
-            )
-            self._schedule(watch)
-
-    def watch_connection(self, fn: Callable[[bool], None]) -> None:
-        watcher = ConnectionWatch(fn)
-        with self._connection_lock:
-            self._connection_watchers.append(watcher)
-            if self.connected.is_set():
-                watcher.tell(True)
-
-    def _schedule(self, watch: Watch[Any]) -> None:
-        with self._cond:
-            self._pending[id(watch)] = watch
-            self._cond.notify_all()
-
-    def resync_later(self) -> None:
-        """A registration could not be written now: the thread tries again."""
-        with self._cond:
-            self._resync = True
-            self._cond.notify_all()
-
-    # ------------------------------------------------------- state + thread
+    # ------------------------------------------------------------------ state
     def _on_state(self, state: str) -> None:
         """kazoo's connection listener: must not block."""
         if self.closed:
             return
         if state == "CONNECTED":
-            with self._cond:
-                self.connected.set()
-                self._reconnected = True
-                self._connection_events.append(True)
-                self._cond.notify_all()
+            self.connected.set()
+            self.dispatcher.connection_changed(True)
         elif state == "SUSPENDED":
             self.connected.clear()
-            self._connection_changed(False)
+            self.dispatcher.connection_changed(False)
             log.warning(
                 "lost the connection to ZooKeeper at %s; reconnecting (registrations hold "
                 "for the session timeout, %dms)",
@@ -291,93 +223,9 @@ class Session:
             self.expiries += 1
             for hook in self.expiry_hooks:
                 hook()
-            self._connection_changed(False)
+            self.dispatcher.connection_changed(False)
             log.warning(
                 "the ZooKeeper session with %s expired: this process's registrations are "
                 "gone until it reconnects and registers them again",
                 self.options.hosts,
             )
-
-    def _connection_changed(self, connected: bool) -> None:
-        """From kazoo's listener: the registry's thread tells the watchers."""
-        with self._cond:
-            self._connection_events.append(connected)
-            self._cond.notify_all()
-
-    def _tell_connection(self, events: list[bool]) -> None:
-        with self._connection_lock:
-            for connected in events:
-                for watcher in list(self._connection_watchers):
-                    watcher.tell(connected)
-
-    def _resync_now(self) -> bool:
-        """Call the resync hooks; False if they must be tried again."""
-        sid = self.session_id()
-        try:
-            for hook in self.resync_hooks:
-                if self.closed:
-                    return True
-                hook(sid)
-        except self.errors() as exc:
-            log.debug("registering again interrupted: %r", exc)
-            return False
-        except Exception:
-            log.exception("registering again in %s failed", self.describe())
-            return False
-        return True
-
-    def _run(self) -> None:
-        errors = self.errors()
-        backlog: list[Watch[Any]] = []  # failed while connected: again after a pause
-        pause = False
-        while True:
-            with self._cond:
-                if pause:
-                    self._cond.wait(timeout=1.0)
-                    pause = False
-                while not (
-                    self.closed
-                    or self._reconnected
-                    or self._resync
-                    or self._pending
-                    or self._connection_events
-                ):
-                    if not self._cond.wait(timeout=1.0 if backlog else None):
-                        break
-                if self.closed:
-                    return
-                events, self._connection_events = self._connection_events, []
-            if events:
-                self._tell_connection(events)
-            with self._cond:
-                if self.closed:
-                    return
-                if not self.connected.is_set():
-                    # Everything is registered and read again on CONNECTED.
-                    self._reconnected = self._resync = False
-                    self._pending.clear()
-                    backlog = []
-                    continue
-                reconnected = self._reconnected
-                resync = self._resync or reconnected
-                self._reconnected = self._resync = False
-                if reconnected:
-                    watches = list(self._watches)
-                else:
-                    watches = list(self._pending.values())
-                    watches += [w for w in backlog if w not in watches]
-                self._pending.clear()
-                backlog = []
-            if resync and not self._resync_now():
-                self._resync = pause = True
-            for watch in watches:
-                if self.closed:
-                    return
-                try:
-                    watch.refresh(force=reconnected)
-                except errors as exc:
-                    log.debug("watch of %s interrupted: %r", watch.what, exc)
-                    backlog.append(watch)
-                except Exception:
-                    log.exception("watch of %s failed", watch.what)
-                    backlog.append(watch)

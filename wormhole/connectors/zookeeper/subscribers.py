@@ -69,7 +69,7 @@ class Subscribers:
                     session.options.hosts,
                     type(exc).__name__,
                 )
-                session.resync_later()
+                session.dispatcher.resync_later()
             self._subscribers[key] = owned
 
     def unregister(self, application: str, instance: str) -> None:
@@ -84,7 +84,7 @@ class Subscribers:
                 self.session.delete_own(owned.path, sid)
             except self.session.errors():
                 self.owned.orphans.append(owned.path)
-                self.session.resync_later()
+                self.session.dispatcher.resync_later()
 
     def forget_application(self, application: str) -> None:
         """The application is being removed: its subscribers are not registered again."""
@@ -192,7 +192,7 @@ class Subscribers:
         return entries
 
     def watch(self, application: str, fn: Callable[[list[SubscriberEntry]], None]) -> None:
-        self.session.watch(
+        self.session.dispatcher.watch(
             f"the subscribers of {application}",
             lambda watcher: self.read(application, watcher),
             fn,
