@@ -65,6 +65,31 @@ def test_plugins_lists_built_ins_by_kind_with_their_distribution() -> None:
     assert "path" in listing["source"]["filelog"]["options"]["properties"]
 
 
+def test_the_built_in_commands_come_through_the_hook_plugins_use() -> None:
+    """Each built-in command is a ``wormhole_commands`` plugin, as the search connector's
+    ``wormhole search`` is; the built-ins are listed first, in their order, and a parser built
+    again in the same process has each command once."""
+    import argparse
+
+    from wormhole.cli import COMMANDS, build_parser
+    from wormhole.plugins.manager import default_registry
+
+    def command_names() -> list[str]:
+        parser = build_parser()
+        sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+        return list(sub.choices)
+
+    names = command_names()
+    hook = default_registry().pm.hook.wormhole_commands
+    plugins = {default_registry().pm.get_name(impl.plugin) for impl in hook.get_hookimpls()}
+    assert {*COMMANDS, "wormhole.connectors.search"} <= plugins
+    built_in = ["run", "publish", "subscribe", "validate", "plugins", "status", "top", "forget"]
+    built_in += ["apps", "dead-letters", "backfill"]
+    assert names[: len(built_in)] == built_in
+    assert "search" in names[len(built_in) :]
+    assert command_names() == names
+
+
 def test_a_third_party_plugin_package_runs_from_a_pipeline_file(
     tmp_path: Path, example_plugin_site: Path
 ) -> None:

@@ -16,6 +16,7 @@ from typing import Any
 
 from wormhole.core.caravan import Caravan
 from wormhole.core.hub import Hub
+from wormhole.core.lag import behind
 from wormhole.core.publisher_log import PublisherLog
 
 log = logging.getLogger("wormhole.publisher")
@@ -86,7 +87,6 @@ class LiveStatus:
                 for name, app in hub.applications.items()
             ]
         for name, delivered, acknowledged, sessions, oldest in apps:
-            behind = oldest < end
             applications[name] = {
                 "delivered": delivered,
                 "acknowledged": acknowledged,
@@ -94,10 +94,10 @@ class LiveStatus:
                 "acknowledged_rate": self._rate(f"a:{name}", now, acknowledged),
                 "subscribers": sessions,
                 "datamarker": oldest,
-                "lag_updates": max(0, end - oldest),
+                "lag_updates": behind(end, oldest),
                 "lag_seconds": (
                     round(max(0.0, (now_ns - publisher_log.appended_at(oldest)) / 1e9), 3)
-                    if behind
+                    if oldest < end
                     else 0.0
                 ),
             }

@@ -20,8 +20,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from wormhole.core.datamarkers import load_stored
 from wormhole.core.dead_letters import count_dead_letters
+from wormhole.core.lag import Lag, behind, measure, stored_datamarkers
 from wormhole.core.pipeline import Pipeline
 from wormhole.core.publisher_log import inspect_log
 from wormhole.core.status import read_live_status
@@ -86,15 +86,19 @@ def read(pipeline: Pipeline) -> Reading:
     )
     live = reading.live
     if live is None:
-        reading.applications = _stored(pipeline, info.next_seq)
+        lag = measure(pipeline, stored_datamarkers(pipeline), info.next_seq)
+        reading.applications = {
+            name: {"datamarker": lag.oldest(name), "lag_updates": lag.behind(name)}
+            for name in sorted(pipeline.applications)
+        }
         _count_dead_letters(pipeline, reading)
-        _destination_lag(pipeline, reading)
+        _destination_lag(pipeline, reading, lag)
         return reading
     end = int(live.get("log", {}).get("end", info.next_seq))
     carried: dict[str, tuple[int, int]] = {}
     for number, caravan in enumerate(live.get("caravans", [])):
         for name in caravan["applications"]:
-            carried[name] = (number, max(0, end - int(caravan["position"])))
+            carried[name] = (number, behind(end, int(caravan["position"])))
     figures = live.get("application_figures", {})
     failed = live.get("failed", {})
     for name in sorted(set(figures) | set(failed)):
@@ -105,7 +109,8 @@ def read(pipeline: Pipeline) -> Reading:
         app["failed"] = failed.get(name)
         reading.applications[name] = app
     _count_dead_letters(pipeline, reading)
-    _destination_lag(pipeline, reading)
+    # Live figures hold the publisher-log lag; only the destination's is measured here.
+    _destination_lag(pipeline, reading, measure(pipeline, {}, end))
     address = live.get("metrics")
     if address:
         try:
@@ -117,19 +122,16 @@ def read(pipeline: Pipeline) -> Reading:
     return reading
 
 
-def _destination_lag(pipeline: Pipeline, reading: Reading) -> None:
+def _destination_lag(pipeline: Pipeline, reading: Reading, lag: Lag) -> None:
     """A transport that counts lag at its destination (Kafka: consumer groups' committed
     offsets) gives each application's lag; the publisher's datamarkers only say what it
     handed over."""
-    measure = pipeline.transport.registered.spec.lag
-    if measure is None:
+    if lag.destination is None:
         return
-    found = measure(pipeline.transport.options, pipeline)
-    reading.lag_of, reading.lag_error = found.what, found.error
+    reading.lag_of, reading.lag_error = lag.what, lag.error
     for name in sorted(n for n, a in pipeline.applications.items() if not a.external):
         app = reading.applications.setdefault(name, {})
-        shards = found.shards.get(name)
-        app["lag_updates"] = None if shards is None else sum(shards.values())
+        app["lag_updates"] = lag.at_destination(name)
         app["lag_seconds"] = None
 
 
@@ -141,22 +143,6 @@ def _count_dead_letters(pipeline: Pipeline, reading: Reading) -> None:
         config = pipeline.applications.get(name)
         keeps = config is not None and config.on_error.policy == "dead_letter"
         app["dead_letters"] = counts.get(name, 0) if keeps or name in counts else None
-
-
-def _stored(pipeline: Pipeline, end: int) -> dict[str, dict[str, Any]]:
-    """Applications' lag from the stored datamarkers (no publisher running)."""
-    if not pipeline.state_dir.is_dir():
-        return {name: {"datamarker": None} for name in sorted(pipeline.applications)}
-    markers = load_stored(pipeline.datamarker_store, pipeline.name, pipeline.state_dir)
-    apps: dict[str, dict[str, Any]] = {}
-    for name in sorted(pipeline.applications):
-        positions = [m.position for (app, _), m in markers.items() if app == name]
-        oldest = min(positions) if positions else None
-        apps[name] = {
-            "datamarker": oldest,
-            "lag_updates": None if oldest is None else max(0, end - oldest),
-        }
-    return apps
 
 
 # ---------------------------------------------------------------- rendering
@@ -184,12 +170,26 @@ def _gauge(name: str, value: float) -> str:
 
 def render(reading: Reading) -> Any:
     """The frame of ``reading``: a rich renderable."""
-    from rich import box
     from rich.console import Group
-    from rich.table import Table
     from rich.text import Text
 
-    parts: list[Any] = []
+    parts: list[Any] = [_head(reading), _applications(reading)]
+    if reading.lag_of:
+        parts.append(Text(f"lag: {reading.lag_of}"))
+    if reading.lag_error:
+        parts.append(Text(f"lag unknown: {reading.lag_error}", style="red"))
+    live = reading.live
+    if live is not None:
+        parts += [_source(reading, live), _caravans(reading, live)]
+        parts += _progress(live)
+        for name, error in (live.get("failed") or {}).items():
+            parts.append(Text(f"application {name} stopped: {error}", style="red"))
+    return Group(*parts)
+
+
+def _head(reading: Reading) -> Any:
+    from rich.text import Text
+
     live = reading.live
     clock = time.strftime("%H:%M:%S", time.localtime(reading.taken))
     head = Text(f"wormhole top: pipeline {reading.pipeline}   {clock}\n", style="bold")
@@ -206,7 +206,12 @@ def render(reading: Reading) -> Any:
         f"publisher log {reading.log_first:,} .. {reading.log_end:,}, "
         f"{reading.log_segments} segment(s), {_bytes(reading.log_bytes)}"
     )
-    parts.append(head)
+    return head
+
+
+def _applications(reading: Reading) -> Any:
+    from rich import box
+    from rich.table import Table
 
     apps = Table(title="applications", title_justify="left", box=box.SIMPLE_HEAD)
     for column in ("application", "subscribers", "updates/s", "delivered", "acknowledged"):
@@ -227,64 +232,70 @@ def render(reading: Reading) -> Any:
             "-" if app.get("caravan") is None else f"#{app['caravan']}",
             _number(app.get("caravan_lag")),
         )
-    parts.append(apps)
-    if reading.lag_of:
-        parts.append(Text(f"lag: {reading.lag_of}"))
-    if reading.lag_error:
-        parts.append(Text(f"lag unknown: {reading.lag_error}", style="red"))
+    return apps
 
-    if live is not None:
-        source = live.get("source") or {}
-        lines = Text(f"source ({reading.source_type}): ", style="bold")
+
+def _source(reading: Reading, live: dict[str, Any]) -> Any:
+    from rich.text import Text
+
+    source = live.get("source") or {}
+    lines = Text(f"source ({reading.source_type}): ", style="bold")
+    lines.append(
+        f"{_number(source.get('updates'))} updates read, "
+        f"{_number(source.get('read_rate'), 1)} updates/s"
+    )
+    if reading.source_gauges:
         lines.append(
-            f"{_number(source.get('updates'))} updates read, "
-            f"{_number(source.get('read_rate'), 1)} updates/s"
+            "; "
+            + ", ".join(
+                f"{name.replace('_', ' ')} {_gauge(name, value)}"
+                for name, value in sorted(reading.source_gauges.items())
+            )
         )
-        if reading.source_gauges:
-            lines.append(
-                "; "
-                + ", ".join(
-                    f"{name.replace('_', ' ')} {_gauge(name, value)}"
-                    for name, value in sorted(reading.source_gauges.items())
-                )
-            )
-        elif reading.source_note:
-            lines.append(f"; lag: {reading.source_note}")
-        parts.append(lines)
+    elif reading.source_note:
+        lines.append(f"; lag: {reading.source_note}")
+    return lines
 
-        caravans = Table(title="caravans", title_justify="left", box=box.SIMPLE_HEAD)
-        for column in ("caravan", "applications", "position", "lag", "read/s", "from disk"):
-            caravans.add_column(column, justify="left" if column == "applications" else "right")
-        end = reading.log_end
-        for number, caravan in enumerate(live.get("caravans", [])):
-            caravans.add_row(
-                f"#{number}",
-                ", ".join(caravan["applications"]),
-                _number(caravan["position"]),
-                _number(max(0, end - int(caravan["position"]))),
-                _number(float(caravan.get("read_rate", 0.0)), 1),
-                _bytes(float(caravan.get("bytes_read_from_disk", 0))),
-            )
-        if not live.get("caravans"):
-            caravans.add_row("-", "(none: no subscriber connected)", "", "", "", "")
-        parts.append(caravans)
 
-        for task in live.get("progress", []):
-            total = task.get("total")  # None once the work went past an estimate
-            about = "~" if task.get("estimate", True) else ""
-            of = f" of {about}{total:,}" if total else ""
-            eta = task.get("eta_seconds")
-            parts.append(
-                Text(
-                    f"{task['name']}: {task['done']:,}{of} {task['unit']}, "
-                    f"{task['rate']:,.0f} {task['unit']}/s"
-                    + (f", ETA {eta:,.0f}s" if eta is not None else "")
-                    + (f" ({task['detail']})" if task.get("detail") else "")
-                )
+def _caravans(reading: Reading, live: dict[str, Any]) -> Any:
+    from rich import box
+    from rich.table import Table
+
+    caravans = Table(title="caravans", title_justify="left", box=box.SIMPLE_HEAD)
+    for column in ("caravan", "applications", "position", "lag", "read/s", "from disk"):
+        caravans.add_column(column, justify="left" if column == "applications" else "right")
+    for number, caravan in enumerate(live.get("caravans", [])):
+        caravans.add_row(
+            f"#{number}",
+            ", ".join(caravan["applications"]),
+            _number(caravan["position"]),
+            _number(behind(reading.log_end, int(caravan["position"]))),
+            _number(float(caravan.get("read_rate", 0.0)), 1),
+            _bytes(float(caravan.get("bytes_read_from_disk", 0))),
+        )
+    if not live.get("caravans"):
+        caravans.add_row("-", "(none: no subscriber connected)", "", "", "", "")
+    return caravans
+
+
+def _progress(live: dict[str, Any]) -> list[Any]:
+    from rich.text import Text
+
+    lines = []
+    for task in live.get("progress", []):
+        total = task.get("total")  # None once the work went past an estimate
+        about = "~" if task.get("estimate", True) else ""
+        of = f" of {about}{total:,}" if total else ""
+        eta = task.get("eta_seconds")
+        lines.append(
+            Text(
+                f"{task['name']}: {task['done']:,}{of} {task['unit']}, "
+                f"{task['rate']:,.0f} {task['unit']}/s"
+                + (f", ETA {eta:,.0f}s" if eta is not None else "")
+                + (f" ({task['detail']})" if task.get("detail") else "")
             )
-        for name, error in (live.get("failed") or {}).items():
-            parts.append(Text(f"application {name} stopped: {error}", style="red"))
-    return Group(*parts)
+        )
+    return lines
 
 
 def run(pipeline: Pipeline, interval: float, once: bool, out: Any = None) -> None:

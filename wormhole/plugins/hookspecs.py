@@ -101,8 +101,8 @@ def wormhole_commands(commands: Any) -> None:
     and ``set_defaults(func=FUNCTION)``; ``FUNCTION(args)`` runs the command and
     returns its exit code. Raise :class:`wormhole.core.errors.WormholeError` (or
     ``ConfigError``) for errors the user can fix: the CLI prints them without a
-    traceback. Built-in example: ``wormhole search`` (the search connector).
-    Return value ignored.
+    traceback. Built-in examples: every command of ``wormhole/cli/`` (a module each), and
+    ``wormhole search`` (the search connector). Return value ignored.
     """
 
 
