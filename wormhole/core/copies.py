@@ -25,7 +25,7 @@ import time
 from typing import Any
 
 from wormhole.core.copy_positions import Behind, Gone, Version, locate, version
-from wormhole.core.copy_state import CLAIM_GRACE_S, CopyState
+from wormhole.core.copy_state import CLAIM_GRACE_S, UNREACHED_S, CopyState
 from wormhole.core.errors import StateError
 from wormhole.core.hub import Hub
 from wormhole.core.metrics import SERVING_CLAIMS
@@ -212,6 +212,9 @@ class CopyCoordinator:
 
     def _stand_by(self, state: CopyState, now: float) -> None:
         self._follow(state)
+        unreached = self._unreached(state, now)
+        if unreached and state.ready:
+            state.ready, state.why, state.behind = False, unreached, False
         if state.claim is not None:
             state.behind_since, state.warned = None, False
             return
@@ -235,6 +238,57 @@ class CopyCoordinator:
             self.registry.release_serving(state.name, self.datastore, epoch)
             self._refused(state, now, str(exc))
             raise
+
+    def _unreached(self, state: CopyState, now: float) -> str:
+        """Why the application's subscribers cannot be served from this copy: the registry
+        has listed some for ``UNREACHED_S`` while none was connected here (a partition
+        between them and this copy); "" when one is connected or none is listed."""
+        app = self.hub.applications.get(state.name)
+        with self.hub.lock:
+            registered = len(self.hub.registered.get(state.name, []))
+            connected = app is not None and bool(app.sessions)
+        if connected or not registered:
+            state.unreached_since = None
+            return ""
+        if state.unreached_since is None:
+            state.unreached_since = now
+        if now - state.unreached_since < UNREACHED_S:
+            return ""
+        return (
+            f"none of its subscribers ({registered} registered) has been connected to this "
+            f"copy for {now - state.unreached_since:.0f}s"
+        )
+
+    def _give_up_unreached(self, state: CopyState, epoch: int, now: float) -> bool:
+        """Serving, but none of the application's subscribers reaches this copy while
+        another live copy is ready for it (it reaches them): give the claim up, so that the
+        other copy serves them. True if it did."""
+        why = self._unreached(state, now)
+        if not why:
+            return False
+        others = [c for c in self.preference(state.name) if c != self.copy]
+        able = next((c for c in others if not self._unable(state, c)), None)
+        if able is None:
+            return False  # nobody else could serve them either: keep the claim
+        with self.lock:
+            if not self._holds(state, epoch):
+                return True
+            state.epoch = 0
+            state.handing_over = state.settled_at = None
+            # Stays away past the other copies' grace period, as after a refusal.
+            state.refused_until = now + len(self.preference(state.name)) * CLAIM_GRACE_S
+            self.hub.deactivate(state.name)
+        SERVING_CLAIMS.labels(state.name, "unreached").inc()
+        log.warning(
+            "application %s: copy %s gives it up (epoch %d): %s, and copy %s is ready for it",
+            state.name,
+            self.copy,
+            epoch,
+            why,
+            able,
+        )
+        self.registry.release_serving(state.name, self.datastore, epoch)
+        return True
 
     def _my_turn(self, state: CopyState, now: float) -> bool:
         """Whether this copy may claim the free application now: it is the most preferred
@@ -404,6 +458,8 @@ class CopyCoordinator:
         app = self.hub.applications.get(state.name)
         if app is None:
             return
+        if state.handing_over is None and self._give_up_unreached(state, epoch, now):
+            return
         target = self._hand_over_to(state, app)
         if state.handing_over is None:
             if target is not None and self._ready(state, target):
@@ -476,17 +532,8 @@ class CopyCoordinator:
         """Whether the other copy ``copy`` can take ``state``'s application over now: its
         status, read now, says it is ready (it mapped every shared datamarker since it last
         connected) and that its publisher log reached every datamarker this copy shared."""
-        self.statuses = self.registry.statuses()
-        status = self.statuses.get(f"{self.datastore}@{copy}", {})
-        # The publisher shares this coordinator's status under "copies".
-        shared: dict[str, Any] = status.get("copies", {})
-        newest = shared.get("newest")
-        needed = max((tuple(d.version) for d in state.saved.values()), default=None)
-        if not shared.get("copies_ready", {}).get(state.name):
-            why = "it is not ready (it has not mapped every shared datamarker)"
-        elif needed is not None and (newest is None or tuple(newest) < needed):
-            why = f"its publisher log reached version {newest}, the shared datamarkers {needed}"
-        else:
+        why = self._unable(state, copy)
+        if not why:
             state.waiting_for = ""
             return True
         if state.waiting_for != copy:
@@ -500,6 +547,21 @@ class CopyCoordinator:
                 self.copy,
             )
         return False
+
+    def _unable(self, state: CopyState, copy: str) -> str:
+        """Why the other copy ``copy`` cannot take ``state``'s application over now, from its
+        status read now ("" if it can)."""
+        self.statuses = self.registry.statuses()
+        status = self.statuses.get(f"{self.datastore}@{copy}", {})
+        # The publisher shares this coordinator's status under "copies".
+        shared: dict[str, Any] = status.get("copies", {})
+        newest = shared.get("newest")
+        needed = max((tuple(d.version) for d in state.saved.values()), default=None)
+        if not shared.get("copies_ready", {}).get(state.name):
+            return "it is not ready (it has not mapped every shared datamarker)"
+        if needed is not None and (newest is None or tuple(newest) < needed):
+            return f"its publisher log reached version {newest}, the shared datamarkers {needed}"
+        return ""
 
     def _save(self, state: CopyState) -> bool:
         """Share the serving application's datamarkers; False if fenced (claim lost)."""
