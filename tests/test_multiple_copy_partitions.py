@@ -32,12 +32,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
-from tcp_support import Process
 from test_multiple_copy import INTERVAL_MS, SESSION_MS, Copies, check
 from test_multiple_copy_faults import KEYS, LIVENESS_S, Delivered, Registry, Writer
 
-from wormhole.testing import wait_until, write_pipeline
+from wormhole.testing import wait_until
 
 TICK_S = min(500, INTERVAL_MS) / 1000
 QUICK_S = min(2.0, SESSION_MS / 2000)
@@ -58,41 +56,6 @@ FAILOVER_S = SESSION_MS / 1000 + 2.0 + TICK_S + 20.0
 loop's margin (docs/multiple-copy.md, "Liveness")."""
 
 
-class HostCopies(Copies):
-    """The two-copy deployment with each copy on its own host and the subscribers on ``sub``."""
-
-    def __init__(self, tmp: Path, zk: Any, root: str, network: Any) -> None:
-        super().__init__(tmp, zk, root)
-        self.network = network
-
-    def pipeline(self, copy: str, extra: dict[str, Any] | None = None) -> Path:
-        path = super().pipeline(copy, extra)
-        raw = yaml.safe_load(path.read_text())
-        raw["transport"]["listen"] = f"{self.network.address(copy)}:0"
-        return write_pipeline(path, raw)
-
-    def publish(self, copy: str) -> Process:
-        path = self.files.get(copy) or self.pipeline(copy)
-        prefix = self.network.command(copy, [])
-        process = Process("publish", str(path), "-q", cwd=self.tmp, prefix=prefix)
-        self.publishers[copy] = process
-        return process
-
-    def subscribe(self, instance: int) -> Process:
-        process = Process(
-            "subscribe",
-            str(self.files["a"]),
-            "--app",
-            "search",
-            "--instance",
-            str(instance),
-            cwd=self.tmp,
-            prefix=self.network.command("sub", []),
-        )
-        self.subscribers.append(process)
-        return process
-
-
 class Status(Registry):
     def ready(self, copy: str) -> bool:
         """Whether copy ``copy`` says in its live status that it could take ``search`` over."""
@@ -104,7 +67,7 @@ class Deployment:
     """Both copies serving ``search`` to two subscribers on host ``sub``, a writer writing
     throughout, and the round each write started at."""
 
-    def __init__(self, copies: HostCopies) -> None:
+    def __init__(self, copies: Copies) -> None:
         self.copies = copies
         self.registry = Status(copies)
         self.out = copies.tmp / "search.jsonl"
@@ -236,7 +199,7 @@ def network(netns_hosts: Any) -> Iterator[Any]:
 def deployment(
     tmp_path: Path, host_zookeeper: Any, network: Any, request: pytest.FixtureRequest
 ) -> Iterator[Deployment]:
-    copies = HostCopies(tmp_path, host_zookeeper, f"/mcp-{request.node.name[:40]}", network)
+    copies = Copies(tmp_path, host_zookeeper, f"/mcp-{request.node.name[:40]}", network=network)
     running = Deployment(copies)
     try:
         running.start()
