@@ -25,6 +25,7 @@ written after the serving copy must have stopped serving.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import time
 from collections.abc import Iterator
@@ -318,3 +319,60 @@ def test_zookeeper_cut_from_everyone_the_copies_serve_again_after_healing(
     deployment.rejoined("b", healed_at, LIVENESS_S)
     print(f"ZooKeeper cut off, healed: a new round at every key {took:.2f}s after")
     deployment.finish(cut_at)
+
+
+def test_a_subscriber_waiting_out_its_backoff_connects_at_once_to_a_publisher_back_in_the_registry(
+    zookeeper_server: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A subscriber whose attempts to reach a copy failed for a while (the copy was cut off)
+    waits up to ``max_backoff`` between attempts. When the copy registers again (it is back
+    after its session expired), the subscriber tries at once rather than at the end of the
+    wait: the copy is not ready for the application before a subscriber reaches it."""
+    import logging
+    import socket
+    import threading
+
+    from wormhole.connectors.tcp.client import Subscriber
+    from wormhole.plugins.components import PublisherEntry
+    from wormhole.plugins.manager import default_registry
+
+    from wormhole.connectors.zookeeper.registry import ZooKeeperOptions
+    from wormhole.testing import free_port
+
+    root = "/mcp-backoff"
+    options = ZooKeeperOptions(hosts=zookeeper_server.hosts, root=root)
+    entry = PublisherEntry("db1", shards=8, copy="a", address=f"127.0.0.1:{free_port()}")
+
+    def register(address: str) -> Any:
+        registry = default_registry().create("registry", "zookeeper", options)
+        registry.open("shop", threading.Event())
+        registry.seed_applications({"search": {"sink": {"type": "jsonl", "path": "out.jsonl"}}})
+        registry.register_publisher(dataclasses.replace(entry, address=address))
+        return registry
+
+    unreachable = register(entry.address)  # nothing listens there
+    listener = socket.create_server(("127.0.0.1", 0))
+    subscriber = Subscriber(
+        "search", registry=f"zookeeper://{zookeeper_server.hosts}{root}", dataset="shop",
+        max_backoff=30.0,
+    )  # fmt: skip
+    thread = threading.Thread(target=subscriber.run, daemon=True)
+    caplog.set_level(logging.WARNING, logger="wormhole.subscriber")
+    thread.start()
+    back = None
+    try:
+        wait_until(lambda: "reconnecting in 6.4s" in caplog.text, 60, "the backoff to grow")
+        unreachable.close()  # its session ends: the entry goes
+        back = register(f"127.0.0.1:{listener.getsockname()[1]}")
+        listener.settimeout(3.0)  # well within the 6.4 s wait under way
+        try:
+            connection, _ = listener.accept()
+        except TimeoutError:
+            pytest.fail("the subscriber waited out its backoff: no connection within 3s")
+        connection.close()
+    finally:
+        subscriber.stop()
+        thread.join(30)
+        listener.close()
+        if back is not None:
+            back.close()
