@@ -101,9 +101,11 @@ class Deployment:
         """Both copies registered by their current processes, a serving, b ready."""
         publishers = self.copies.publishers
         wait_until(
-            lambda: all(self.registry.registered(c) == publishers[c].pid for c in "ab")
-            and self.claim() == "a"
-            and self.registry.ready("b"),
+            lambda: (
+                all(self.registry.registered(c) == publishers[c].pid for c in "ab")
+                and self.claim() == "a"
+                and self.registry.ready("b")
+            ),
             60,
             "both copies registered, a serving, b ready",
         )
@@ -131,9 +133,11 @@ class Deployment:
         process = self.copies.publishers[copy]
         try:
             wait_until(
-                lambda: self.registry.registered(copy) == process.pid
-                and (self.registry.ready(copy) or self.claim() == copy)
-                and self.claim() == "a",
+                lambda: (
+                    self.registry.registered(copy) == process.pid
+                    and (self.registry.ready(copy) or self.claim() == copy)
+                    and self.claim() == "a"
+                ),
                 max(0.0, since + bound - time.monotonic()),
                 f"copy {copy} to rejoin (registered, ready) and a to serve",
             )
@@ -160,8 +164,10 @@ class Deployment:
                 f"the cut were delivered twice: the cut copy kept serving"
             )
             kept = self.written[again[-1]] - cut_at
-            print(f"  {duplicates} duplicates; the last round delivered twice was written "
-                  f"{kept:.2f}s after the cut (stop bound {STOP_S:.1f}s)")
+            print(
+                f"  {duplicates} duplicates; the last round delivered twice was written "
+                f"{kept:.2f}s after the cut (stop bound {STOP_S:.1f}s)"
+            )
         return lines, duplicates
 
     def duplicated_rounds(self) -> list[int]:
@@ -333,10 +339,9 @@ def test_a_subscriber_waiting_out_its_backoff_connects_at_once_to_a_publisher_ba
     import threading
 
     from wormhole.connectors.tcp.client import Subscriber
+    from wormhole.connectors.zookeeper.registry import ZooKeeperOptions
     from wormhole.plugins.components import PublisherEntry
     from wormhole.plugins.manager import default_registry
-
-    from wormhole.connectors.zookeeper.registry import ZooKeeperOptions
     from wormhole.testing import free_port
 
     root = "/mcp-backoff"

@@ -20,10 +20,11 @@ joined to the hosts named in ``control`` by wires that are never cut, so it can 
 instance, ZooKeeper to watch the claims; it has no route to the other hosts.
 
 The kernel has no ``netem`` on these machines: delay, loss and throttling come from
-:class:`wormhole.testing.ThrottlingProxy`. Every name (namespaces, the control links in the
-machine's namespace, an ``unreachable`` route for the rest of the address block) carry a token of the network's own, so that
-networks of parallel test sessions do not collide; everything is removed at the end, also
-when starting fails half-way. Needs root and ``ip`` (iproute2).
+:class:`wormhole.testing.ThrottlingProxy`. The namespaces and the control links carry a token
+of the network's own, and the address block is a /24 that the machine's namespace does not
+use (an ``unreachable`` route keeps the test process from sending to the hosts it has no
+control wire to), so that networks of parallel test sessions do not collide. Everything is
+removed at the end, also when starting fails half-way. Needs root and ``ip`` (iproute2).
 """
 
 from __future__ import annotations
@@ -212,7 +213,11 @@ def leftovers(network: Network) -> list[str]:
     routes = _ip("route", "show", "type", "unreachable", check=False).stdout
     return (
         [n.split()[0] for n in names.splitlines() if f"wh-{network.token}-" in n]
-        + [line.split(":")[1].strip() for line in links.splitlines() if f"wh{network.token}c" in line]
+        + [
+            line.split(":")[1].strip()
+            for line in links.splitlines()
+            if f"wh{network.token}c" in line
+        ]
         + [r for r in routes.splitlines() if r.split()[1:2] == [str(network.block)]]
     )
 
