@@ -242,8 +242,8 @@ def main() -> int:
     args = parser.parse_args()
     ok, what = can_make_hosts()
     if not ok:
-        print(f"this bench needs {what}", file=sys.stderr)
-        return 2
+        print(f"skipped: this bench needs {what}", file=sys.stderr)
+        return 0  # `make bench` goes on with the others
     seed = args.seed if args.seed is not None else random.SystemRandom().randrange(1 << 32)
     rng = random.Random(seed)
     kinds = [k for k in KINDS if k in args.kinds]

@@ -44,6 +44,12 @@ HANDOVER_TIMEOUT_S = 10.0
 """How long a copy giving an application back waits for its subscribers to let go."""
 HANDOVER_READY_S = 5.0
 """Then how long it waits for the other copy to be ready for the final datamarkers."""
+STATUS_AGE_S = 1.5
+"""How old another copy's status may be (each publisher shares its own about once a second).
+Before it starts handing an application over, the serving copy asks that the other copy's log
+had reached, when it last reported, what the serving copy had shared this long ago: writes
+going on, the datamarkers shared now are always past a report a second old. The final check,
+once the flows are revoked and the final datamarkers shared, asks for those exactly."""
 
 
 class CopyCoordinator:
@@ -366,6 +372,8 @@ class CopyCoordinator:
             state.handing_over = state.settled_at = None
             state.claimed_ms = int(time.time() * 1000)
             state.saved = dict(shared)
+            state.shared_at = []
+            self._remember_shared(state)
             self.hub.activate(state.name, epoch, positions)
         SERVING_CLAIMS.labels(state.name, "served").inc()
         state.reported = ""
@@ -485,7 +493,7 @@ class CopyCoordinator:
             return  # the claim is lost meanwhile: nothing to hand over
         # Checked again at the moment of handing over, with the final datamarkers: the other
         # copy's log must have reached them (it may take a status interval to say so).
-        ready = target is not None and self._ready(state, target)
+        ready = target is not None and self._ready(state, target, final=True)
         with self.lock:
             if not self._holds(state, epoch) or state.settled_at is None:
                 return  # an interruption took the claim and reset the hand-over meanwhile
@@ -528,11 +536,11 @@ class CopyCoordinator:
             return None
         return preference[0]
 
-    def _ready(self, state: CopyState, copy: str) -> bool:
+    def _ready(self, state: CopyState, copy: str, final: bool = False) -> bool:
         """Whether the other copy ``copy`` can take ``state``'s application over now: its
         status, read now, says it is ready (it mapped every shared datamarker since it last
         connected) and that its publisher log reached every datamarker this copy shared."""
-        why = self._unable(state, copy)
+        why = self._unable(state, copy, final)
         if not why:
             state.waiting_for = ""
             return True
@@ -548,20 +556,42 @@ class CopyCoordinator:
             )
         return False
 
-    def _unable(self, state: CopyState, copy: str) -> str:
+    def _unable(self, state: CopyState, copy: str, final: bool = False) -> str:
         """Why the other copy ``copy`` cannot take ``state``'s application over now, from its
-        status read now ("" if it can)."""
+        status read now ("" if it can): its log must have reached the shared datamarkers
+        (``final``: as they are now; else as they were ``STATUS_AGE_S`` ago)."""
         self.statuses = self.registry.statuses()
         status = self.statuses.get(f"{self.datastore}@{copy}", {})
         # The publisher shares this coordinator's status under "copies".
         shared: dict[str, Any] = status.get("copies", {})
         newest = shared.get("newest")
-        needed = max((tuple(d.version) for d in state.saved.values()), default=None)
+        needed = self._needed(state, 0.0 if final else STATUS_AGE_S)
         if not shared.get("copies_ready", {}).get(state.name):
             return "it is not ready (it has not mapped every shared datamarker)"
         if needed is not None and (newest is None or tuple(newest) < needed):
             return f"its publisher log reached version {newest}, the shared datamarkers {needed}"
         return ""
+
+    @staticmethod
+    def _needed(state: CopyState, age: float) -> Version | None:
+        """The newest version this serving copy's shared datamarkers had reached ``age``
+        seconds ago (the oldest it remembers, if it has served less long)."""
+        if age <= 0 or not state.shared_at:
+            return max((tuple(d.version) for d in state.saved.values()), default=None)
+        cutoff = time.monotonic() - age
+        older = [version for at, version in state.shared_at if at <= cutoff]
+        return older[-1] if older else state.shared_at[0][1]
+
+    def _remember_shared(self, state: CopyState) -> None:
+        """Record the newest version shared now; forget what is older than needed."""
+        newest = max((tuple(d.version) for d in state.saved.values()), default=None)
+        if newest is None:
+            return
+        now = time.monotonic()
+        state.shared_at.append((now, newest))
+        keep = [i for i, (at, _) in enumerate(state.shared_at) if at <= now - STATUS_AGE_S]
+        if keep:
+            del state.shared_at[: keep[-1]]
 
     def _save(self, state: CopyState) -> bool:
         """Share the serving application's datamarkers; False if fenced (claim lost)."""
@@ -596,6 +626,7 @@ class CopyCoordinator:
             self.hub.deactivate(state.name)
             return False
         state.saved.update(changed)
+        self._remember_shared(state)
         for shard, marker in changed.items():
             state.mapped[shard] = (tuple(marker.version), positions[shard])
         return True

@@ -67,6 +67,9 @@ class CopyState:
     """When this copy's claim was made (wall clock): a move requested later applies to it."""
     waiting_for: str = ""
     """The copy this serving copy would hand over to but which is not ready (logged once)."""
+    shared_at: list[tuple[float, Version]] = field(default_factory=list)
+    """Serving: the newest version its shared datamarkers reached, and when (monotonic), over
+    the last seconds (:meth:`CopyCoordinator._needed`)."""
     unreached_since: float | None = None
     """Since when the registry has listed subscribers of the application while none was
     connected to this copy (monotonic; None while one is, or none is listed)."""
