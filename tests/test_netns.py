@@ -42,6 +42,9 @@ def test_a_cut_wire_drops_packets_in_silence_and_healing_restores_it() -> None:
         assert probe(network, "x", z) == "refused", "only the wire between x and y is cut"
         network.isolate("z")
         assert probe(network, "y", z) == "TimeoutError"
+        network.heal("z")  # z's wires only
+        assert probe(network, "y", z) == "refused"
+        assert probe(network, "x", y) == "TimeoutError"
         network.heal()
         assert probe(network, "x", y) == "refused"
         assert probe(network, "y", z) == "refused"

@@ -112,8 +112,12 @@ class Network:
                 self.cut(host, other)
 
     def heal(self, x: str | None = None, y: str | None = None) -> None:
-        """Bring the wire between ``x`` and ``y`` up again; without arguments, every wire."""
-        wires = [tuple(w) for w in self.down] if x is None else [(x, y or "")]
+        """Bring the wire between ``x`` and ``y`` up again; with ``x`` only, every wire of
+        ``x``; without arguments, every wire."""
+        if y is not None and x is not None:
+            wires = [(x, y)]
+        else:
+            wires = [(min(w), max(w)) for w in self.down if x is None or x in w]
         for a, b in wires:
             for port in self._ports(a, b):
                 _ip("-n", self.switch, "link", "set", port, "up")
@@ -130,16 +134,35 @@ def _port(hosts: dict[str, str], x: str, y: str) -> str:
     return f"p{names.index(x)}-{names.index(y)}"
 
 
+def _used_networks() -> list[ipaddress.IPv4Network]:
+    """The IPv4 prefixes of the machine's namespace: its routes (but the default) and its
+    addresses' subnets."""
+    used = []
+    routes = _ip("-4", "route", "show", "table", "all").stdout.splitlines()
+    addresses = [line.split()[1] for line in _ip("-4", "-o", "addr").stdout.splitlines()]
+    words = [r.split()[1] if r.split()[0] in ("unreachable", "blackhole", "local",
+             "broadcast", "prohibit") else r.split()[0] for r in routes if r.split()]  # fmt: skip
+    for word in [*words, *addresses]:
+        try:
+            used.append(ipaddress.IPv4Network(word, strict=False))
+        except ValueError:
+            continue  # "default", or not an address
+    return used
+
+
 def _free_block() -> ipaddress.IPv4Network:
-    """A /24 in 10.0.0.0/8 that no address or route of the machine's namespace uses."""
-    used = _ip("-4", "route", "show", "table", "all").stdout + _ip("-4", "addr").stdout
-    for _ in range(100):
+    """A /24 in 10.0.0.0/8 that no address or route of the machine's namespace overlaps."""
+    used = _used_networks()
+    for _ in range(200):
         block = ipaddress.IPv4Network(
-            f"10.{random.randrange(64, 250)}.{random.randrange(0, 256)}.0/24"
+            f"10.{random.randrange(64, 250)}.{random.randrange(256)}.0/24"
         )
-        if f"10.{block.network_address.packed[1]}.{block.network_address.packed[2]}." not in used:
+        if not any(block.overlaps(network) for network in used):
             return block
-    raise NetworkError("no free /24 in 10.0.0.0/8 for the test hosts")
+    raise NetworkError(
+        "no /24 in 10.64.0.0-10.249.255.0 is free of the machine's routes and addresses for the "
+        "test hosts"
+    )
 
 
 def _remove(token: str, control_links: Iterable[str], block: str) -> None:
