@@ -68,3 +68,15 @@ def test_the_session_hosts_reach_zookeeper_and_the_test_process_reaches_only_it(
 def test_hosts_must_be_distinct() -> None:
     with pytest.raises(ValueError, match="distinct"):
         next(start_network(["x", "x"]))
+
+
+def test_a_network_that_fails_half_way_is_removed() -> None:
+    from wormhole.testing.netns import NetworkError, _ip
+
+    def state() -> tuple[str, str, str]:
+        return _ip("netns", "list").stdout, _ip("route").stdout, _ip("-o", "link").stdout
+
+    before = state()
+    with pytest.raises(NetworkError, match="bad/name"):
+        next(start_network(["x", "bad/name"]))  # a namespace name cannot hold a slash
+    assert state() == before
