@@ -64,6 +64,7 @@ bench: $(STAMP)
 	$(BIN)/python bench/caravans.py
 	$(BIN)/python bench/registry.py
 	$(BIN)/python bench/multiple_copy.py
+	$(BIN)/python bench/multiple_copy_partitions.py
 
 clean:
 	rm -rf .wormhole out data/quickstart

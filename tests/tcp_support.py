@@ -10,7 +10,7 @@ import socket
 import subprocess
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -47,10 +47,17 @@ def tcp_pipeline(
 class Process:
     """A `wormhole` subprocess whose stderr is collected as it runs."""
 
-    def __init__(self, *args: str, cwd: Path, env: dict[str, str] | None = None) -> None:
+    def __init__(
+        self,
+        *args: str,
+        cwd: Path,
+        env: dict[str, str] | None = None,
+        prefix: Sequence[str] = (),
+    ) -> None:
+        """``prefix``: what the command runs under (``ip netns exec HOST``: on a test host)."""
         self.args = args
         self.proc = subprocess.Popen(
-            cli_command(*args),
+            [*prefix, *cli_command(*args)],
             cwd=cwd,
             env={**os.environ, **(env or {})},
             stdout=subprocess.PIPE,

@@ -35,14 +35,22 @@ INTERVAL_MS = 200
 class Copies:
     """Two copies of datastore db1 (``a`` preferred, ``b``), their publishers and the
     application's subscribers. ``sources`` gives each copy's source; without it, each copy
-    reads its own directory of one ``LogWriter`` stream that :meth:`write` writes."""
+    reads its own directory of one ``LogWriter`` stream that :meth:`write` writes. With
+    ``network`` (:func:`wormhole.testing.plugin.netns_hosts`), each copy's publisher runs on
+    the host of its name and the subscribers on host ``sub``."""
 
     def __init__(
-        self, tmp: Path, zk: Any, root: str, sources: dict[str, dict[str, Any]] | None = None
+        self,
+        tmp: Path,
+        zk: Any,
+        root: str,
+        sources: dict[str, dict[str, Any]] | None = None,
+        network: Any = None,
     ) -> None:
         self.tmp = tmp
         self.zk = zk
         self.root = root
+        self.network = network
         self.publishers: dict[str, Process] = {}
         self.subscribers: list[Process] = []
         self.files: dict[str, Path] = {}
@@ -70,7 +78,7 @@ class Copies:
                 "source": self.sources[copy],
                 "transport": {
                     "type": "tcp",
-                    "listen": "127.0.0.1:0",
+                    "listen": f"{self.network.address(copy) if self.network else '127.0.0.1'}:0",
                     "heartbeat_ms": 300,
                     "heartbeat_timeout_ms": 1500,
                 },
@@ -89,7 +97,7 @@ class Copies:
 
     def publish(self, copy: str) -> Process:
         path = self.files.get(copy) or self.pipeline(copy)
-        process = Process("publish", str(path), "-q", cwd=self.tmp)
+        process = Process("publish", str(path), "-q", cwd=self.tmp, prefix=self._on(copy))
         self.publishers[copy] = process
         return process
 
@@ -102,9 +110,14 @@ class Copies:
             "--instance",
             str(instance),
             cwd=self.tmp,
+            prefix=self._on("sub"),
         )
         self.subscribers.append(process)
         return process
+
+    def _on(self, host: str) -> list[str]:
+        """What runs a command on ``host`` (nothing without a network)."""
+        return self.network.command(host, []) if self.network else []
 
     def write(self, keys: int, n: int) -> None:
         """One round: every key gets value n, in both copies of the stream."""

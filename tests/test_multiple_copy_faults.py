@@ -9,8 +9,14 @@ datamarkers reached the last update), both copies restarted, ZooKeeper restarted
 each fault ends, a round written after that moment must reach every key within
 :data:`LIVENESS_S` (a copy serves and its subscribers receive new updates); at the end
 every update must have arrived, in per-key order, with duplicates only after the shared
-datamarker taken just before the fault that precedes them. Network partitions are not in
-this loop (signals and restarts only).
+datamarker taken just before the fault that precedes them.
+
+In the file-log loop each copy's publisher, ZooKeeper and the subscribers run on hosts of
+their own (network namespaces, :func:`wormhole.testing.plugin.netns_hosts`), and network
+partitions join the faults: the serving copy cut from every host, from ZooKeeper only, the
+subscribers cut from the serving copy only, and ZooKeeper cut from every host, each held past
+the session timeout and healed. The MariaDB loop runs on the machine's own network (its
+servers listen on loopback) with signals and restarts only.
 
 Replay a seed: ``WORMHOLE_CHAOS_SEED=N pytest tests/test_multiple_copy_faults.py -s``; a
 longer run: ``make soak`` (``WORMHOLE_COPIES_FAULTS``, the number of faults).
@@ -46,6 +52,13 @@ QUIET = "restart of the serving copy in a quiet period"
 BOTH = "both copies restarted"
 ZOOKEEPER = "ZooKeeper restarted"
 KINDS = [KILL, PAUSE, RESTART, QUIET, BOTH, ZOOKEEPER]
+CUT_OFF = "the serving copy's host cut from every host, then healed"
+CUT_ZK = "the serving copy's host cut from ZooKeeper's only, then healed"
+UNREACHED = "the subscribers' host cut from the serving copy's only, then healed"
+ZK_CUT = "ZooKeeper's host cut from every host, then healed"
+PARTITIONS = [CUT_OFF, CUT_ZK, UNREACHED, ZK_CUT]
+"""Faults of a loop whose processes run on hosts (network namespaces): a cut holds for the
+session timeout plus 0.5 to 2 s."""
 
 # The liveness bound, from the moment a fault ends (docs/multiple-copy.md, "Liveness"): the
 # claim of a copy that did not stop gracefully is free at most a session timeout later; the
@@ -66,6 +79,23 @@ def zookeeper() -> Iterator[Any]:
     from wormhole.testing.zookeeper import start_zookeeper
 
     yield from start_zookeeper()
+
+
+@pytest.fixture
+def hosts(netns_hosts: Any) -> Iterator[Any]:
+    """The session's hosts; every wire the loop cut is healed when it ends, also on failure."""
+    try:
+        yield netns_hosts
+    finally:
+        netns_hosts.heal()
+
+
+@pytest.fixture
+def host_zookeeper_of_its_own(hosts: Any) -> Iterator[Any]:
+    """A ZooKeeper server of the loop's own on host ``zk``: it is restarted by a fault."""
+    from wormhole.testing.zookeeper import start_zookeeper
+
+    yield from start_zookeeper(hosts.address("zk"), hosts.command("zk", []))
 
 
 class Writer(threading.Thread):
@@ -259,6 +289,21 @@ class Loop:
             copies.zk.stop()
             time.sleep(rng.uniform(0.2, 3.0))  # the fault: ZooKeeper away
             copies.zk.start()
+        elif kind in PARTITIONS:
+            network = copies.network
+            serving = self.victim()
+            if kind == CUT_OFF:
+                network.isolate(serving)
+            elif kind == CUT_ZK:
+                network.cut(serving, "zk")
+            elif kind == UNREACHED:
+                network.cut(serving, "sub")
+            else:
+                network.isolate("zk")
+            try:
+                time.sleep(SESSION_MS / 1000 + rng.uniform(0.5, 2.0))  # the fault: a cut
+            finally:
+                network.heal()
         self.writer.resume()
 
     def live(self, kind: str, index: int) -> None:
@@ -282,10 +327,12 @@ class Loop:
 
 
 def test_two_file_log_copies_serve_after_every_fault_and_lose_nothing(
-    tmp_path: Path, zookeeper: Any
+    tmp_path: Path, host_zookeeper_of_its_own: Any, hosts: Any
 ) -> None:
-    copies = Copies(tmp_path, zookeeper, "/mc-faults")
-    run_loop(copies, copies.write)
+    """The copies, ZooKeeper and the subscribers each on a host of their own: network
+    partitions join the faults."""
+    copies = Copies(tmp_path, host_zookeeper_of_its_own, "/mc-faults", network=hosts)
+    run_loop(copies, copies.write, KINDS + PARTITIONS)
 
 
 def test_a_mariadb_primary_and_replica_serve_after_every_fault_and_lose_nothing(
@@ -313,20 +360,20 @@ def test_a_mariadb_primary_and_replica_serve_after_every_fault_and_lose_nothing(
                     f"ON DUPLICATE KEY UPDATE n = VALUES(n)"
                 )
 
-        run_loop(Copies(tmp_path, zookeeper, "/mc-faults-mariadb", sources), write)
+        run_loop(Copies(tmp_path, zookeeper, "/mc-faults-mariadb", sources), write, KINDS)
         conn.close()
     finally:
         replica_gen.close()
         primary_gen.close()
 
 
-def run_loop(copies: Copies, write: Callable[[int, int], None]) -> None:
+def run_loop(copies: Copies, write: Callable[[int, int], None], kinds: list[str]) -> None:
     """Start both copies and two subscribers, write throughout, inject FAULTS faults (each
-    kind at least once) checking liveness after each, then check safety."""
+    of ``kinds`` at least once) checking liveness after each, then check safety."""
     seed = int(os.environ.get("WORMHOLE_CHAOS_SEED") or random.SystemRandom().randrange(1 << 32))
     print(f"seed {seed}, {FAULTS} faults, liveness bound {LIVENESS_S:.1f}s")
     rng = random.Random(seed)
-    order = KINDS + rng.choices(KINDS, k=max(0, FAULTS - len(KINDS)))
+    order = kinds + rng.choices(kinds, k=max(0, FAULTS - len(kinds)))
     rng.shuffle(order)
     loop = Loop(copies, write, rng, seed)
     try:

@@ -26,7 +26,7 @@ from collections.abc import Callable
 from typing import Any, Protocol
 
 from wormhole.core.copy_positions import Behind, Gone, Version, locate, version
-from wormhole.core.copy_state import CLAIM_GRACE_S, CopyState
+from wormhole.core.copy_state import CLAIM_GRACE_S, UNREACHED_S, CopyState
 from wormhole.core.errors import ConfigError, StateError
 from wormhole.core.hub import Hub
 from wormhole.core.metrics import SERVING_CLAIMS
@@ -46,6 +46,12 @@ HANDOVER_TIMEOUT_S = 10.0
 """How long a copy giving an application back waits for its subscribers to let go."""
 HANDOVER_READY_S = 5.0
 """Then how long it waits for the other copy to be ready for the final datamarkers."""
+STATUS_AGE_S = 1.5
+"""How old another copy's status may be (each publisher shares its own about once a second).
+Before it starts handing an application over, the serving copy asks that the other copy's log
+had reached, when it last reported, what the serving copy had shared this long ago: writes
+going on, the datamarkers shared now are always past a report a second old. The final check,
+once the flows are revoked and the final datamarkers shared, asks for those exactly."""
 
 
 class CopyRegistry(ServingClaims, Protocol):
@@ -253,6 +259,9 @@ class CopyCoordinator:
 
     def _stand_by(self, state: CopyState, now: float) -> None:
         self._follow(state)
+        unreached = self._unreached(state, now)
+        if unreached and state.ready:
+            state.ready, state.why, state.behind = False, unreached, False
         if state.claim is not None:
             state.behind_since, state.warned = None, False
             return
@@ -276,6 +285,57 @@ class CopyCoordinator:
             self.registry.release_serving(state.name, self.datastore, epoch)
             self._refused(state, now, str(exc))
             raise
+
+    def _unreached(self, state: CopyState, now: float) -> str:
+        """Why the application's subscribers cannot be served from this copy: the registry
+        has listed some for ``UNREACHED_S`` while none was connected here (a partition
+        between them and this copy); "" when one is connected or none is listed."""
+        app = self.hub.applications.get(state.name)
+        with self.hub.lock:
+            registered = len(self.hub.registered.get(state.name, []))
+            connected = app is not None and bool(app.sessions)
+        if connected or not registered:
+            state.unreached_since = None
+            return ""
+        if state.unreached_since is None:
+            state.unreached_since = now
+        if now - state.unreached_since < UNREACHED_S:
+            return ""
+        return (
+            f"none of its subscribers ({registered} registered) has been connected to this "
+            f"copy for {now - state.unreached_since:.0f}s"
+        )
+
+    def _give_up_unreached(self, state: CopyState, epoch: int, now: float) -> bool:
+        """Serving, but none of the application's subscribers reaches this copy while
+        another live copy is ready for it (it reaches them): give the claim up, so that the
+        other copy serves them. True if it did."""
+        why = self._unreached(state, now)
+        if not why:
+            return False
+        others = [c for c in self.preference(state.name) if c != self.copy]
+        able = next((c for c in others if not self._unable(state, c)), None)
+        if able is None:
+            return False  # nobody else could serve them either: keep the claim
+        with self.lock:
+            if not self._holds(state, epoch):
+                return True
+            state.epoch = 0
+            state.handing_over = state.settled_at = None
+            # Stays away past the other copies' grace period, as after a refusal.
+            state.refused_until = now + len(self.preference(state.name)) * CLAIM_GRACE_S
+            self.hub.deactivate(state.name)
+        SERVING_CLAIMS.labels(state.name, "unreached").inc()
+        log.warning(
+            "application %s: copy %s gives it up (epoch %d): %s, and copy %s is ready for it",
+            state.name,
+            self.copy,
+            epoch,
+            why,
+            able,
+        )
+        self.registry.release_serving(state.name, self.datastore, epoch)
+        return True
 
     def _my_turn(self, state: CopyState, now: float) -> bool:
         """Whether this copy may claim the free application now: it is the most preferred
@@ -353,6 +413,8 @@ class CopyCoordinator:
             state.handing_over = state.settled_at = None
             state.claimed_ms = int(time.time() * 1000)
             state.saved = dict(shared)
+            state.shared_at = []
+            self._remember_shared(state)
             self.hub.activate(state.name, epoch, positions)
         SERVING_CLAIMS.labels(state.name, "served").inc()
         state.reported = ""
@@ -445,6 +507,8 @@ class CopyCoordinator:
         app = self.hub.applications.get(state.name)
         if app is None:
             return
+        if state.handing_over is None and self._give_up_unreached(state, epoch, now):
+            return
         target = self._hand_over_to(state, app)
         if state.handing_over is None:
             if target is not None and self._ready(state, target):
@@ -470,7 +534,7 @@ class CopyCoordinator:
             return  # the claim is lost meanwhile: nothing to hand over
         # Checked again at the moment of handing over, with the final datamarkers: the other
         # copy's log must have reached them (it may take a status interval to say so).
-        ready = target is not None and self._ready(state, target)
+        ready = target is not None and self._ready(state, target, final=True)
         with self.lock:
             if not self._holds(state, epoch) or state.settled_at is None:
                 return  # an interruption took the claim and reset the hand-over meanwhile
@@ -513,21 +577,12 @@ class CopyCoordinator:
             return None
         return preference[0]
 
-    def _ready(self, state: CopyState, copy: str) -> bool:
+    def _ready(self, state: CopyState, copy: str, final: bool = False) -> bool:
         """Whether the other copy ``copy`` can take ``state``'s application over now: its
         status, read now, says it is ready (it mapped every shared datamarker since it last
         connected) and that its publisher log reached every datamarker this copy shared."""
-        self.statuses = self.registry.statuses()
-        status = self.statuses.get(f"{self.datastore}@{copy}", {})
-        # The publisher shares this coordinator's status under "copies".
-        shared: dict[str, Any] = status.get("copies", {})
-        newest = shared.get("newest")
-        needed = max((tuple(d.version) for d in state.saved.values()), default=None)
-        if not shared.get("copies_ready", {}).get(state.name):
-            why = "it is not ready (it has not mapped every shared datamarker)"
-        elif needed is not None and (newest is None or tuple(newest) < needed):
-            why = f"its publisher log reached version {newest}, the shared datamarkers {needed}"
-        else:
+        why = self._unable(state, copy, final)
+        if not why:
             state.waiting_for = ""
             return True
         if state.waiting_for != copy:
@@ -541,6 +596,43 @@ class CopyCoordinator:
                 self.copy,
             )
         return False
+
+    def _unable(self, state: CopyState, copy: str, final: bool = False) -> str:
+        """Why the other copy ``copy`` cannot take ``state``'s application over now, from its
+        status read now ("" if it can): its log must have reached the shared datamarkers
+        (``final``: as they are now; else as they were ``STATUS_AGE_S`` ago)."""
+        self.statuses = self.registry.statuses()
+        status = self.statuses.get(f"{self.datastore}@{copy}", {})
+        # The publisher shares this coordinator's status under "copies".
+        shared: dict[str, Any] = status.get("copies", {})
+        newest = shared.get("newest")
+        needed = self._needed(state, 0.0 if final else STATUS_AGE_S)
+        if not shared.get("copies_ready", {}).get(state.name):
+            return "it is not ready (it has not mapped every shared datamarker)"
+        if needed is not None and (newest is None or tuple(newest) < needed):
+            return f"its publisher log reached version {newest}, the shared datamarkers {needed}"
+        return ""
+
+    @staticmethod
+    def _needed(state: CopyState, age: float) -> Version | None:
+        """The newest version this serving copy's shared datamarkers had reached ``age``
+        seconds ago (the oldest it remembers, if it has served less long)."""
+        if age <= 0 or not state.shared_at:
+            return max((tuple(d.version) for d in state.saved.values()), default=None)
+        cutoff = time.monotonic() - age
+        older = [version for at, version in state.shared_at if at <= cutoff]
+        return older[-1] if older else state.shared_at[0][1]
+
+    def _remember_shared(self, state: CopyState) -> None:
+        """Record the newest version shared now; forget what is older than needed."""
+        newest = max((tuple(d.version) for d in state.saved.values()), default=None)
+        if newest is None:
+            return
+        now = time.monotonic()
+        state.shared_at.append((now, newest))
+        keep = [i for i, (at, _) in enumerate(state.shared_at) if at <= now - STATUS_AGE_S]
+        if keep:
+            del state.shared_at[: keep[-1]]
 
     def _save(self, state: CopyState) -> bool:
         """Share the serving application's datamarkers; False if fenced (claim lost)."""
@@ -575,6 +667,7 @@ class CopyCoordinator:
             self.hub.deactivate(state.name)
             return False
         state.saved.update(changed)
+        self._remember_shared(state)
         for shard, marker in changed.items():
             state.mapped[shard] = (tuple(marker.version), positions[shard])
         return True

@@ -13,6 +13,9 @@ from wormhole.plugins.components import ServingClaim, SharedDatamarker
 
 CLAIM_GRACE_S = 2.0
 """How long each less preferred copy waits, per rank, before claiming a free application."""
+UNREACHED_S = 2.0
+"""How long a copy may have none of an application's registered subscribers connected before
+it counts as one they cannot reach (a subscriber starting connects well within it)."""
 
 
 @dataclass
@@ -64,6 +67,13 @@ class CopyState:
     """When this copy's claim was made (wall clock): a move requested later applies to it."""
     waiting_for: str = ""
     """The copy this serving copy would hand over to but which is not ready (logged once)."""
+    shared_at: list[tuple[float, Version]] = field(default_factory=list)
+    """Serving: the newest version its shared datamarkers reached, and when (monotonic), over
+    the last seconds (:meth:`CopyCoordinator._needed`)."""
+    unreached_since: float | None = None
+    """Since when the registry has listed subscribers of the application while none was
+    connected to this copy (monotonic; None while one is, or none is listed)."""
+    """The copy this serving copy would hand over to but which is not ready (logged once)."""
 
     def free(self, claim: ServingClaim | None, now: float) -> None:
         """The claim is now ``claim``: track since when the application has been free. A
@@ -88,4 +98,4 @@ class CopyState:
         self.claim_seen = self.free_before = None
 
 
-__all__ = ["CLAIM_GRACE_S", "CopyState"]
+__all__ = ["CLAIM_GRACE_S", "UNREACHED_S", "CopyState"]

@@ -103,7 +103,8 @@ SINK_WRITE_SECONDS = Histogram(
 SERVING_CLAIMS = Counter(
     "wormhole_serving_claims",
     "Serving claims this copy made (multiple-copy delivery), by application and outcome: "
-    "served, or refused (given back without serving: the copy could not take over).",
+    "served, refused (given back without serving: the copy could not take over), or "
+    "unreached (given up while serving: none of the application's subscribers reached it).",
     ["application", "outcome"],
     registry=REGISTRY,
 )

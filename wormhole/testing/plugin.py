@@ -95,6 +95,29 @@ def zookeeper_server() -> Iterator[Any]:
     yield from start_zookeeper()
 
 
+HOSTS = ("zk", "a", "b", "sub")
+"""The hosts of :func:`netns_hosts`."""
+
+
+@pytest.fixture(scope="session")
+def netns_hosts() -> Iterator[Any]:
+    """Hosts as network namespaces (:mod:`wormhole.testing.netns`), for the test session:
+    ``zk``, ``a``, ``b`` and ``sub``, a wire between every two that a test can cut, and a
+    control wire from the test process to ``zk``. Needs root (skipped without; a failure
+    under CI=true). A test that cuts wires heals them (``netns_hosts.heal()``) when it ends."""
+    from wormhole.testing.netns import start_network
+
+    yield from start_network(HOSTS, control=["zk"])
+
+
+@pytest.fixture(scope="session")
+def host_zookeeper(netns_hosts: Any) -> Iterator[Any]:
+    """A throwaway ZooKeeper on host ``zk`` of :func:`netns_hosts`, for the test session."""
+    from wormhole.testing.zookeeper import start_zookeeper
+
+    yield from start_zookeeper(netns_hosts.address("zk"), netns_hosts.command("zk", []))
+
+
 @pytest.fixture(scope="session")
 def spark() -> Iterator[Any]:
     """A local[2] SparkSession for the test session (start-up dominates: one per session)."""

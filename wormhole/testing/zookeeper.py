@@ -1,4 +1,4 @@
-"""A throwaway ZooKeeper server (standalone) on a free loopback port.
+"""A throwaway ZooKeeper server (standalone) on a free loopback port (or a test host's address).
 
 Runs the Debian ``zookeeper`` package's jars with ``java`` in a temp dir: a
 ``zoo.cfg`` with ``dataDir``, ``clientPort``, ``clientPortAddress=127.0.0.1`` and
@@ -13,7 +13,7 @@ import shutil
 import socket
 import subprocess
 import tempfile
-from collections.abc import Generator
+from collections.abc import Generator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -30,6 +30,8 @@ class ZooKeeperServer(ServerProcess):
     port: int
     directory: Path
     process: subprocess.Popen[bytes] = field(repr=False)
+    prefix: tuple[str, ...] = ()
+    """What the server's command runs under (``ip netns exec HOST``: on a test host)."""
 
     @property
     def hosts(self) -> str:
@@ -48,7 +50,7 @@ class ZooKeeperServer(ServerProcess):
         """Start (again) on the same port with the same data; returns once it answers."""
         if self.process.poll() is None:
             return
-        self.process = _spawn(self.directory)
+        self.process = _spawn(self.directory, self.prefix)
         _wait_ready(self)
 
 
@@ -62,12 +64,13 @@ def answers(host: str, port: int, timeout: float = 1.0) -> bool:
         return False
 
 
-def _spawn(directory: Path) -> subprocess.Popen[bytes]:
+def _spawn(directory: Path, prefix: Sequence[str] = ()) -> subprocess.Popen[bytes]:
     classpath = f"{JARS}/*:{CONF}"
     log = open(directory / "zookeeper.log", "ab")  # noqa: SIM115 - the server owns it
     try:
         return subprocess.Popen(
             [
+                *prefix,
                 "java",
                 "-Xmx256m",
                 f"-Dzookeeper.log.dir={directory}",
@@ -94,8 +97,12 @@ def _wait_ready(server: ZooKeeperServer, timeout: float = 60) -> None:
     )
 
 
-def start_zookeeper() -> Generator[ZooKeeperServer, None, None]:
-    """Start a server; yields it and stops it afterwards (a generator for fixtures)."""
+def start_zookeeper(
+    host: str = "127.0.0.1", prefix: Sequence[str] = ()
+) -> Generator[ZooKeeperServer, None, None]:
+    """Start a server listening on ``host``, its command run under ``prefix`` (for a test
+    host of :mod:`wormhole.testing.netns`: its address and ``Network.command(name, [])``);
+    yields it and stops it afterwards (a generator for fixtures)."""
     require(
         shutil.which("java") is not None and any(JARS.glob("zookeeper-3*.jar")),
         "ZooKeeper (Debian package zookeeper) and java",
@@ -108,13 +115,13 @@ def start_zookeeper() -> Generator[ZooKeeperServer, None, None]:
         (directory / "zoo.cfg").write_text(
             f"dataDir={directory / 'data'}\n"
             f"clientPort={port}\n"
-            "clientPortAddress=127.0.0.1\n"
+            f"clientPortAddress={host}\n"
             "tickTime=500\n"
             "minSessionTimeout=1000\n"
             "admin.enableServer=false\n"
             "4lw.commands.whitelist=srvr,ruok\n"
         )
-        server = ZooKeeperServer("127.0.0.1", port, directory, _spawn(directory))
+        server = ZooKeeperServer(host, port, directory, _spawn(directory, prefix), tuple(prefix))
         started.append(server)
         _wait_ready(server)
         return server

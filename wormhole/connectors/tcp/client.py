@@ -150,6 +150,8 @@ class Subscriber(Handlers):
         self._stop = threading.Event()
         self._handling = threading.Lock()
         self._links: dict[str, _Link] = {}
+        self._every_link: list[_Link] = []
+        """Every link started (a stop ends their waits between attempts)."""
         self._flow_epochs: dict[Any, int] = {}
         """The newest epoch each flow was assigned under (multiple-copy delivery)."""
         self._failure: BaseException | None = None
@@ -160,6 +162,8 @@ class Subscriber(Handlers):
         """Finish the batch in hand, acknowledge it, leave; ``run`` then returns."""
         self._stop.set()
         self._wake.set()
+        for link in list(self._every_link):
+            link.retry.set()
 
     def run(self) -> None:
         """Serve until ``stop()``; reconnects on connection loss (with backoff). Ctrl-C
@@ -167,7 +171,11 @@ class Subscriber(Handlers):
         returned from is delivered again to the next subscriber."""
         try:
             if self.registry is None:
-                _Link(self, None, self._addresses).run()
+                link = _Link(self, None, self._addresses)
+                try:
+                    link.run()
+                finally:
+                    self._every_link.remove(link)
                 return
             self._run_registered()
         except KeyboardInterrupt:
@@ -206,9 +214,17 @@ class Subscriber(Handlers):
 
         def changed(found: list[PublisherEntry]) -> None:
             with lock:
+                before = dict(entries)
                 entries.clear()
                 # Copies of one datastore (multiple-copy delivery) are separate publishers.
                 entries.update({e.node: e for e in found if e.address})
+                back = [node for node, e in entries.items() if before.get(node) != e]
+            for node in back:
+                # Registered again (back after a partition or a restart) or moved: a link
+                # waiting out its backoff tries it now.
+                link = self._links.get(node)
+                if link is not None:
+                    link.retry.set()
             self._wake.set()
 
         def addresses(node: str) -> Callable[[], list[str]]:
@@ -259,6 +275,8 @@ class Subscriber(Handlers):
                         self._links.pop(node, None)
         finally:
             self._stop.set()
+            for link in list(self._every_link):
+                link.retry.set()
             for thread in threads.values():
                 thread.join(self.heartbeat_timeout + 5.0)
             with contextlib.suppress(Exception):
@@ -273,6 +291,8 @@ class Subscriber(Handlers):
         except BaseException as exc:  # a fatal refusal ends the subscriber
             self._failure = exc
             self._wake.set()
+        finally:
+            self._every_link.remove(link)
 
     # --------------------------------------------------------- handlers
     def _flows_changed(self, assigned: list[Any], revoked: list[Any]) -> None:
@@ -328,6 +348,12 @@ class _Link:
         self.datastore = datastore
         """The publisher's datastore, with a registry (flows are then (datastore, shard))."""
         self.addresses = addresses
+        self.retry = threading.Event()
+        """Set to end a wait between attempts at once: the publisher registered again (or
+        the subscriber stops)."""
+        owner._every_link.append(self)
+        if owner._stop.is_set():
+            self.retry.set()
         self.assigned: set[int] = set()
         self.epochs: dict[int, int] = {}
         """The epoch each of its shards was assigned under."""
@@ -346,7 +372,7 @@ class _Link:
     def run(self) -> None:
         owner = self.owner
         stop = owner._stop
-        backoff = Backoff(log, first=0.2, cap=owner.max_backoff, stop=stop)
+        backoff = Backoff(log, first=0.2, cap=owner.max_backoff, stop=self.retry)
         attempt = 0
         since = time.monotonic()
         """When this link last had a session (or began)."""
@@ -382,7 +408,10 @@ class _Link:
                     ) from None
                 reconnecting(log.name)
                 if not backoff.wait("publisher %s: %s; reconnecting in %.1fs", address, _why(exc)):
-                    return
+                    if stop.is_set():
+                        return
+                    backoff.reset()  # its publisher registered again: try it now
+                self.retry.clear()
 
     def _lose_shards(self) -> None:
         if self.assigned:
