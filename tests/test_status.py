@@ -55,3 +55,32 @@ def test_status_shows_the_caravans_of_a_running_publisher(tmp_path: Path) -> Non
     status = _status(pipeline, tmp_path)
     assert status["running"] is False and status["caravans"] == []
     assert {f["lag"] for f in status["flows"]} == {0}
+
+
+def test_status_while_a_publisher_is_creating_its_store_shows_no_datamarkers(
+    tmp_path: Path,
+) -> None:
+    # A publisher starting up has created state.db but not yet its tables: status read it
+    # then and failed with a traceback ("no such table: datamarkers").
+    import sqlite3
+
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / "x").touch()
+    (tmp_path / "state").mkdir()
+    db = sqlite3.connect(tmp_path / "state" / "state.db")
+    db.execute("PRAGMA journal_mode=WAL")
+    db.close()
+    pipeline = write_pipeline(
+        tmp_path / "p.yml",
+        {
+            "pipeline": "p",
+            "state_dir": str(tmp_path / "state"),
+            "source": {"type": "filelog", "path": str(tmp_path / "data" / "x")},
+            "applications": {"out": {"sink": {"type": "null"}}},
+        },
+    )
+    result = run_cli("status", str(pipeline), "--json", cwd=tmp_path)
+    assert result.returncode == 0, result
+    assert "Traceback" not in result.stderr
+    shown = json.loads(result.stdout)
+    assert shown["pipeline"] == "p", shown

@@ -94,12 +94,19 @@ class SqliteDatamarkerStore:
             self.db.executescript(SCHEMA)
             return
         try:
-            self.db = connect_read_only(self.path)
+            db = connect_read_only(self.path)
+            tables = {r[0] for r in db.execute("SELECT name FROM sqlite_master")}
         except (OSError, sqlite3.Error) as exc:
             raise StateError(
                 f"cannot read the datamarker store {self.path}: {exc}; give this user read "
                 f"access to the state_dir and its files"
             ) from exc
+        if not {"datamarkers", "meta"} <= tables:
+            # Created by a publisher that is starting: nothing stored yet.
+            db.close()
+            db = sqlite3.connect(":memory:", check_same_thread=False)
+            db.executescript(SCHEMA)
+        self.db = db
 
     def _conn(self) -> sqlite3.Connection:
         if self.db is None:
