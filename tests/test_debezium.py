@@ -111,69 +111,132 @@ def read_lines(path: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in path.read_text().splitlines()]
 
 
-@pytest.mark.parametrize("schemas", [False, True], ids=["payload", "schemas"])
-def test_postgres_changes_match_debezium_message_by_message(
-    postgres_server: Any, tmp_path: Path, schemas: bool
-) -> None:
-    database = postgres_server.create_database()
-    dsn = postgres_server.dsn(database)
-    try:
-        run_sql(dsn, *SCHEMA, *INITIAL)
-        out = tmp_path / "debezium.jsonl"
-        pipeline = write_pipeline(
-            tmp_path / "pipeline.yml",
-            {
-                "pipeline": "dbz_compare",
-                "state_dir": str(tmp_path / "state"),
-                "dataset": {"shards": 1},  # one flow: the order of the WAL, as Debezium's
-                "source": {"type": "postgres", "dsn": dsn, "tables": TABLES},
-                "applications": {
-                    "events": {
-                        "sink": {
-                            "type": "jsonl",
-                            "path": str(out),
-                            "envelope": "debezium",
-                            "schemas": schemas,
-                            "topic_prefix": "dbz",
-                            "lines": "record",
-                        }
-                    }
-                },
-            },
+def compare(ours: list[dict[str, Any]], theirs: list[dict[str, Any]], schemas: bool) -> None:
+    """Each of our messages equals Debezium's at the same place, but for what differs by
+    nature (see :func:`normalized`); as many of them."""
+    payloads = [m["value"]["payload"] if schemas else m["value"] for m in theirs if m["value"]]
+    first_txid = next(p["source"]["txId"] for p in payloads if p["op"] != "r")
+    problems = [
+        f"message {n} ({reference['topic']} {reference['key']}) {difference}"
+        for n, (mine, reference) in enumerate(zip(ours, theirs, strict=False))
+        for difference in differences(
+            normalized(mine, schemas, first_txid), normalized(reference, schemas, first_txid)
         )
+    ]
+    assert not problems, "\n".join(problems[:40])
+    assert len(ours) == len(theirs), f"{len(ours)} messages, Debezium wrote {len(theirs)}"
 
-        def workload() -> None:
-            first = run_cli("run", str(pipeline), "--once", cwd=tmp_path, timeout=120)
-            assert first.returncode == 0, first.stderr
-            statements = list(WORKLOAD)
-            begin = statements.index("BEGIN")
-            commit = statements.index("COMMIT")
-            run_sql(dsn, *statements[:begin])
-            run_sql(dsn, "; ".join(statements[begin + 1 : commit]))
-            run_sql(dsn, *statements[commit + 1 :])
 
-        host = {
-            "host": postgres_server.host,
-            "port": postgres_server.port,
-            "dbname": database,
-            "user": postgres_server.user,
-        }
-        expected = debezium_messages(host, TABLES, schemas=schemas, workload=workload)
+def read_both(
+    server: Any, tmp_path: Path, schemas: bool, wormhole: dict[str, Any]
+) -> tuple[Path, list[dict[str, Any]]]:
+    """A database with :data:`SCHEMA` and :data:`INITIAL`, read by Debezium and by a
+    pipeline of ``wormhole`` (its transport and applications) while :data:`WORKLOAD` runs:
+    the pipeline file (run to the end) and Debezium's messages."""
+    database = server.create_database()
+    dsn = server.dsn(database)
+    run_sql(dsn, *SCHEMA, *INITIAL)
+    pipeline = write_pipeline(
+        tmp_path / "pipeline.yml",
+        {
+            "pipeline": "dbz_compare",
+            "state_dir": str(tmp_path / "state"),
+            "dataset": {"shards": 1},  # one flow: the order of the WAL, as Debezium's
+            "source": {"type": "postgres", "dsn": dsn, "tables": TABLES},
+            **wormhole,
+        },
+    )
+
+    def workload() -> None:
+        # Wormhole's slot and snapshot, after Debezium's and before the changes.
+        first = run_cli("run", str(pipeline), "--once", cwd=tmp_path, timeout=120)
+        assert first.returncode == 0, first.stderr
+        begin, commit = WORKLOAD.index("BEGIN"), WORKLOAD.index("COMMIT")
+        run_sql(dsn, *WORKLOAD[:begin])
+        run_sql(dsn, "; ".join(WORKLOAD[begin + 1 : commit]))  # one transaction
+        run_sql(dsn, *WORKLOAD[commit + 1 :])
+
+    where = {"host": server.host, "port": server.port, "dbname": database, "user": server.user}
+    try:
+        expected = debezium_messages(where, TABLES, schemas=schemas, workload=workload)
         second = run_cli("run", str(pipeline), "--once", cwd=tmp_path, timeout=120)
         assert second.returncode == 0, second.stderr
-        ours = read_lines(out)
-        theirs = [{"topic": m.topic, "key": m.key, "value": m.value} for m in expected]
-        assert len(theirs) > 20
-        payloads = [m["value"]["payload"] if schemas else m["value"] for m in theirs if m["value"]]
-        first_txid = next(p["source"]["txId"] for p in payloads if p["op"] != "r")
-        problems = [
-            f"message {n} ({reference['topic']} {reference['key']}) {difference}"
-            for n, (mine, reference) in enumerate(zip(ours, theirs, strict=False))
-            for difference in differences(
-                normalized(mine, schemas, first_txid), normalized(reference, schemas, first_txid)
-            )
-        ]
-        assert not problems, "\n".join(problems[:40])
-        assert len(ours) == len(theirs)
     finally:
-        postgres_server.drop_database(database)
+        server.drop_database(database)
+    theirs = [{"topic": m.topic, "key": m.key, "value": m.value} for m in expected]
+    assert len(theirs) > 20
+    return pipeline, theirs
+
+
+def without_schemas(message: dict[str, Any]) -> dict[str, Any]:
+    """A message as JsonConverter writes it with schemas.enable=false: the payloads."""
+    value = message["value"]
+    return {
+        "topic": message["topic"],
+        "key": message["key"]["payload"],
+        "value": None if value is None else value["payload"],
+    }
+
+
+def test_postgres_changes_match_debezium_message_by_message(
+    postgres_server: Any, tmp_path: Path
+) -> None:
+    applications = {
+        name: {
+            "sink": {
+                "type": "jsonl",
+                "path": str(tmp_path / f"{name}.jsonl"),
+                "envelope": "debezium",
+                "schemas": name == "schemas",
+                "topic_prefix": "dbz",
+                "lines": "record",
+            }
+        }
+        for name in ("schemas", "payloads")
+    }
+    _, theirs = read_both(postgres_server, tmp_path, True, {"applications": applications})
+    compare(read_lines(tmp_path / "schemas.jsonl"), theirs, True)
+    compare(read_lines(tmp_path / "payloads.jsonl"), [without_schemas(m) for m in theirs], False)
+
+
+def test_kafka_topics_hold_what_debezium_writes_and_subscribers_read_them(
+    postgres_server: Any, tansu: Any, tmp_path: Path
+) -> None:
+    pytest.importorskip("confluent_kafka")
+    from test_kafka import FAST_GROUPS, read_topic
+
+    out = tmp_path / "updates.jsonl"
+    transport = {
+        "type": "kafka",
+        "bootstrap_servers": tansu.bootstrap,
+        "topic_prefix": "dbz",
+        "topic_naming": "table",
+        "envelope": "debezium",
+        "consumer": FAST_GROUPS,
+    }
+    _, theirs = read_both(
+        postgres_server,
+        tmp_path,
+        False,
+        {
+            "transport": transport,
+            "applications": {"copy": {"sink": {"type": "jsonl", "path": str(out)}}},
+        },
+    )
+    for table in TABLES:
+        topic = f"dbz.{table}"
+        expected = [m for m in theirs if m["topic"] == topic]
+        records = read_topic(tansu.bootstrap, topic, len(expected))
+        ours = [
+            {
+                "topic": m.topic(),
+                "key": json.loads(m.key()),
+                "value": None if m.value() is None else json.loads(m.value()),
+            }
+            for m in records
+        ]
+        compare(ours, expected, False)
+    # The application's subscriber read the same events back as updates.
+    updates = read_lines(out)
+    assert len(updates) == sum(1 for m in theirs if m["value"] is not None)
+    assert {u["source"]["table"] for u in updates} == set(TABLES)
