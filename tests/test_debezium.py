@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from conftest import REPO
 from debezium_oracle import MARKER_TABLE, debezium_messages
 
 from wormhole.testing import run_cli, write_pipeline
@@ -128,28 +129,24 @@ def compare(ours: list[dict[str, Any]], theirs: list[dict[str, Any]], schemas: b
 
 
 def read_both(
-    server: Any, tmp_path: Path, schemas: bool, wormhole: dict[str, Any]
-) -> tuple[Path, list[dict[str, Any]]]:
-    """A database with :data:`SCHEMA` and :data:`INITIAL`, read by Debezium and by a
-    pipeline of ``wormhole`` (its transport and applications) while :data:`WORKLOAD` runs:
-    the pipeline file (run to the end) and Debezium's messages."""
+    server: Any, tmp_path: Path, pipeline: Path, env: dict[str, str]
+) -> list[dict[str, Any]]:
+    """A database with :data:`SCHEMA`, :data:`INITIAL` and a publication of :data:`TABLES`,
+    read by Debezium (with schemas) and by ``pipeline`` (``PG_DSN``, ``PG_PUBLICATION`` and
+    ``PG_STATE`` added to ``env``) while :data:`WORKLOAD` runs; Debezium's messages."""
     database = server.create_database()
     dsn = server.dsn(database)
-    run_sql(dsn, *SCHEMA, *INITIAL)
-    pipeline = write_pipeline(
-        tmp_path / "pipeline.yml",
-        {
-            "pipeline": "dbz_compare",
-            "state_dir": str(tmp_path / "state"),
-            "dataset": {"shards": 1},  # one flow: the order of the WAL, as Debezium's
-            "source": {"type": "postgres", "dsn": dsn, "tables": TABLES},
-            **wormhole,
-        },
-    )
+    run_sql(dsn, *SCHEMA, *INITIAL, f"CREATE PUBLICATION compared FOR TABLE {', '.join(TABLES)}")
+    env = {
+        **env,
+        "PG_DSN": dsn,
+        "PG_PUBLICATION": "compared",
+        "PG_STATE": str(tmp_path / "state"),
+    }
 
     def workload() -> None:
         # Wormhole's slot and snapshot, after Debezium's and before the changes.
-        first = run_cli("run", str(pipeline), "--once", cwd=tmp_path, timeout=120)
+        first = run_cli("run", str(pipeline), "--once", env=env, timeout=120)
         assert first.returncode == 0, first.stderr
         begin, commit = WORKLOAD.index("BEGIN"), WORKLOAD.index("COMMIT")
         run_sql(dsn, *WORKLOAD[:begin])
@@ -158,14 +155,14 @@ def read_both(
 
     where = {"host": server.host, "port": server.port, "dbname": database, "user": server.user}
     try:
-        expected = debezium_messages(where, TABLES, schemas=schemas, workload=workload)
-        second = run_cli("run", str(pipeline), "--once", cwd=tmp_path, timeout=120)
+        expected = debezium_messages(where, TABLES, schemas=True, workload=workload)
+        second = run_cli("run", str(pipeline), "--once", env=env, timeout=120)
         assert second.returncode == 0, second.stderr
     finally:
         server.drop_database(database)
     theirs = [{"topic": m.topic, "key": m.key, "value": m.value} for m in expected]
     assert len(theirs) > 20
-    return pipeline, theirs
+    return theirs
 
 
 def without_schemas(message: dict[str, Any]) -> dict[str, Any]:
@@ -181,22 +178,17 @@ def without_schemas(message: dict[str, Any]) -> dict[str, Any]:
 def test_postgres_changes_match_debezium_message_by_message(
     postgres_server: Any, tmp_path: Path
 ) -> None:
-    applications = {
-        name: {
-            "sink": {
-                "type": "jsonl",
-                "path": str(tmp_path / f"{name}.jsonl"),
-                "envelope": "debezium",
-                "schemas": name == "schemas",
-                "topic_prefix": "dbz",
-                "lines": "record",
-            }
-        }
-        for name in ("schemas", "payloads")
-    }
-    _, theirs = read_both(postgres_server, tmp_path, True, {"applications": applications})
-    compare(read_lines(tmp_path / "schemas.jsonl"), theirs, True)
-    compare(read_lines(tmp_path / "payloads.jsonl"), [without_schemas(m) for m in theirs], False)
+    out = tmp_path / "out"
+    pipeline = REPO / "pipelines" / "postgres-to-debezium.yml"
+    theirs = read_both(
+        postgres_server, tmp_path, pipeline, {"DBZ_OUT": str(out), "DBZ_PREFIX": "dbz"}
+    )
+    compare(read_lines(out / "records.jsonl"), theirs, True)
+    # `values`: each event's value alone (debezium-json), tombstones left out.
+    payloads = [without_schemas(m) for m in theirs]
+    values = [{"topic": "", "key": None, "value": v} for v in read_lines(out / "values.jsonl")]
+    expected = [{**m, "topic": "", "key": None} for m in payloads if m["value"] is not None]
+    compare(values, expected, False)
 
 
 def test_kafka_topics_hold_what_debezium_writes_and_subscribers_read_them(
@@ -214,15 +206,22 @@ def test_kafka_topics_hold_what_debezium_writes_and_subscribers_read_them(
         "envelope": "debezium",
         "consumer": FAST_GROUPS,
     }
-    _, theirs = read_both(
-        postgres_server,
-        tmp_path,
-        False,
+    pipeline = write_pipeline(
+        tmp_path / "kafka.yml",
         {
+            "pipeline": "dbz_kafka",
+            "state_dir": "${PG_STATE}",
+            "dataset": {"shards": 1},
+            "source": {
+                "type": "postgres",
+                "dsn": "${PG_DSN}",
+                "publication": "${PG_PUBLICATION}",
+            },
             "transport": transport,
             "applications": {"copy": {"sink": {"type": "jsonl", "path": str(out)}}},
         },
     )
+    theirs = [without_schemas(m) for m in read_both(postgres_server, tmp_path, pipeline, {})]
     for table in TABLES:
         topic = f"dbz.{table}"
         expected = [m for m in theirs if m["topic"] == topic]
