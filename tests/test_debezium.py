@@ -129,7 +129,11 @@ def compare(ours: list[dict[str, Any]], theirs: list[dict[str, Any]], schemas: b
 
 
 def read_both(
-    server: Any, tmp_path: Path, pipeline: Path, env: dict[str, str]
+    server: Any,
+    tmp_path: Path,
+    pipeline: Path,
+    env: dict[str, str],
+    properties: dict[str, str] | None = None,
 ) -> list[dict[str, Any]]:
     """A database with :data:`SCHEMA`, :data:`INITIAL` and a publication of :data:`TABLES`,
     read by Debezium (with schemas) and by ``pipeline`` (``PG_DSN``, ``PG_PUBLICATION`` and
@@ -155,7 +159,9 @@ def read_both(
 
     where = {"host": server.host, "port": server.port, "dbname": database, "user": server.user}
     try:
-        expected = debezium_messages(where, TABLES, schemas=True, workload=workload)
+        expected = debezium_messages(
+            where, TABLES, schemas=True, workload=workload, properties=properties
+        )
         second = run_cli("run", str(pipeline), "--once", env=env, timeout=120)
         assert second.returncode == 0, second.stderr
     finally:
@@ -239,3 +245,50 @@ def test_kafka_topics_hold_what_debezium_writes_and_subscribers_read_them(
     updates = read_lines(out)
     assert len(updates) == sum(1 for m in theirs if m["value"] is not None)
     assert {u["source"]["table"] for u in updates} == set(TABLES)
+
+
+@pytest.mark.parametrize(
+    "modes",
+    [("string", "connect", "hex"), ("double", "adaptive_time_microseconds", "base64")],
+    ids=lambda m: "-".join(m),
+)
+def test_decimal_time_and_binary_modes_match_debezium(
+    postgres_server: Any, tmp_path: Path, modes: tuple[str, str, str]
+) -> None:
+    decimal, time_precision, binary = modes
+    out = tmp_path / "modes.jsonl"
+    pipeline = write_pipeline(
+        tmp_path / "modes.yml",
+        {
+            "pipeline": "dbz_modes",
+            "state_dir": "${PG_STATE}",
+            "dataset": {"shards": 1},
+            "source": {
+                "type": "postgres",
+                "dsn": "${PG_DSN}",
+                "publication": "${PG_PUBLICATION}",
+            },
+            "applications": {
+                "events": {
+                    "sink": {
+                        "type": "jsonl",
+                        "path": str(out),
+                        "envelope": "debezium",
+                        "schemas": True,
+                        "topic_prefix": "dbz",
+                        "lines": "record",
+                        "decimal_handling_mode": decimal,
+                        "time_precision_mode": time_precision,
+                        "binary_handling_mode": binary,
+                    }
+                }
+            },
+        },
+    )
+    properties = {
+        "decimal.handling.mode": decimal,
+        "time.precision.mode": time_precision,
+        "binary.handling.mode": binary,
+    }
+    theirs = read_both(postgres_server, tmp_path, pipeline, {}, properties)
+    compare(read_lines(out), theirs, True)

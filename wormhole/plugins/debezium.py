@@ -299,11 +299,13 @@ class DebeziumTypes:
 
             def to_double(v: Any) -> Any:
                 number = float(v)
-                return number if number == number else None
+                # JsonConverter writes a NaN double as the string "NaN".
+                return number if number == number else "NaN"
 
             return _Converter({"type": "double"}, to_double)
         if mode == "string":
-            return _Converter({"type": "string"}, lambda v: None if v == "NaN" else str(v))
+            # Debezium writes a NaN numeric as "NAN" in this mode.
+            return _Converter({"type": "string"}, lambda v: "NAN" if v == "NaN" else str(v))
         if scale is None:
 
             def variable(v: Any) -> Any:
@@ -402,7 +404,7 @@ class DebeziumTypes:
             digits = 6 if precision is None else precision
             if connect_mode:
                 return _Converter(
-                    _named("int64", "org.apache.kafka.connect.data.Time"),
+                    _named("int32", "org.apache.kafka.connect.data.Time"),
                     lambda v: _round_micros(_time_micros(v), min(digits, 3)) // 1000,
                 )
             if digits <= 3 and self.options.time_precision_mode == "adaptive":
