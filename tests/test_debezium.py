@@ -292,3 +292,68 @@ def test_decimal_time_and_binary_modes_match_debezium(
     }
     theirs = read_both(postgres_server, tmp_path, pipeline, {}, properties)
     compare(read_lines(out), theirs, True)
+
+
+def _update(**fields: Any) -> Any:
+    """An update of ``public.t`` (id integer, at timestamp) that describes its columns."""
+    from wormhole.core.update import ColumnType, Update, encode_columns
+
+    update = Update.create(table="public.t", **fields)
+    update.columns = encode_columns(
+        [ColumnType("id", "integer", False), ColumnType("at", "timestamp without time zone")]
+    )
+    return update
+
+
+def test_text_the_mapping_cannot_read_is_written_as_it_is() -> None:
+    from wormhole.plugins.debezium import DebeziumEncoder, DebeziumFields
+
+    encoder = DebeziumEncoder(DebeziumFields(envelope="debezium"), "p")
+    update = _update(op="c", key={"id": 1}, after={"id": 1, "at": "infinity"})
+    (message,) = encoder.messages([update])
+    assert message.topic == "p.public.t"
+    assert json.loads(message.value or b"")["after"] == {"id": 1, "at": "infinity"}
+    update = _update(op="c", key={"id": 2}, after={"id": 2, "at": "0001-01-01 00:00:00 BC"})
+    (message,) = encoder.messages([update])
+    # 1 BC is ISO year 0: 0000-01-01T00:00:00Z is -62167219200 s from the epoch.
+    assert json.loads(message.value or b"")["after"]["at"] == -62_167_219_200_000_000
+
+
+def test_an_update_without_columns_or_details_is_written_untyped() -> None:
+    from wormhole.core.update import Update
+    from wormhole.plugins.debezium import DebeziumEncoder, DebeziumFields, encode_lines
+
+    encoder = DebeziumEncoder(DebeziumFields(envelope="debezium"), "shop")
+    delete = Update.create(
+        op="d", key={"id": 7}, table="shop.orders", before={"id": 7, "n": 1}, connector="mysql"
+    )
+    delete.ts_ms = 1_000
+    messages = encoder.messages([delete])
+    assert [m.value is None for m in messages] == [False, True]  # the delete, its tombstone
+    value = json.loads(messages[0].value or b"")
+    assert value["before"] == {"id": "7", "n": "1"}
+    assert value["source"] == {
+        "version": "3.6.3.Final",
+        "connector": "mysql",
+        "name": "shop",
+        "ts_ms": 1_000,
+        "snapshot": "false",
+    }
+    # debezium-json lines: the values alone, without the tombstone.
+    assert encode_lines(messages, values_only=True) == messages[0].value + b"\n"
+
+
+def test_kafka_needs_a_topic_per_table_for_debezium_events(tmp_path: Path) -> None:
+    pipeline = write_pipeline(
+        tmp_path / "p.yml",
+        {
+            "pipeline": "p",
+            "source": {"type": "filelog", "path": str(tmp_path / "data")},
+            "transport": {"type": "kafka", "envelope": "debezium"},
+            "applications": {"a": {"sink": {"type": "null"}}},
+        },
+    )
+    result = run_cli("validate", str(pipeline))
+    assert result.returncode == 2
+    assert "envelope debezium writes a topic per table" in result.stderr + result.stdout
+    assert "set topic_naming: table" in result.stderr + result.stdout

@@ -612,7 +612,14 @@ class DebeziumEncoder:
             return None
         if value == _UNCHANGED_TOAST:
             return UNAVAILABLE
-        return value if converter.convert is None else converter.convert(value)
+        if converter.convert is None:
+            return value
+        try:
+            return converter.convert(value)
+        except (ValueError, IndexError, ArithmeticError):
+            # Text this mapping does not read (``infinity``, a DateStyle other than ISO):
+            # the database's own text, rather than a stop.
+            return value
 
     def _row(self, table: _Table, row: dict[str, Any] | None) -> dict[str, Any] | None:
         if row is None:
