@@ -20,14 +20,18 @@ from wormhole.plugins.hookspecs import hookimpl
 log = logging.getLogger("wormhole.jsonl")
 
 
-class JsonlOptions(Options, DebeziumFields):
-    """Append the update envelope of every update to a file (or, with ``envelope:
-    debezium``, Debezium's change events)."""
-
+class _FileOptions(Options):
     path: str = Field(
         description="output file; may contain {application} and {subscriber} (0-based)"
     )
     fsync: bool = Field(True, description="fsync each batch before acknowledging it")
+
+
+class JsonlOptions(DebeziumFields, _FileOptions):
+    """Append the update envelope of every update to a file (or, with ``envelope:
+    debezium``, Debezium's change events)."""
+
+    # (DebeziumFields first: the file's own options come first in lists of them.)
     lines: Literal["value", "record"] = Field(
         "value",
         description="envelope debezium: each line a message's value (what debezium-json "
