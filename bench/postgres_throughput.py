@@ -55,7 +55,19 @@ def raw_drain(dsn: str, slot: str, rows: int) -> float:
     return rows / elapsed
 
 
-def pipeline_rate(dsn: str, work: Path, name: str, rows: int) -> Any:
+SINKS = {
+    "null sink": '{type: "null"}',
+    "jsonl (update envelope) to /dev/null": "{type: jsonl, path: /dev/null, fsync: false}",
+    "jsonl (envelope: debezium) to /dev/null": (
+        "{type: jsonl, path: /dev/null, fsync: false, envelope: debezium}"
+    ),
+}
+"""Each measured pipeline's sink: the Debezium envelope beside today's."""
+
+
+def pipeline_rate(
+    dsn: str, work: Path, name: str, rows: int, sink: str = SINKS["null sink"]
+) -> Any:
     text = f"""
 pipeline: {name}
 state_dir: {work / name}
@@ -63,7 +75,7 @@ source: {{type: postgres, dsn: "{dsn}", tables: [public.events], snapshot: never
           publication: bench_raw}}
 transport: {{type: inprocess}}
 applications:
-  nulls: {{sink: {{type: "null"}}}}
+  nulls: {{sink: {sink}}}
 """
     pipeline = parse_pipeline(text, "bench.yml", env={})
     Publisher(pipeline, once=True).run()  # creates the slot (before the rows)
@@ -80,7 +92,8 @@ def main() -> int:
     servers = start_postgres()
     server = next(servers)
     try:
-        raw_rates, rates = [], []
+        raw_rates: list[float] = []
+        rates: dict[str, list[float]] = {label: [] for label in SINKS}
         for attempt in range(args.repeat):
             dsn = server.dsn(server.create_database())
             sql(
@@ -90,27 +103,33 @@ def main() -> int:
                 "CREATE PUBLICATION bench_raw FOR TABLE events",
                 "SELECT pg_create_logical_replication_slot('raw', 'pgoutput')",
             )
-            pipeline = pipeline_rate(dsn, work, f"bench{attempt}", args.rows)
+            pipelines = {
+                label: pipeline_rate(dsn, work, f"bench{attempt}_{n}", args.rows, sink)
+                for n, (label, sink) in enumerate(SINKS.items())
+            }
             sql(
                 dsn,
                 f"INSERT INTO events SELECT g, g % 5000, 12.97 + g * 1e-7, 77.59, "
                 f"'rider ' || (g % 5000) FROM generate_series(1, {args.rows}) g",
             )
             raw_rates.append(raw_drain(dsn, "raw", args.rows))
-            gc.collect()
-            started = time.perf_counter()
-            summary = Publisher(pipeline, once=True).run()
-            elapsed = time.perf_counter() - started
-            assert summary.source_updates == args.rows, summary
-            rates.append(args.rows / elapsed)
+            for label, pipeline in pipelines.items():
+                gc.collect()
+                started = time.perf_counter()
+                summary = Publisher(pipeline, once=True).run()
+                elapsed = time.perf_counter() - started
+                assert summary.source_updates == args.rows, summary
+                rates[label].append(args.rows / elapsed)
             server.drop_database(dsn.rsplit("dbname=", 1)[1].split()[0])
-        raw, ours = statistics.median(raw_rates), statistics.median(rates)
+        raw = statistics.median(raw_rates)
+        ours = statistics.median(rates["null sink"])
         print(f"{args.rows:,} inserted rows (5 columns), median of {args.repeat} runs")
-        print(f"{'measure':<52}  {'rows/s':>10}  {'ratio':>6}")
-        print(f"{'raw psycopg2 pgoutput drain (no parsing)':<52}  {raw:>10,.0f}  {1.0:>6.2f}")
-        print(
-            f"{'PostgreSQL -> publisher log -> null sink':<52}  {ours:>10,.0f}  {ours / raw:>6.2f}"
-        )
+        print(f"{'measure':<72}  {'rows/s':>10}  {'ratio':>6}")
+        print(f"{'raw psycopg2 pgoutput drain (no parsing)':<72}  {raw:>10,.0f}  {1.0:>6.2f}")
+        for label in SINKS:
+            rate = statistics.median(rates[label])
+            measure = f"PostgreSQL -> publisher log -> {label}"
+            print(f"{measure:<72}  {rate:>10,.0f}  {rate / raw:>6.2f}")
         print(
             f"targets: >= 150,000 rows/s end to end ({ours:,.0f}) and >= 0.5 of the raw drain "
             f"({ours / raw:.2f})"

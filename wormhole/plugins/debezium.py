@@ -25,9 +25,10 @@ from decimal import Decimal, InvalidOperation
 from typing import Any, Literal
 
 import msgspec
-from pydantic import BaseModel, Field
+from pydantic import Field
 
 from wormhole.core.update import NULL, TRUNCATE, ColumnType, Update, decode_columns
+from wormhole.plugins.components import Options
 
 VERSION = "3.6.3.Final"
 """The Debezium release whose format is written (``source.version``)."""
@@ -38,8 +39,11 @@ UNAVAILABLE = "__debezium_unavailable_value"
 _UNCHANGED_TOAST = "__unchanged_toast__"
 
 
-class DebeziumFields(BaseModel):
+class DebeziumFields(Options):
     """Options of a component that can write Debezium's format (mix into its options)."""
+
+    def describes_updates(self) -> bool:
+        return self.envelope == "debezium"
 
     envelope: Literal["wormhole", "debezium"] = Field(
         "wormhole",

@@ -7,7 +7,6 @@ from typing import Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from wormhole.plugins.components import Options
 from wormhole.plugins.debezium import DebeziumFields
 
 ConfigValue = str | int | float | bool
@@ -15,7 +14,7 @@ ConfigValue = str | int | float | bool
 _TOPIC = re.compile(r"^[A-Za-z0-9._-]+$")
 
 
-class KafkaOptions(Options, DebeziumFields):
+class KafkaOptions(DebeziumFields):
     """Updates go through a Kafka cluster: one topic per dataset (or per table)."""
 
     bootstrap_servers: str = Field(

@@ -294,6 +294,8 @@ class PostgresSource(DatabaseSource):
         self.relation_columns: dict[int, msgspec.Raw] = {}
         self.relation_details: dict[int, str] = {}
         self.database_json = '""'
+        self.describe = False
+        """Fill Update.columns and Update.details (SourceContext.describe_updates)."""
         self.txn_details_head = ""
         self.last_commit_lsn = "null"
         """The end LSN of the last transaction read (JSON-in-JSON), for ``sequence``."""
@@ -314,6 +316,7 @@ class PostgresSource(DatabaseSource):
         self.slot = options.slot or f"wormhole_{_identifier(context.pipeline)}"
         self.publication = options.publication or f"wormhole_{_identifier(context.pipeline)}"
         self.watermark_prefix = f"wormhole.watermark.{self.slot}"
+        self.describe = context.describe_updates
         self.conn = self._connect()
         self._check_server()
         (database,) = self._query("SELECT current_database()")[0]
@@ -462,8 +465,10 @@ class PostgresSource(DatabaseSource):
         with self.conn.cursor() as cur:
             cur.execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
             cur.execute("SET TRANSACTION SNAPSHOT %s", (snapshot_name,))
-            cur.execute("SELECT txid_current()")
-            (snapshot_txid,) = cur.fetchone()
+            snapshot_txid: Any = "null"
+            if self.describe:  # Debezium's snapshot events name the snapshot's transaction
+                cur.execute("SELECT txid_current()")
+                (snapshot_txid,) = cur.fetchone()
         snapshot_us = int(time.time() * 1_000_000)
         lsn = self.snapshot_lsn
         self.snapshot_details_head = '{"connector":"postgresql",'
@@ -871,6 +876,8 @@ class PostgresSource(DatabaseSource):
 
     def _describe_columns(self, relation: pg.Relation) -> None:
         """The relation's ``columns`` and its part of ``details`` (see Update)."""
+        if not self.describe:
+            return
         oids = [self.base_types.get(c.type_oid, c.type_oid) for c in relation.columns]
         mods = [c.typmod for c in relation.columns]
         types = self._catalog(
@@ -1117,6 +1124,7 @@ class PostgresSource(DatabaseSource):
         # or reconnect): kept across calls, since a transaction can span several.
         skip_txn, resuming = self.skip_txn, self.resuming
         read_message = cursor.read_message
+        describe = self.describe
 
         def batch() -> SourceBatch:
             self.lsn, self.index, self.complete, self.flush = lsn, index, complete, flush
@@ -1163,13 +1171,14 @@ class PostgresSource(DatabaseSource):
                     self._undecodable(relation, bad)
                 if heartbeat_tables and relation.table in heartbeat_tables:
                     continue
-                change_lsn = message.data_start
-                self.change_columns = self.relation_columns.get(relation.oid, NULL)
-                self.change_details = _Raw(
-                    f"{self.txn_details_head}{change_lsn}{self.txn_details_mid}"
-                    f"{self.relation_details.get(relation.oid, '')}{self.txn_details_tail}"
-                    f'{change_lsn},"xmin":null,"origin":null,"origin_lsn":null}}'.encode()
-                )
+                if describe:
+                    change_lsn = message.data_start
+                    self.change_columns = self.relation_columns.get(relation.oid, NULL)
+                    self.change_details = _Raw(
+                        f"{self.txn_details_head}{change_lsn}{self.txn_details_mid}"
+                        f"{self.relation_details.get(relation.oid, '')}{self.txn_details_tail}"
+                        f'{change_lsn},"xmin":null,"origin":null,"origin_lsn":null}}'.encode()
+                    )
                 if op == "c":
                     append(make_insert(relation, after))
                 else:
@@ -1180,13 +1189,8 @@ class PostgresSource(DatabaseSource):
                     return batch()
             elif tag == 66:  # B
                 self.txn_lsn, self.txn_ts, self.txn_id = pg.parse_begin(data)
-                commit_us = pg.parse_begin_us(data)
-                self.txn_details_head = (
-                    f'{{"connector":"postgresql","snapshot":"false","db":{self.database_json},'
-                    f'"sequence":"[{self.last_commit_lsn},\\"'
-                )
-                self.txn_details_mid = f'\\"]","ts_us":{commit_us},"ts_ns":{commit_us}000,'
-                self.txn_details_tail = f'"txId":{self.txn_id},"lsn":'
+                if describe:
+                    self._describe_transaction(data)
                 self.txn_position = self.txn_logical = pg.lsn_text(self.txn_lsn)
                 self.txn_index = -1
                 self.txn_origin = None
@@ -1237,6 +1241,16 @@ class PostgresSource(DatabaseSource):
                         at = f"{self.txn_position}:{self.txn_index}"
                         self.decode_errors.message(prefix, content, at)
             # 'Y' (type) carries nothing the envelope needs.
+
+    def _describe_transaction(self, begin: bytes) -> None:
+        """The parts of ``details`` that a transaction's changes share."""
+        commit_us = pg.parse_begin_us(begin)
+        self.txn_details_head = (
+            f'{{"connector":"postgresql","snapshot":"false","db":{self.database_json},'
+            f'"sequence":"[{self.last_commit_lsn},\\"'
+        )
+        self.txn_details_mid = f'\\"]","ts_us":{commit_us},"ts_ns":{commit_us}000,'
+        self.txn_details_tail = f'"txId":{self.txn_id},"lsn":'
 
     def _undecodable(self, relation: pg.Relation, bad: list[tuple[str, bytes]]) -> None:
         """Text values of a change that are not UTF-8 (already rendered as undecoded by
@@ -1377,11 +1391,13 @@ class PostgresSource(DatabaseSource):
             relation.key_columns,
             cursor,
             as_dicts,
-            self.relation_columns.pop(oid),
-            self.relation_details.pop(oid),
+            self.relation_columns.pop(oid, NULL),
+            self.relation_details.pop(oid, ""),
         )
 
     def _snapshot_details(self, table: SnapshotTable, flag: str) -> msgspec.Raw:
+        if not self.describe:
+            return NULL
         return _Raw(
             f'{self.snapshot_details_head}"snapshot":"{flag}",{self.snapshot_details_mid}'
             f"{table.details}{self.snapshot_details_tail}".encode()
