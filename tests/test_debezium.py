@@ -357,3 +357,35 @@ def test_kafka_needs_a_topic_per_table_for_debezium_events(tmp_path: Path) -> No
     assert result.returncode == 2
     assert "envelope debezium writes a topic per table" in result.stderr + result.stdout
     assert "set topic_naming: table" in result.stderr + result.stdout
+
+
+def test_the_source_describes_updates_only_when_asked(postgres_dsn: str, tmp_path: Path) -> None:
+    from wormhole.core.publisher_log import read_log_range
+    from wormhole.core.update import NULL, decode_columns
+
+    run_sql(postgres_dsn, "CREATE TABLE t (id int PRIMARY KEY, at timestamp(3) NOT NULL)")
+    run_sql(postgres_dsn, "INSERT INTO t VALUES (1, '2024-01-02 03:04:05.5')")
+    logged = {}
+    for envelope in ("wormhole", "debezium"):
+        sink = {"type": "jsonl", "path": str(tmp_path / f"{envelope}.jsonl"), "envelope": envelope}
+        pipeline = write_pipeline(
+            tmp_path / f"{envelope}.yml",
+            {
+                "pipeline": f"described_{envelope}",
+                "state_dir": str(tmp_path / envelope),
+                "source": {"type": "postgres", "dsn": postgres_dsn, "tables": ["public.t"]},
+                "applications": {"a": {"sink": sink}},
+            },
+        )
+        result = run_cli("run", str(pipeline), "--once", timeout=120)
+        assert result.returncode == 0, result.stderr
+        logged[envelope] = [u for _, u in read_log_range(tmp_path / envelope / "log", 0, 1)]
+    (plain,) = logged["wormhole"]
+    assert plain.columns == NULL and plain.details == NULL
+    (described,) = logged["debezium"]
+    columns = decode_columns(described.columns)
+    assert [(c.name, c.type, c.optional) for c in columns or []] == [
+        ("id", "integer", False),
+        ("at", "timestamp(3) without time zone", False),
+    ]
+    assert json.loads(bytes(described.details))["snapshot"] == "last"
