@@ -20,7 +20,7 @@ import base64
 import datetime as dt
 import re
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from decimal import Decimal, InvalidOperation
 from typing import Any, Literal
 
@@ -442,6 +442,8 @@ class DebeziumTypes:
             )
         if base == "interval":
             return _Converter(_named("int64", "io.debezium.time.MicroDuration"), _interval_micros)
+        if base in _TEXT_TYPES:
+            return _Converter({"type": "string"})
         if base == "uuid":
             return _Converter(_named("string", "io.debezium.data.Uuid"))
         if base in ("json", "jsonb"):
@@ -467,6 +469,11 @@ def _float_of(v: Any) -> Any:
 
 def _text_of(v: Any) -> Any:
     return v if isinstance(v, str) else msgspec.json.encode(v).decode()
+
+
+_UNCHANGED_MARK = b'"__unchanged_toast__"'
+
+_TEXT_TYPES = frozenset({"text", "character varying", "character", "name", '"char"', "citext"})
 
 
 # ------------------------------------------------------------------- tables
@@ -517,7 +524,15 @@ class _Table:
     becomes it, as JsonConverter's replace.null.with.default does."""
     key_schema: dict[str, Any] | None
     value_schema: dict[str, Any] | None
+    passthrough: bool = False
+    """Every column's value is already as Debezium writes it (numbers, booleans, text) and
+    none has a default: a whole row's raw JSON is copied, not rebuilt."""
+    envelope_schemas: dict[str, bytes] = field(default_factory=dict)
+    """Per connector: the value's schema as JSON (``schemas``)."""
 
+
+_IDENTITY = (_int_of, _bool_of, _float_of)
+"""Conversions that leave a describing source's values as they are."""
 
 _decode_details = msgspec.json.Decoder(dict[str, Any])
 _encode = msgspec.json.Encoder().encode
@@ -532,6 +547,7 @@ class DebeziumEncoder:
         self.types = DebeziumTypes(options)
         self.tables: dict[tuple[str, bytes, tuple[str, ...]], _Table] = {}
         self.source_schemas: dict[str, dict[str, Any]] = {}
+        self.prefix_json = _encode(self.prefix)
 
     def topic(self, table: str) -> str:
         """``<prefix>.<schema>.<table>``."""
@@ -565,7 +581,7 @@ class DebeziumEncoder:
         if columns is None:
             # A source that does not describe its columns: untyped, from the row itself.
             row = update.after_row() or update.before_row() or {}
-            columns = [ColumnType(name, "text", name not in update.key) for name in row]
+            columns = [ColumnType(name, "unknown", name not in update.key) for name in row]
         names = [c.name for c in columns]
         converters = [self.types.converter(c.type) for c in columns]
         defaults = [
@@ -598,7 +614,11 @@ class DebeziumEncoder:
                 "optional": True,
                 "name": f"{topic}.Value",
             }
-        return _Table(topic, names, converters, defaults, key_schema, value_schema)
+        passthrough = bool(columns) and all(
+            c.convert is None or c.convert in _IDENTITY for c in converters
+        )
+        passthrough = passthrough and all(d is None for d in defaults)
+        return _Table(topic, names, converters, defaults, key_schema, value_schema, passthrough)
 
     def _key(self, table: _Table, update: Update) -> bytes:
         payload = {
@@ -638,7 +658,43 @@ class DebeziumEncoder:
                 out[name] = default
         return out
 
+    def _after(self, table: _Table, update: Update) -> bytes:
+        raw = update.after
+        if raw == NULL:
+            return b"null"
+        if table.passthrough and _UNCHANGED_MARK not in bytes(raw):
+            # A describing source's rows hold every column, in the table's order.
+            return bytes(raw)
+        return _encode(self._row(table, update.after_row()))
+
+    def _fast_source(self, update: Update) -> tuple[bytes, str] | None:
+        """The ``source`` block spliced from ``details`` without parsing it, and the
+        connector; None when ``details`` does not start as sources write it."""
+        details = bytes(update.details)
+        if not details.startswith(b'{"connector":"'):
+            return None
+        end = details.find(b'"', 14) + 1
+        if end <= 0 or not details.startswith(b',"snapshot":', end):
+            return None
+        at = details.find(b'"ts_us":', end)
+        if at < 0:
+            return None
+        stop = details.find(b",", at)
+        source_ts = int(details[at + 8 : stop]) // 1000
+        block = b'{"version":"%s","connector":%s,"name":%s,"ts_ms":%d%s' % (
+            VERSION.encode(),
+            details[13:end],
+            self.prefix_json,
+            source_ts,
+            details[end:],
+        )
+        return block, details[14 : end - 1].decode()
+
     def _value(self, table: _Table, update: Update, now_ns: int) -> bytes:
+        if update.details != NULL and update.before == NULL:
+            fast = self._fast_value(table, update, now_ns)
+            if fast is not None:
+                return fast
         before = update.before_row()
         if update.op == "u" and before is not None and len(before) < len(table.names):
             before = None  # only the key: Debezium has no old image then
@@ -656,21 +712,51 @@ class DebeziumEncoder:
             "snapshot": details.pop("snapshot", "true" if update.op == "r" else "false"),
             **details,
         }
-        payload = {
-            "before": self._row(table, before),
-            "after": self._row(table, update.after_row()),
-            "source": source,
-            "transaction": None,
-            "op": update.op,
-            "ts_ms": now_ns // 1_000_000,
-            "ts_us": now_ns // 1000,
-            "ts_ns": now_ns,
-        }
-        if table.value_schema is None:
-            return _encode(payload)
-        return _encode(
-            {"schema": self._envelope_schema(table, connector, source), "payload": payload}
+        payload = _encode(
+            {
+                "before": self._row(table, before),
+                "after": self._row(table, update.after_row()),
+                "source": source,
+                "transaction": None,
+                "op": update.op,
+                "ts_ms": now_ns // 1_000_000,
+                "ts_us": now_ns // 1000,
+                "ts_ns": now_ns,
+            }
         )
+        if table.value_schema is None:
+            return payload
+        schema = self._schema_json(table, connector, source)
+        return b'{"schema":%s,"payload":%s}' % (schema, payload)
+
+    def _fast_value(self, table: _Table, update: Update, now_ns: int) -> bytes | None:
+        """The value of an update without a ``before`` whose ``details`` a source wrote,
+        put together from raw JSON (no row or block is parsed); None when it cannot be."""
+        spliced = self._fast_source(update)
+        if spliced is None:
+            return None
+        source, connector = spliced
+        payload = b'{"before":null,"after":%s,"source":%s,%s}' % (
+            self._after(table, update),
+            source,
+            b'"transaction":null,"op":"%s","ts_ms":%d,"ts_us":%d,"ts_ns":%d'
+            % (update.op.encode(), now_ns // 1_000_000, now_ns // 1000, now_ns),
+        )
+        if table.value_schema is None:
+            return payload
+        schema = table.envelope_schemas.get(connector)
+        if schema is None:
+            schema = self._schema_json(table, connector, _decode_details.decode(source))
+        return b'{"schema":%s,"payload":%s}' % (schema, payload)
+
+    def _schema_json(self, table: _Table, connector: str, source: dict[str, Any]) -> bytes:
+        """The value's schema as JSON, made once per table and connector."""
+        schema = table.envelope_schemas.get(connector)
+        if schema is None:
+            schema = table.envelope_schemas[connector] = _encode(
+                self._envelope_schema(table, connector, source)
+            )
+        return schema
 
     def _envelope_schema(
         self, table: _Table, connector: str, source: dict[str, Any]
