@@ -112,6 +112,9 @@ class DatabaseSource(ABC):
         self.snapshot_logical = ""
         self.snapshot_index = 0
         self.snapshot_progress: ProgressTask | None = None
+        self.describe = False
+        """Fill ``Update.columns`` and ``Update.details`` (``SourceContext.describe_updates``,
+        set by :meth:`open`)."""
         self.snapshot_held: tuple[Update, SnapshotTable, bool, bool] | None = None
         """The last snapshot row read, held back until what follows it is known (its
         ``details`` say whether it is the last of its table, or of the snapshot)."""
@@ -123,6 +126,7 @@ class DatabaseSource(ABC):
     # ----------------------------------------------------------- the protocol
     def open(self, context: SourceContext, checkpoint: Any) -> None:
         self.context = context
+        self.describe = context.describe_updates
         self._connect_and_check(context)
         if checkpoint is None or checkpoint.get("phase") == "snapshot":
             self._start(interrupted=checkpoint is not None)
@@ -307,6 +311,9 @@ class DatabaseSource(ABC):
             return
         first_overall = index == 0
         self.snapshot_index = index + len(made)
+        if not self.describe:
+            updates += made
+            return
         # Each row goes out once the next one is read: only then is it known whether it
         # is the last of its table, or of the snapshot.
         self._release_held(updates, last=False, following=table)

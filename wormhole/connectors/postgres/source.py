@@ -294,8 +294,6 @@ class PostgresSource(DatabaseSource):
         self.relation_columns: dict[int, msgspec.Raw] = {}
         self.relation_details: dict[int, str] = {}
         self.database_json = '""'
-        self.describe = False
-        """Fill Update.columns and Update.details (SourceContext.describe_updates)."""
         self.txn_details_head = ""
         self.last_commit_lsn = "null"
         """The end LSN of the last transaction read (JSON-in-JSON), for ``sequence``."""
@@ -316,7 +314,6 @@ class PostgresSource(DatabaseSource):
         self.slot = options.slot or f"wormhole_{_identifier(context.pipeline)}"
         self.publication = options.publication or f"wormhole_{_identifier(context.pipeline)}"
         self.watermark_prefix = f"wormhole.watermark.{self.slot}"
-        self.describe = context.describe_updates
         self.conn = self._connect()
         self._check_server()
         (database,) = self._query("SELECT current_database()")[0]
