@@ -26,6 +26,10 @@ def parse_values(text: str) -> dict[str, Any]:
         elif text.startswith("unchanged-toast-datum", i):
             out[name] = UNCHANGED
             i += len("unchanged-toast-datum")
+        elif text.startswith("B'", i):  # bit and varbit: B'0101'
+            end = text.index("'", i + 2)
+            out[name] = text[i + 2 : end]
+            i = end + 1
         elif text[i] == "'":
             i += 1
             value = []

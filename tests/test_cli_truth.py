@@ -91,6 +91,29 @@ def test_run_help_documents_the_exit_codes() -> None:
     assert "3 when stopped (SIGINT, SIGTERM) before the end of --once" in text
 
 
+def test_every_command_and_argument_says_what_it_is() -> None:
+    """`--help` of every command, built-in or added by a plugin, explains each argument."""
+    import argparse
+
+    from wormhole.cli import build_parser
+
+    missing: list[str] = []
+
+    def walk(parser: argparse.ArgumentParser, path: str) -> None:
+        for action in parser._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                helped = {choice.dest for choice in action._choices_actions if choice.help}
+                for name, child in action.choices.items():
+                    if name not in helped:
+                        missing.append(f"{path} {name}")
+                    walk(child, f"{path} {name}")
+            elif action.help is None:
+                missing.append(f"{path} {'/'.join(action.option_strings) or action.dest}")
+
+    walk(build_parser(), "wormhole")
+    assert not missing, missing
+
+
 # ---------------------------------------------------------------- file-system errors
 def _as_unprivileged(*args: str, cwd: Path) -> CliResult:
     """``wormhole ARGS`` as root without capabilities: file permissions apply to it as to any

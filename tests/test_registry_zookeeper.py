@@ -217,6 +217,34 @@ def test_status_is_shared_and_read(registries: Callable[..., ZooKeeperRegistry])
     assert reader.statuses() == {}
 
 
+def test_each_registry_offers_the_parts_it_can(
+    registries: Callable[..., ZooKeeperRegistry],
+) -> None:
+    """The contract's optional parts: zookeeper offers the application store and serving
+    claims; the file registry offers neither, and multiple-copy delivery refuses it."""
+    from wormhole.connectors.pipelinefile import FileRegistry
+    from wormhole.core.copies import copy_registry
+    from wormhole.core.registry import application_path
+
+    zookeeper = registries()
+    store = zookeeper.application_store()
+    store.put_application("search", {"sink": {"type": "jsonl"}})
+    assert store.applications() == {"search": {"sink": {"type": "jsonl"}}}
+    assert application_path(zookeeper, "search").endswith("/datasets/shop/applications/search")
+    claims = zookeeper.serving_claims()
+    assert claims.claim_serving("search", "db1", "a") == 1
+    assert copy_registry(zookeeper).load_datamarkers("search", "db1") == {}
+
+    file = FileRegistry()
+    file.open("shop", threading.Event())
+    assert file.application_store() is None
+    assert file.serving_claims() is None
+    assert application_path(file, "search") == "the pipeline file: application search"
+    refused = r"registry with serving claims.*\(the pipeline file has none\)"
+    with pytest.raises(ConfigError, match=refused):
+        copy_registry(file)
+
+
 # ---------------------------------------------------------------- applications
 def test_the_file_seeds_the_applications_once_even_when_publishers_race(
     registries: Callable[..., ZooKeeperRegistry],

@@ -257,7 +257,8 @@ def _deployment(pipeline: Pipeline) -> dict[str, Any] | None:
         # Watches fire at once with the current value (and again on changes): keep the last.
         registry.watch_publishers(lambda found: publishers.__setitem__(slice(None), found))
         statuses = registry.statuses()
-        raw = registry.applications() if registry.holds_applications() else {}
+        store = registry.application_store()
+        raw = store.applications() if store is not None else {}
         names = sorted(set(raw) | set(pipeline.applications))
         subscribers: dict[str, list[str]] = {}
         for name in names:
@@ -269,9 +270,11 @@ def _deployment(pipeline: Pipeline) -> dict[str, Any] | None:
         # Which copy serves what: the claim, confirmed by the copy's own status (a copy
         # holds the claim a moment before it serves, and its status lags its release).
         claims: dict[tuple[str, str], Any] = {}
-        for datastore in sorted({e.datastore for e in publishers if e.copy}):
+        serving_claims = registry.serving_claims()
+        copied = {e.datastore for e in publishers if e.copy} if serving_claims else set()
+        for datastore in sorted(copied):
             for name in names:
-                registry.watch_serving(
+                serving_claims.watch_serving(
                     name,
                     datastore,
                     lambda claim, key=(name, datastore): claims.__setitem__(key, claim),
@@ -544,10 +547,17 @@ def cmd_apps(args: argparse.Namespace) -> int:
     from wormhole.core.registry import application_path
 
     pipeline = _load(args.pipeline)
-    registry = _shared_registry(pipeline, f"wormhole apps {args.action}")
+    what = f"wormhole apps {args.action}"
+    registry = _shared_registry(pipeline, what)
     try:
+        store = registry.application_store()
+        if store is None:
+            raise WormholeError(
+                f"{what}: {registry.describe()} holds no applications: those of "
+                f"{pipeline.name} are in {pipeline.file}"
+            )
         if args.action == "list":
-            raw = registry.applications()
+            raw = store.applications()
             shown = {
                 # An unreadable entry is told apart from an application's mapping.
                 n: {"invalid": v.__dict__} if isinstance(v, InvalidEntry) else v
@@ -562,7 +572,7 @@ def cmd_apps(args: argparse.Namespace) -> int:
             return EXIT_OK
         name = args.app
         if args.action == "move":
-            raw = registry.applications()
+            raw = store.applications()
             current = raw.get(name)
             if not isinstance(current, dict):
                 raise WormholeError(f"no application {name!r} in {registry.describe()}")
@@ -570,7 +580,7 @@ def cmd_apps(args: argparse.Namespace) -> int:
 
             order = [args.copy] + [c for c in current.get("copies") or [] if c != args.copy]
             move = {"to": args.copy, "requested": int(time.time() * 1000)}
-            registry.put_application(name, {**current, "copies": order, "move": move})
+            store.put_application(name, {**current, "copies": order, "move": move})
             print(
                 f"application {name}: moves to copy {args.copy} (now preferred: "
                 f"{', '.join(order)}); the copy serving it hands it over once {args.copy} has "
@@ -578,7 +588,7 @@ def cmd_apps(args: argparse.Namespace) -> int:
             )
             return EXIT_OK
         if args.action == "remove":
-            if not registry.remove_application(name):
+            if not store.remove_application(name):
                 raise WormholeError(f"no application {name!r} in {registry.describe()}")
             print(f"removed application {name}; its datamarkers are kept by each publisher")
             return EXIT_OK
@@ -599,7 +609,7 @@ def cmd_apps(args: argparse.Namespace) -> int:
             raw_app["start"] = yaml.safe_load(args.start)
         if args.subscribers is not None:
             raw_app["subscribers"] = args.subscribers
-        if name in registry.applications() and not args.replace:
+        if name in store.applications() and not args.replace:
             raise WormholeError(
                 f"application {name} is already registered ({application_path(registry, name)}); "
                 f"remove it first, or pass --replace (a running application's changes apply "
@@ -608,7 +618,7 @@ def cmd_apps(args: argparse.Namespace) -> int:
         app, problems = parse_application(pipeline, name, raw_app, f"application {name}")
         if app is None:
             raise ConfigError(problems)
-        registry.put_application(name, raw_app)
+        store.put_application(name, raw_app)
         print(f"registered application {name} for every publisher of {pipeline.name}")
         return EXIT_OK
     finally:
@@ -622,9 +632,10 @@ def _application_names(pipeline: Pipeline) -> tuple[set[str], str | None]:
         return set(pipeline.applications), None
     registry = _shared_registry(pipeline, "registry")
     try:
-        if not registry.holds_applications():
+        store = registry.application_store()
+        if store is None:
             return set(pipeline.applications), None
-        return set(registry.applications()), str(registry.describe())
+        return set(store.applications()), str(registry.describe())
     finally:
         registry.close()
 
@@ -1003,7 +1014,7 @@ def build_parser() -> argparse.ArgumentParser:
     subscribe.set_defaults(func=cmd_subscribe)
 
     validate = sub.add_parser("validate", help="check a pipeline file")
-    validate.add_argument("pipeline")
+    validate.add_argument("pipeline", help="pipeline file (YAML)")
     validate.set_defaults(func=cmd_validate)
 
     plugins = sub.add_parser("plugins", help="list components by kind and their distribution")
@@ -1011,8 +1022,8 @@ def build_parser() -> argparse.ArgumentParser:
     plugins.set_defaults(func=cmd_plugins)
 
     status = sub.add_parser("status", help="datamarker and lag of every flow")
-    status.add_argument("pipeline")
-    status.add_argument("--json", action="store_true")
+    status.add_argument("pipeline", help="pipeline file (YAML)")
+    status.add_argument("--json", action="store_true", help="print the status as JSON")
     status.set_defaults(func=cmd_status)
 
     top = sub.add_parser(
@@ -1043,7 +1054,7 @@ def build_parser() -> argparse.ArgumentParser:
     apps_sub = apps.add_subparsers(dest="action", required=True, metavar="ACTION")
     apps_list = apps_sub.add_parser("list", help="the registered applications")
     apps_list.add_argument("pipeline", help="pipeline file (YAML) naming the registry")
-    apps_list.add_argument("--json", action="store_true")
+    apps_list.add_argument("--json", action="store_true", help="print the list as JSON")
     apps_add = apps_sub.add_parser(
         "add", help="register an application for every publisher of the dataset"
     )
@@ -1095,13 +1106,20 @@ def build_parser() -> argparse.ArgumentParser:
         if action == "show":
             command.add_argument("id", type=int, help="the dead letter's id")
         if action == "list":
-            command.add_argument("--json", action="store_true")
-        if action in ("replay", "purge"):
+            command.add_argument("--json", action="store_true", help="print the list as JSON")
+        if action == "replay":
             command.add_argument(
                 "--id",
                 type=int,
                 action="append",
                 help="only this dead letter (repeatable); replay takes its whole key",
+            )
+        if action == "purge":
+            command.add_argument(
+                "--id",
+                type=int,
+                action="append",
+                help="only this dead letter (repeatable); the others stay",
             )
         if action == "purge":
             command.add_argument("--yes", action="store_true", help="purge every dead letter")

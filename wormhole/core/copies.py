@@ -22,11 +22,12 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from typing import Any
+from collections.abc import Callable
+from typing import Any, Protocol
 
 from wormhole.core.copy_positions import Behind, Gone, Version, locate, version
 from wormhole.core.copy_state import CLAIM_GRACE_S, CopyState
-from wormhole.core.errors import StateError
+from wormhole.core.errors import ConfigError, StateError
 from wormhole.core.hub import Hub
 from wormhole.core.metrics import SERVING_CLAIMS
 from wormhole.core.pipeline import Pipeline
@@ -35,6 +36,7 @@ from wormhole.plugins.components import (
     DatasetRegistry,
     PublisherEntry,
     ServingClaim,
+    ServingClaims,
     SharedDatamarker,
 )
 
@@ -46,13 +48,52 @@ HANDOVER_READY_S = 5.0
 """Then how long it waits for the other copy to be ready for the final datamarkers."""
 
 
+class CopyRegistry(ServingClaims, Protocol):
+    """What a copy uses of its registry: the serving claims, and of the membership the
+    connection, the publishers and their statuses."""
+
+    def watch_connection(self, fn: Callable[[bool], None]) -> None: ...
+
+    def watch_publishers(self, fn: Callable[[list[PublisherEntry]], None]) -> None: ...
+
+    def statuses(self) -> dict[str, dict[str, Any]]: ...
+
+
+class _Parts:
+    """A registry's membership and its serving claims part, as one :class:`CopyRegistry`."""
+
+    def __init__(self, registry: DatasetRegistry, claims: ServingClaims) -> None:
+        self.watch_connection = registry.watch_connection
+        self.watch_publishers = registry.watch_publishers
+        self.statuses = registry.statuses
+        self.claim_serving = claims.claim_serving
+        self.release_serving = claims.release_serving
+        self.watch_serving = claims.watch_serving
+        self.load_datamarkers = claims.load_datamarkers
+        self.save_datamarkers = claims.save_datamarkers
+
+
+def copy_registry(registry: DatasetRegistry) -> CopyRegistry:
+    """The registry as the copies of a datastore use it; ConfigError if it offers no
+    serving claims (``delivery.mode: multiple-copy`` needs them)."""
+    claims = registry.serving_claims()
+    if claims is None:
+        raise ConfigError(
+            f"delivery.mode: multiple-copy needs a registry with serving claims, where the "
+            f"copies of a datastore find each other and keep their datamarkers "
+            f"({registry.describe()} has none): set registry: "
+            f"{{type: zookeeper, hosts: ..., root: ...}}"
+        )
+    return _Parts(registry, claims)
+
+
 class CopyCoordinator:
     """This publisher as one copy of its datastore."""
 
     def __init__(
         self,
         pipeline: Pipeline,
-        registry: DatasetRegistry,
+        registry: CopyRegistry,
         hub: Hub,
         publisher_log: PublisherLog,
     ) -> None:
@@ -594,4 +635,4 @@ class CopyCoordinator:
                 self.registry.release_serving(state.name, self.datastore, epoch)
 
 
-__all__ = ["Behind", "CopyCoordinator", "Gone", "locate"]
+__all__ = ["Behind", "CopyCoordinator", "CopyRegistry", "Gone", "copy_registry", "locate"]

@@ -22,7 +22,7 @@ from typing import Any
 
 from wormhole.core.backfill import Backfiller, BackfillStore
 from wormhole.core.caravan import CaravanManager
-from wormhole.core.copies import CopyCoordinator
+from wormhole.core.copies import CopyCoordinator, copy_registry
 from wormhole.core.errors import (
     BackfillError,
     ConfigError,
@@ -295,7 +295,8 @@ class Publisher:
             hub, getattr(transport, "address", ""), getattr(transport, "protocol_version", 0)
         )
         if pipeline.mode == "multiple-copy":
-            self.copies = CopyCoordinator(pipeline, self.membership.registry, hub, publisher_log)
+            registry = copy_registry(self.membership.registry)
+            self.copies = CopyCoordinator(pipeline, registry, hub, publisher_log)
             # Never collect the updates the shared datamarkers name (see Retention).
             self.retention.floor = self.copies.retained
             self.copies.start()
@@ -614,7 +615,7 @@ class Publisher:
         """
         pipeline = self.pipeline
         assert self.membership is not None
-        if self.membership.registry.holds_applications():
+        if self.membership.registry.application_store() is not None:
             log.warning(
                 "reload: the applications of %s are in %s: change them with `wormhole apps`",
                 pipeline.name,

@@ -76,8 +76,10 @@ def registry_component(url: str, plugins: Any = None) -> Component:
 
 def application_path(registry: DatasetRegistry, name: str) -> str:
     """Where an application lives in the registry, for messages."""
-    where: Callable[[str], str] | None = getattr(registry, "application_path", None)
-    return where(name) if where is not None else f"{registry.describe()}: application {name}"
+    store = registry.application_store()
+    if store is None:
+        return f"{registry.describe()}: application {name}"
+    return store.application_path(name)
 
 
 def registered_applications(
@@ -110,7 +112,8 @@ def subscriber_application(pipeline: Pipeline, name: str, library: str) -> Appli
 
     registry = open_registry(component, pipeline.name, stop_signalled)
     try:
-        if not registry.holds_applications():
+        store = registry.application_store()
+        if store is None:
             return sink_application(pipeline, name, library)[0]
         raw = wait_for_application(registry, pipeline.name, name, stop_signalled.is_set)
         if raw is None:
@@ -155,7 +158,10 @@ def wait_for_application(
 ) -> RawApplications | None:
     """The registered applications once ``name`` is among them (None if ``stopped()``
     first): a subscriber may start before its dataset's first publisher has registered
-    the applications."""
+    the applications. The registry must hold them (an application store)."""
+    store = registry.application_store()
+    if store is None:
+        raise ConfigError(f"{registry.describe()} holds no applications: {name} is in the file")
     seen: dict[str, RawApplications] = {}
     arrived = threading.Event()
 
@@ -164,7 +170,7 @@ def wait_for_application(
         if name in raw:
             arrived.set()
 
-    registry.watch_applications(changed)
+    store.watch_applications(changed)
     started = time.monotonic()
     warn_at = started + 10.0
     while not arrived.wait(0.5):
@@ -276,17 +282,18 @@ class PublisherMembership:
         """The applications to run (valid ones, problems of the others), or None when the
         registry does not hold applications (the file's are used)."""
         registry = self.registry
-        if not registry.holds_applications():
+        store = registry.application_store()
+        if store is None:
             return None
         raw_file = self.pipeline.raw.get("applications") or {}
-        if registry.seed_applications(raw_file):
+        if store.seed_applications(raw_file):
             log.info(
                 "registered the applications of %s in %s: %s",
                 self.pipeline.file,
                 registry.describe(),
                 ", ".join(sorted(raw_file)),
             )
-        raw = registry.applications()
+        raw = store.applications()
         apps, problems = registered_applications(self.pipeline, registry, raw)
         self.reported = dict(problems)
         missing = sorted(set(raw_file) - set(raw))
@@ -331,8 +338,9 @@ class PublisherMembership:
         self.registry.watch_publishers(self._publishers_changed)
         for name in list(hub.applications):
             self.watch_subscribers(name)
-        if self.registry.holds_applications():
-            self.registry.watch_applications(self._applications_changed)
+        store = self.registry.application_store()
+        if store is not None:
+            store.watch_applications(self._applications_changed)
 
     def watch_subscribers(self, application: str) -> None:
         with self.lock:

@@ -59,6 +59,12 @@ from wormhole.plugins.database_source import DatabaseSource, SnapshotTable, clos
 
 log = logging.getLogger("wormhole.mysql")
 
+# MariaDB's QUERY_COMPRESSED_EVENT and the compressed rows events, v1 and v2 (log_bin_compress).
+_COMPRESSED_EVENTS = frozenset(range(165, 172))
+_COMPRESS_FIX = (
+    "SET GLOBAL log_bin_compress=OFF on the server (and log_bin_compress=OFF in its config)"
+)
+
 try:  # optional dependency: the `mysql` extra
     import pymysql
     import pymysql.converters
@@ -68,6 +74,7 @@ try:  # optional dependency: the `mysql` extra
         GtidEvent,
         HeartbeatLogEvent,
         MariadbGtidEvent,
+        NotImplementedEvent,
         QueryEvent,
         RotateEvent,
         XidEvent,
@@ -267,6 +274,10 @@ class MySQLSource(DatabaseSource):
                     f"{name} is {actual or 'unset'}; set {name}={value} in the server's "
                     f"config and restart it (or SET GLOBAL {name}='{value}' for new sessions)"
                 )
+        if (self._variable("log_bin_compress") or "OFF").upper() == "ON":
+            problems.append(
+                f"log_bin_compress is ON: compressed binlog events cannot be read; {_COMPRESS_FIX}"
+            )
         if not self.mariadb and (self._variable("gtid_mode") or "OFF").upper() != "ON":
             problems.append(
                 "gtid_mode is not ON; set gtid_mode=ON and enforce_gtid_consistency=ON "
@@ -814,7 +825,10 @@ class MySQLSource(DatabaseSource):
                 DeleteRowsEvent,
                 RotateEvent,
                 HeartbeatLogEvent,
+                # Events the library does not decode: compressed ones must not pass unseen.
+                NotImplementedEvent,
             ],
+            filter_non_implemented_events=False,
             slave_heartbeat=self.options.heartbeat_s,
             enable_logging=False,
             **kwargs,
@@ -963,6 +977,18 @@ class MySQLSource(DatabaseSource):
                     # The reader reconnected by itself in the middle of a transaction (it
                     # resends from where it started): resume properly from what was emitted.
                     raise EOFError("the binlog stream restarted inside a transaction")
+            elif kind is NotImplementedEvent:
+                if event.event_type in _COMPRESSED_EVENTS:
+                    packet = event.packet
+                    raise SourceError(
+                        f"source: the binlog holds a compressed event at "
+                        f"{self.stream.log_file}:{packet.log_pos - packet.event_size} (type "
+                        f"{event.event_type}): the server writes compressed events "
+                        f"(log_bin_compress=ON), which the source cannot read, and skipping it "
+                        f"would lose its changes. {_COMPRESS_FIX}, then start the source after "
+                        f"this binlog position (a new state_dir with a snapshot, or a backfill "
+                        f"of the tables written while it was on)"
+                    )
             elif kind is HeartbeatLogEvent:
                 if not self.in_txn and not updates:
                     self._nothing_pending()

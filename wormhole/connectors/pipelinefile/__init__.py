@@ -11,20 +11,21 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from wormhole.core.errors import ConfigError
 from wormhole.plugins.components import (
+    ApplicationStore,
     ComponentSpec,
-    InvalidEntry,
     NoOptions,
     PublisherEntry,
-    ServingClaim,
-    SharedDatamarker,
+    ServingClaims,
     SubscriberEntry,
 )
 from wormhole.plugins.hookspecs import hookimpl
 
 
 class FileRegistry:
+    """A :class:`wormhole.plugins.components.DatasetRegistry` of one publisher, without
+    an application store or serving claims."""
+
     def __init__(self) -> None:
         self.dataset = ""
         self.entry: PublisherEntry | None = None
@@ -57,29 +58,11 @@ class FileRegistry:
     def statuses(self) -> dict[str, dict[str, Any]]:
         return {}
 
-    def holds_applications(self) -> bool:
-        return False
+    def application_store(self) -> ApplicationStore | None:
+        return None  # the applications are the file's
 
-    def seed_applications(self, raw: dict[str, Any]) -> bool:
-        return False
-
-    def applications(self) -> dict[str, dict[str, Any] | InvalidEntry]:
-        return {}
-
-    def watch_applications(
-        self, fn: Callable[[dict[str, dict[str, Any] | InvalidEntry]], None]
-    ) -> None:
-        pass
-
-    def put_application(self, name: str, raw: dict[str, Any]) -> None:
-        raise ConfigError(
-            "the pipeline's applications are in its file (no registry configured): edit the "
-            "file and send the publisher SIGHUP, or configure registry: {type: zookeeper, ...}"
-        )
-
-    def remove_application(self, name: str) -> bool:
-        self.put_application(name, {})
-        return False
+    def serving_claims(self) -> ServingClaims | None:
+        return None  # one publisher: no copies to coordinate
 
     def register_subscriber(self, application: str, entry: SubscriberEntry) -> None:
         pass
@@ -91,36 +74,6 @@ class FileRegistry:
         self, application: str, fn: Callable[[list[SubscriberEntry]], None]
     ) -> None:
         fn([])
-
-    def _multiple_copy(self) -> ConfigError:
-        return ConfigError(
-            "delivery.mode: multiple-copy needs a shared registry, where the copies of a "
-            "datastore find each other and keep their datamarkers: set registry: "
-            "{type: zookeeper, hosts: ..., root: ...}"
-        )
-
-    def claim_serving(self, application: str, datastore: str, copy: str) -> int | None:
-        raise self._multiple_copy()
-
-    def release_serving(self, application: str, datastore: str, epoch: int) -> None:
-        raise self._multiple_copy()
-
-    def watch_serving(
-        self, application: str, datastore: str, fn: Callable[[ServingClaim | None], None]
-    ) -> None:
-        raise self._multiple_copy()
-
-    def load_datamarkers(self, application: str, datastore: str) -> dict[int, SharedDatamarker]:
-        raise self._multiple_copy()
-
-    def save_datamarkers(
-        self,
-        application: str,
-        datastore: str,
-        epoch: int,
-        datamarkers: dict[int, SharedDatamarker],
-    ) -> bool:
-        raise self._multiple_copy()
 
     def watch_connection(self, fn: Callable[[bool], None]) -> None:
         pass  # always connected

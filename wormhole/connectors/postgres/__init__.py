@@ -71,3 +71,77 @@ def wormhole_position_mappers() -> list[ComponentSpec]:
             description="Commit LSN plus change index <-> commit LSN (origin LSN if replicated).",
         )
     ]
+
+
+@hookimpl
+def wormhole_commands(commands: Any) -> None:
+    trigger = commands.add_parser(
+        "postgres-schema-trigger",
+        help="install or remove the event trigger that writes schema changes into the WAL",
+    )
+    trigger.add_argument("pipeline", help="pipeline file (YAML) whose source is postgres")
+    trigger.add_argument("--remove", action="store_true", help="remove the trigger")
+    trigger.add_argument(
+        "--sql", action="store_true", help="print the SQL instead (for a superuser to run)"
+    )
+    trigger.set_defaults(func=_schema_trigger_command)
+
+
+def _schema_trigger_command(args: Any) -> int:
+    """``wormhole postgres-schema-trigger PIPELINE [--remove] [--sql]``."""
+    from wormhole.connectors.postgres import schema_trigger
+    from wormhole.core.errors import ConfigError, SourceError, first_line
+    from wormhole.core.pipeline import load_pipeline
+
+    pipeline = load_pipeline(args.pipeline)
+    options = pipeline.source.options
+    if not isinstance(options, PostgresOptions):
+        raise ConfigError(
+            f"source.type: postgres-schema-trigger works on a pipeline whose source is "
+            f"postgres; {args.pipeline} reads {pipeline.source.type}",
+            args.pipeline,
+        )
+    statement = schema_trigger.REMOVE if args.remove else schema_trigger.INSTALL
+    if args.sql:
+        print(statement.strip())
+        return 0
+    try:
+        import psycopg2
+    except ImportError:
+        raise SourceError(
+            "source.type: postgres needs psycopg2; install the extra: pip install "
+            "'wormhole-cdc[postgres]'"
+        ) from None
+    try:
+        conn = psycopg2.connect(options.dsn)
+    except psycopg2.OperationalError as exc:
+        raise SourceError(f"source.dsn: cannot connect to PostgreSQL ({first_line(exc)})") from exc
+    try:
+        conn.autocommit = True
+        with conn.cursor() as cur:
+            cur.execute("SHOW server_version_num")
+            row = cur.fetchone()
+            version = int(row[0]) if row else 0
+            if not args.remove and version < schema_trigger.MINIMUM_VERSION:
+                raise SourceError(
+                    f"the schema trigger needs PostgreSQL 14 or later (pgoutput sends logical "
+                    f"decoding messages from 14 on); this server is {version}"
+                )
+            cur.execute(statement)
+    except psycopg2.Error as exc:
+        action = "remove" if args.remove else "install"
+        raise SourceError(
+            f"cannot {action} the schema trigger ({first_line(exc)}); "
+            f"{schema_trigger.PRIVILEGE_HINT}"
+        ) from exc
+    finally:
+        conn.close()
+    if args.remove:
+        print("removed the schema trigger: schema changes are no longer written to the WAL")
+    else:
+        print(
+            f"installed the schema trigger (event triggers {', '.join(schema_trigger.TRIGGERS)},"
+            f" function {schema_trigger.FUNCTION}): every schema change from now on is written "
+            f"to the WAL"
+        )
+    return 0

@@ -43,6 +43,18 @@ class PostgresOptions(Options):
         description="a text value that is not UTF-8 (a SQL_ASCII database): deliver it as "
         '{"undecoded": HEX} with a warning (fallback), or stop the source naming it (stop)',
     )
+    schema_trigger: bool = Field(
+        False,
+        description="install (if missing) the event trigger that writes every schema change "
+        "into the WAL at its own position, so keys are exact however late the WAL is decoded "
+        "(needs a superuser and PostgreSQL 14; `wormhole postgres-schema-trigger` installs it "
+        "by hand)",
+    )
+    schema_events: bool = Field(
+        False,
+        description="deliver each schema change of a published table that the schema trigger "
+        "recorded as an insert into the table wormhole.schema_changes (needs the trigger)",
+    )
     status_interval_s: float = Field(
         10.0, gt=0, description="how often the confirmed position is reported to the server"
     )

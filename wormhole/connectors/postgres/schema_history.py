@@ -15,6 +15,11 @@ snapshot (exact at the slot's start), from DEFAULT Relation messages (exact), an
 from the catalog read while a Relation message arrives and the catalog still
 describes the same columns and replica identity. The history is a JSON file in the
 state directory, so a later run that decodes old WAL finds what an earlier run saw.
+
+With the schema trigger (see ``schema_trigger``), every DDL writes the table's version
+into the WAL at the DDL's own position: these *in-band* entries are exact at every point
+of the WAL and are kept apart from the others (``in_band``), ordered by (commit LSN, the
+message's index in its transaction, counted with the changes).
 """
 
 from __future__ import annotations
@@ -35,6 +40,14 @@ class Entry(msgspec.Struct, array_like=True):
     columns: Columns
     primary_key: list[str]
     """Empty when the table had no primary key."""
+    index: int = -1
+    """In-band entries: the message's index in its transaction (the changes and the schema
+    trigger's messages are counted together); a change at a greater index comes after it."""
+    in_band: bool = False
+    """Written into the WAL by the schema trigger (exact at its position). An in-band entry
+    whose ``identity`` is empty records the table's drop."""
+    published: bool = False
+    """In-band entries: the source's publication published the table after the DDL."""
 
     def same_version(self, other: Entry) -> bool:
         return (
@@ -54,14 +67,66 @@ class SchemaHistory:
     def __init__(self, path: Path) -> None:
         self.path = path
         self.entries: dict[int, list[Entry]] = {}
+        self.in_band: dict[int, list[Entry]] = {}
         self.dirty = False
         if path.exists():
-            self.entries = {int(oid): found for oid, found in _decode(path.read_bytes()).items()}
+            for oid, found in _decode(path.read_bytes()).items():
+                self.entries[int(oid)] = [e for e in found if not e.in_band]
+                in_band = [e for e in found if e.in_band]
+                if in_band:
+                    self.in_band[int(oid)] = in_band
 
     def reset(self, entries: dict[int, Entry]) -> None:
         """Start over (a new slot): the tables as they are at its start."""
         self.entries = {oid: [entry] for oid, entry in entries.items()}
+        self.in_band = {}
         self.dirty = True
+
+    def record_in_band(self, oid: int, entry: Entry) -> None:
+        """Add a version the schema trigger wrote at (``entry.lsn``, ``entry.index``); a
+        replay of the same WAL adds nothing."""
+        found = self.in_band.setdefault(oid, [])
+        at = (entry.lsn, entry.index)
+        index = len(found)
+        while index and (found[index - 1].lsn, found[index - 1].index) > at:
+            index -= 1
+        if index and (found[index - 1].lsn, found[index - 1].index) == at:
+            if found[index - 1].same_version(entry):
+                return
+            found[index - 1] = entry
+        else:
+            found.insert(index, entry)
+        self.dirty = True
+
+    def prune(self, confirmed: int) -> None:
+        """Forget in-band entries no change still to be decoded can need: the slot resends
+        nothing that commits before ``confirmed``, so of the entries before it only the
+        newest is kept, and none of a table whose newest entry there is its drop."""
+        for oid, found in list(self.in_band.items()):
+            older = 0
+            while older < len(found) and found[older].lsn < confirmed:
+                older += 1
+            stale = older - 1 if older and found[older - 1].identity else older
+            if stale > 0:
+                del found[:stale]
+                self.dirty = True
+            if not found:
+                del self.in_band[oid]
+
+    def published(self, oid: int) -> bool:
+        """Whether the source's publication published the table when it was last seen."""
+        in_band = self.in_band.get(oid)
+        if in_band:
+            return in_band[-1].published
+        return bool(self.entries.get(oid))
+
+    def in_band_at(self, oid: int, lsn: int, index: int) -> Entry | None:
+        """The version the schema trigger recorded last at or before index ``index`` of the
+        transaction that commits at ``lsn`` (a change there comes after it), if any."""
+        for entry in reversed(self.in_band.get(oid, ())):
+            if entry.lsn < lsn or (entry.lsn == lsn and entry.index <= index):
+                return entry
+        return None
 
     def record(self, oid: int, entry: Entry) -> None:
         """Add a version of the table, unless it is the version already in force at its LSN."""
@@ -100,7 +165,10 @@ class SchemaHistory:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         temporary = self.path.with_name(self.path.name + ".new")
         with open(temporary, "wb") as out:
-            out.write(_encode({str(oid): found for oid, found in self.entries.items()}))
+            merged = {oid: list(found) for oid, found in self.entries.items()}
+            for oid, found in self.in_band.items():
+                merged.setdefault(oid, []).extend(found)
+            out.write(_encode({str(oid): found for oid, found in merged.items()}))
             out.flush()
             os.fsync(out.fileno())
         os.replace(temporary, self.path)

@@ -29,6 +29,7 @@ from typing import Any, NamedTuple
 import msgspec
 
 from wormhole.connectors.postgres import pgoutput as pg
+from wormhole.connectors.postgres import schema_trigger
 from wormhole.connectors.postgres.decode_errors import DecodeErrors
 from wormhole.connectors.postgres.options import PostgresOptions
 from wormhole.connectors.postgres.schema_history import Columns, Entry, SchemaHistory
@@ -94,9 +95,11 @@ def _signature(relation: pg.Relation) -> Columns:
 
 
 _NATIVE_INTS = frozenset({20, 21, 23})  # int8 int2 int4: the driver gives Python ints
-_PADDED_OR_SHOWN = frozenset({1042, 869, 650})
-"""bpchar, inet, cidr: their cast to text differs from their output (it trims the padding,
-shows the netmask), so their text is taken from the output function, as pgoutput sends it."""
+_PADDED_OR_SHOWN = frozenset({1042, 869, 650, 142, 18})
+"""bpchar, inet, cidr, xml, "char": their cast to text differs from their output (it trims
+the padding, shows the netmask, keeps the XML declaration, and before PostgreSQL 15 gives a
+byte over 127 raw where the output escapes it as ``\\ooo``), so their text is taken from the
+output function, as pgoutput sends it."""
 
 
 def text_of(expr: str, base: int) -> str:
@@ -113,8 +116,16 @@ def _json_value(expr: str, kind: int, base: int) -> str:
     booleans as JSON values, every other type as its text)."""
     if kind == 1:
         return expr if base in _NATIVE_INTS else f"{expr}::text::numeric"
-    if kind in (2, 3):
-        return expr  # row_to_json writes booleans and floats (non-finite as text)
+    if kind == 3:
+        # As the stream's: a finite float is a JSON number with a fraction or an exponent
+        # (row_to_json writes -0 as "-0", which JSON readers take for the integer 0), a
+        # non-finite one its text.
+        return (
+            f"CASE WHEN {expr}::text ~ '^-?[0-9]+$' THEN ({expr}::text || '.0')::json "
+            f"ELSE to_json({expr}) END"
+        )
+    if kind == 2:
+        return expr  # row_to_json writes booleans
     return text_of(expr, base)
 
 
@@ -330,11 +341,13 @@ class PostgresSource(DatabaseSource):
             self._drop_slot()
         self._ensure_publication(first_run=True)
         self._warn_about_out_of_line_keys()
+        self._ensure_schema_trigger()
         self._create_slot_and_snapshot()
 
     def _resume(self, checkpoint: Any) -> None:
         self._ensure_publication(first_run=False)
         self._warn_about_out_of_line_keys()
+        self._ensure_schema_trigger()
         self._require_slot()
         self.resume_lsn = pg.parse_lsn(checkpoint["lsn"])
         self.resume_index = int(checkpoint.get("index", -1))
@@ -414,6 +427,43 @@ class PostgresSource(DatabaseSource):
                 f"(FOR ALL TABLES needs a superuser)"
             ) from exc
         log.info("created publication %s %s", self.publication, target)
+
+    def _ensure_schema_trigger(self) -> None:
+        """With ``schema_trigger``: install the trigger unless it is there (see
+        :mod:`schema_trigger`). ``schema_events`` needs it."""
+        if not self.options.schema_trigger:
+            if self.options.schema_events and not (
+                self.server_version >= schema_trigger.MINIMUM_VERSION
+                and schema_trigger.installed(self._query)
+            ):
+                raise SourceError(
+                    "source.schema_events: schema-change events come from the schema "
+                    "trigger, which is not installed in this database; set "
+                    "schema_trigger: true (needs a superuser) or have a superuser run "
+                    "`wormhole postgres-schema-trigger PIPELINE`"
+                    + (
+                        f" (it needs PostgreSQL 14 or later; this server is {self.server_version})"
+                        if self.server_version < schema_trigger.MINIMUM_VERSION
+                        else ""
+                    )
+                )
+            return
+        if self.server_version < schema_trigger.MINIMUM_VERSION:
+            raise SourceError(
+                f"source.schema_trigger: the schema trigger needs PostgreSQL 14 or later "
+                f"(pgoutput sends logical decoding messages from 14 on); this server is "
+                f"{self.server_version}. Set schema_trigger: false"
+            )
+        if schema_trigger.installed(self._query):
+            return
+        try:
+            self._query(schema_trigger.INSTALL)
+        except psycopg2.Error as exc:
+            raise SourceError(
+                f"source.schema_trigger: cannot install the schema trigger ({first_line(exc)}); "
+                f"{schema_trigger.PRIVILEGE_HINT}, or set schema_trigger: false"
+            ) from exc
+        log.info("installed the schema trigger (event triggers %s)", schema_trigger.TRIGGERS)
 
     def _slot_exists(self) -> bool:
         return bool(
@@ -930,6 +980,14 @@ class PostgresSource(DatabaseSource):
         oid, lsn = relation.oid, self.txn_lsn
         signature = _signature(relation)
         names = [c.name for c in relation.columns]
+        written = history.in_band_at(oid, lsn, self.txn_index + 1)
+        if (
+            written is not None
+            and written.identity == relation.replica_identity
+            and set(signature) <= set(written.columns)
+        ):
+            # The schema trigger wrote the table's version into the WAL: exact.
+            return [n for n in names if n in written.primary_key]
         table = self._catalog_tables([oid]).get(oid)
         if (
             table is not None
@@ -1089,6 +1147,7 @@ class PostgresSource(DatabaseSource):
     def _checkpoint(self) -> dict[str, Any]:
         if self.history is not None:
             # Durable no later than the batch keyed by what it learnt.
+            self.history.prune(self.confirmed)
             self.history.save()
         return {
             "phase": "stream",
@@ -1145,7 +1204,10 @@ class PostgresSource(DatabaseSource):
                     self.seen_lsn = max(self.seen_lsn, cursor.wal_end)
                     if self.confirmed >= self.flush:
                         # Idle, and all that was emitted is durable: the slot may move
-                        # past WAL that held nothing for this publication.
+                        # past WAL that held nothing for this publication (once what the
+                        # schema history learnt from it is durable too).
+                        if self.history is not None and self.history.dirty:
+                            self.history.save()
                         self.confirmed = max(self.confirmed, cursor.wal_end)
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
@@ -1237,6 +1299,15 @@ class PostgresSource(DatabaseSource):
                     except UnicodeDecodeError:
                         at = f"{self.txn_position}:{self.txn_index}"
                         self.decode_errors.message(prefix, content, at)
+                elif transactional and prefix == schema_trigger.PREFIX:
+                    # Counted as a change (its event's position), and recorded even in a
+                    # transaction emitted before: the history is rebuilt from the WAL.
+                    self.txn_index += 1
+                    emit = not skip_txn and not (resuming and self.txn_index <= self.resume_index)
+                    event = self._schema_change(content, emit)
+                    if event is not None:
+                        append(event)
+                        lsn, index, complete = self.txn_lsn, self.txn_index, False
             # 'Y' (type) carries nothing the envelope needs.
 
     def _describe_transaction(self, begin: bytes) -> None:
@@ -1248,6 +1319,49 @@ class PostgresSource(DatabaseSource):
         )
         self.txn_details_mid = f'\\"]","ts_us":{commit_us},"ts_ns":{commit_us}000,'
         self.txn_details_tail = f'"txId":{self.txn_id},"lsn":'
+
+    def _schema_change(self, content: bytes, emit: bool) -> Update | None:
+        """A message of the schema trigger: the table's version after a DDL, exact at
+        this point of the WAL; with ``schema_events`` (and ``emit``), its event."""
+        history = self.history
+        assert history is not None
+        try:
+            message = schema_trigger.parse(content)
+        except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+            log.warning(
+                "ignoring a message with prefix %s at %s:%s that the schema trigger did not "
+                "write (%s)",
+                schema_trigger.PREFIX,
+                self.txn_position,
+                self.txn_index,
+                exc,
+            )
+            return None
+        if message.dropped:
+            published = history.published(message.oid)
+        else:
+            published = self.publication in message.publications
+        entry = message.entry(self.txn_lsn, self.txn_index, published)
+        history.record_in_band(message.oid, entry)
+        relation = self.relations.get(message.oid)
+        if (
+            relation is not None
+            and relation.replica_identity in ("f", "n")
+            and entry.identity == relation.replica_identity
+            and entry.columns == _signature(relation)
+        ):
+            # Its primary key changed and nothing the Relation message says did: the next
+            # change is keyed by the new one whether or not a Relation message comes first.
+            relation.key_columns = self._stream_key(relation)
+        if not (emit and published and self.options.schema_events):
+            return None
+        if message.table in self.options.heartbeat_tables:
+            return None
+        # Not a row of a described table: no columns or details of the last change.
+        self.change_columns = self.change_details = NULL
+        return self._update(
+            "c", schema_trigger.EVENTS_TABLE, {"table": message.table}, None, message.event()
+        )
 
     def _undecodable(self, relation: pg.Relation, bad: list[tuple[str, bytes]]) -> None:
         """Text values of a change that are not UTF-8 (already rendered as undecoded by
@@ -1331,6 +1445,7 @@ class PostgresSource(DatabaseSource):
         )
 
     def _truncate(self, relation: pg.Relation) -> Update:
+        self.change_columns = self.change_details = NULL
         return self._update("t", relation.table, {}, None, None)
 
     # -------------------------------------------------------------- snapshot

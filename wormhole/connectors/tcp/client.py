@@ -221,7 +221,7 @@ class Subscriber(Handlers):
 
         threads: dict[str, threading.Thread] = {}
         try:
-            if registry.holds_applications():
+            if registry.application_store() is not None:
                 found = wait_for_application(registry, self.dataset, self.app, self._stop.is_set)
                 if found is None:
                     return

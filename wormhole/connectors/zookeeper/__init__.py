@@ -1,12 +1,12 @@
 """The built-in ``zookeeper`` registry: publishers, applications and subscribers of a
-dataset in ZooKeeper (:mod:`wormhole.connectors.zookeeper.registry`; needs kazoo, the
-``zookeeper`` extra)."""
+dataset in ZooKeeper (needs kazoo, the ``zookeeper`` extra). One concept per module;
+:mod:`wormhole.connectors.zookeeper.registry` puts them together and lists them."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from wormhole.connectors.zookeeper.registry import ZooKeeperOptions
+from wormhole.connectors.zookeeper.options import ZooKeeperOptions
 from wormhole.plugins.components import ComponentSpec
 from wormhole.plugins.hookspecs import hookimpl
 
