@@ -389,3 +389,43 @@ def test_the_source_describes_updates_only_when_asked(postgres_dsn: str, tmp_pat
         ("at", "timestamp(3) without time zone", False),
     ]
     assert json.loads(bytes(described.details))["snapshot"] == "last"
+
+
+def test_a_backfill_is_typed_like_the_snapshot(postgres_dsn: str, tmp_path: Path) -> None:
+    run_sql(
+        postgres_dsn,
+        "CREATE TABLE t (id int PRIMARY KEY, n numeric(6,2), at timestamp, tags text[], "
+        "note text DEFAULT 'none')",
+        "INSERT INTO t SELECT g, g / 4.0, '2024-01-01'::timestamp + g * interval '1 day', "
+        "ARRAY['a', g::text], NULL FROM generate_series(1, 30) g",
+    )
+    out = tmp_path / "values.jsonl"
+    pipeline = write_pipeline(
+        tmp_path / "bf.yml",
+        {
+            "pipeline": "dbz_backfill",
+            "state_dir": str(tmp_path / "state"),
+            "source": {"type": "postgres", "dsn": postgres_dsn, "tables": ["public.t"]},
+            "applications": {
+                "a": {"sink": {"type": "jsonl", "path": str(out), "envelope": "debezium"}}
+            },
+        },
+    )
+    assert run_cli("run", str(pipeline), "--once").returncode == 0
+    snapshot = read_lines(out)
+    queued = run_cli("backfill", str(pipeline), "--table", "public.t", "--chunk-size", "7")
+    assert queued.returncode == 0, queued
+    assert run_cli("run", str(pipeline), "--once").returncode == 0
+    backfilled = read_lines(out)[len(snapshot) :]
+    assert len(snapshot) == len(backfilled) == 30
+    assert [e["after"] for e in backfilled] == [e["after"] for e in snapshot]
+    assert snapshot[0]["after"] == {
+        "id": 1,
+        "n": "GQ==",  # 0.25 at scale 2: 25
+        "at": 1704153600000000,
+        "tags": ["a", "1"],
+        "note": "none",  # NULL with a default: the default, as JsonConverter writes it
+    }
+    assert {e["op"] for e in backfilled} == {"r"}
+    assert {e["source"]["snapshot"] for e in backfilled} == {"incremental"}
+    assert backfilled[0]["source"]["table"] == "t"

@@ -23,7 +23,7 @@ import re
 import select
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, NamedTuple
 
 import msgspec
@@ -223,6 +223,8 @@ class _ChunkSql:
     """``ONLY `` for a plain table (not its inheritance children), empty for a partitioned
     table published through its root."""
     row_filter: str | None
+    described: tuple[msgspec.Raw, str] | None = None
+    """With ``describe``: the chunks' ``columns`` and their table's part of ``details``."""
 
 
 _QUOTED_CONSTANT = re.compile(r"^'((?:[^']|'')*)'(?:::[\w .\[\]\"(),]+)?$")
@@ -678,7 +680,7 @@ class PostgresSource(DatabaseSource):
             schema,
             name,
             catalog.identity,
-            [pg.Column(n, t, False) for n, t, _ in catalog.columns],
+            [pg.Column(n, t, False, 0, mod) for n, t, mod in catalog.columns],
         )
         self._resolve_types(relation)
         columns = [
@@ -686,6 +688,13 @@ class PostgresSource(DatabaseSource):
             for c in relation.columns
             if published_columns is None or c.name in published_columns
         ]
+        described = None
+        if self.describe:
+            names = {n for n, _, _ in columns}
+            chunk_columns = [c for c in relation.columns if c.name in names]
+            described = self._column_description(
+                pg.Relation(oid, schema, name, catalog.identity, chunk_columns)
+            )
         estimate: int | None = int(reltuples) if reltuples is not None and reltuples >= 0 else None
         if where is not None:
             estimate = self._check_condition(qualified, where)
@@ -694,6 +703,7 @@ class PostgresSource(DatabaseSource):
             "" if relkind == "p" else "ONLY ",
             # The publication's row filter: the stream sends only the rows that pass it.
             None if row_filter is None else str(row_filter),
+            described,
         )
         return BackfillPlan(qualified, keys, where, estimate, detail)
 
@@ -867,6 +877,14 @@ class PostgresSource(DatabaseSource):
         keys = plan.keys
         now_ms = int(time.time() * 1000)
         raw = _Raw
+        described: tuple[msgspec.Raw, str] | None = plan.detail.described
+        if described is not None:
+            return [
+                self._incremental(update, *described, now_ms)
+                for update in self._chunk_updates(
+                    replace(plan, detail=replace(plan.detail, described=None)), kinds, fetched
+                )
+            ]
         if len(keys) == 1 and _native_key(*kinds[keys[0]]):
             (name,) = keys
             return [
@@ -897,6 +915,18 @@ class PostgresSource(DatabaseSource):
             for row in fetched
         ]
 
+    def _incremental(
+        self, update: Update, columns: msgspec.Raw, table_part: str, now_ms: int
+    ) -> Update:
+        """A backfill row described as Debezium describes an incremental snapshot's."""
+        update.columns = columns
+        update.details = _Raw(
+            f'{{"connector":"postgresql","snapshot":"incremental","db":{self.database_json},'
+            f'"sequence":null,"ts_us":{now_ms * 1000},"ts_ns":{now_ms * 1_000_000},{table_part}'
+            f'"txId":null,"lsn":null,"xmin":null,"origin":null,"origin_lsn":null}}'.encode()
+        )
+        return update
+
     # ------------------------------------------------------------ catalog
     def _resolve_types(self, relation: pg.Relation) -> None:
         """Resolve domain types to their base types, for the columns' JSON kinds."""
@@ -925,6 +955,13 @@ class PostgresSource(DatabaseSource):
         """The relation's ``columns`` and its part of ``details`` (see Update)."""
         if not self.describe:
             return
+        columns, part = self._column_description(relation)
+        self.relation_columns[relation.oid] = columns
+        self.relation_details[relation.oid] = part
+
+    def _column_description(self, relation: pg.Relation) -> tuple[msgspec.Raw, str]:
+        """``Update.columns`` of the relation's columns, and the "schema"/"table" part of
+        its ``details``."""
         oids = [self.base_types.get(c.type_oid, c.type_oid) for c in relation.columns]
         mods = [c.typmod for c in relation.columns]
         types = self._catalog(
@@ -945,10 +982,8 @@ class PostgresSource(DatabaseSource):
         for column, (type_name,) in zip(relation.columns, types, strict=True):
             not_null, default = catalog.get(column.name, (False, None))
             described.append(ColumnType(column.name, type_name, not not_null, default))
-        self.relation_columns[relation.oid] = encode_columns(described)
-        self.relation_details[relation.oid] = (
-            f'"schema":{json.dumps(relation.schema)},"table":{json.dumps(relation.name)},'
-        )
+        part = f'"schema":{json.dumps(relation.schema)},"table":{json.dumps(relation.name)},'
+        return encode_columns(described), part
 
     def _stream_key(self, relation: pg.Relation) -> list[str]:
         # One rule for snapshot and stream, so a row always lands in the same shard: the
