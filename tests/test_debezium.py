@@ -24,7 +24,7 @@ SCHEMA = [
         n numeric(10,2), nv numeric, tx text, vc varchar(10), ch char(3), by bytea, d date,
         tm time, tms time(3), ts timestamp, ts3 timestamp(3), tz timestamptz, tz3 timestamptz(3),
         tmz timetz, dflt text DEFAULT 'none', dn numeric(6,1) DEFAULT 2.5,
-        u uuid, j json, jb jsonb, ai int[], at text[], iv interval, x xml)""",
+        u uuid, j json, jb jsonb, ai int[], at text[], iv interval, x xml, m money)""",
     "CREATE TABLE b_pairs (k text PRIMARY KEY, v int)",
     "CREATE TABLE c_fulls (id int PRIMARY KEY, note text)",
     "ALTER TABLE c_fulls REPLICA IDENTITY FULL",
@@ -36,7 +36,7 @@ ROW = (
     "'2024-01-02 03:04:05.1+02', '2024-01-02 03:04:05.1+02', '10:00:00.25+02', 'x', 7.5, "
     "'a0eebc99-9c0b-4ef8-bb6d-6bb9bd380a11', "
     """'{"a": 1}', '{"b": [1,2]}', '{1,NULL,3}', '{x,"y z"}', '1 year 2 mons 3 days 04:05:06.5', """
-    "'<a>1</a>'"
+    "'<a>1</a>', -1234.5"
 )
 
 INITIAL = [
