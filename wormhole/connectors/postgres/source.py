@@ -1266,13 +1266,7 @@ class PostgresSource(DatabaseSource):
                 if heartbeat_tables and relation.table in heartbeat_tables:
                     continue
                 if describe:
-                    change_lsn = message.data_start
-                    self.change_columns = self.relation_columns.get(relation.oid, NULL)
-                    self.change_details = _Raw(
-                        f"{self.txn_details_head}{change_lsn}{self.txn_details_mid}"
-                        f"{self.relation_details.get(relation.oid, '')}{self.txn_details_tail}"
-                        f'{change_lsn},"xmin":null,"origin":null,"origin_lsn":null}}'.encode()
-                    )
+                    self._describe_change(relation, message.data_start)
                 if op == "c":
                     append(make_insert(relation, after))
                 else:
@@ -1324,6 +1318,8 @@ class PostgresSource(DatabaseSource):
                 for oid in pg.parse_truncate(data):
                     relation = relations[oid]
                     if relation.table not in heartbeat_tables:
+                        if describe:
+                            self._describe_change(relation, message.data_start)
                         append(self._truncate(relation))
                 lsn, index, complete = self.txn_lsn, self.txn_index, False
             elif tag == 77:  # M
@@ -1344,6 +1340,16 @@ class PostgresSource(DatabaseSource):
                         append(event)
                         lsn, index, complete = self.txn_lsn, self.txn_index, False
             # 'Y' (type) carries nothing the envelope needs.
+
+    def _describe_change(self, relation: pg.Relation, lsn: int) -> None:
+        """``columns`` and ``details`` of the change at ``lsn`` (the message's own WAL
+        position), for :meth:`_update` and :meth:`_insert`."""
+        self.change_columns = self.relation_columns.get(relation.oid, NULL)
+        self.change_details = _Raw(
+            f"{self.txn_details_head}{lsn}{self.txn_details_mid}"
+            f"{self.relation_details.get(relation.oid, '')}{self.txn_details_tail}"
+            f'{lsn},"xmin":null,"origin":null,"origin_lsn":null}}'.encode()
+        )
 
     def _describe_transaction(self, begin: bytes) -> None:
         """The parts of ``details`` that a transaction's changes share."""
@@ -1480,7 +1486,6 @@ class PostgresSource(DatabaseSource):
         )
 
     def _truncate(self, relation: pg.Relation) -> Update:
-        self.change_columns = self.change_details = NULL
         return self._update("t", relation.table, {}, None, None)
 
     # -------------------------------------------------------------- snapshot
