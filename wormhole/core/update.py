@@ -55,6 +55,19 @@ class Update(msgspec.Struct, kw_only=True, gc=False):
     """A position comparable across copies of the dataset (GTID, origin LSN, publisher id:seq)."""
     txid: int | None = None
     ts_ms: int | None = None
+    columns: Raw = NULL
+    """The table's columns where the source knows them, as raw JSON
+    ``[[name, type, optional, default], ...]`` (:class:`ColumnType`) in table order.
+    ``type`` speaks PostgreSQL's vocabulary (``format_type``: ``integer``,
+    ``numeric(10,2)``, ``timestamp(3) without time zone``, ``text[]``) and the values
+    its text output, whatever the source; ``optional`` is false for NOT NULL. A source
+    encodes it once per table and reuses it (see :func:`encode_columns`); typed
+    envelopes (``envelope: debezium``) read it."""
+    details: Raw = NULL
+    """Facts of the change particular to the source, as a raw JSON object whose keys and
+    order are those of a Debezium ``source`` block from ``connector`` on, less ``name`` and
+    ``ts_ms`` (PostgreSQL: ``connector, snapshot, db, sequence, ts_us, ts_ns, schema, table,
+    txId, lsn, xmin, origin, origin_lsn``); ``NULL`` where the source gives none."""
     audience: str = ""
     """The one application this update is for (a backfill for one application), or empty:
     every application. Updates with an audience travel in publisher-log batches of their
@@ -123,6 +136,8 @@ def snapshot_read(
     position: str,
     logical: str,
     ts_ms: int,
+    columns: Raw = NULL,
+    details: Raw = NULL,
 ) -> Update:
     """An op ``r`` update for one row of a database source's initial snapshot."""
     return Update(
@@ -134,7 +149,36 @@ def snapshot_read(
         position=position,
         logical=logical,
         ts_ms=ts_ms,
+        columns=columns,
+        details=details,
     )
+
+
+class ColumnType(msgspec.Struct, array_like=True, gc=False):
+    """One column of :attr:`Update.columns`."""
+
+    name: str
+    type: str
+    optional: bool = True
+    default: str | None = None
+    """The column's default when it is a constant, written as its values are (the
+    database's text output), else None."""
+
+
+_columns_encoder = msgspec.json.Encoder()
+_columns_decoder = msgspec.json.Decoder(list[ColumnType])
+
+
+def encode_columns(columns: list[ColumnType]) -> Raw:
+    """:attr:`Update.columns` for a table (encode once per table, reuse for its updates)."""
+    return Raw(_columns_encoder.encode(columns))
+
+
+def decode_columns(raw: Raw) -> list[ColumnType] | None:
+    """The columns of :attr:`Update.columns`, or None when the update has none."""
+    if raw == NULL or not raw:
+        return None
+    return _columns_decoder.decode(raw)
 
 
 class SourceInfo(msgspec.Struct, gc=False):

@@ -50,6 +50,13 @@ class Options(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
+    def describes_updates(self) -> bool:
+        """Whether this use of the component needs updates that describe themselves:
+        ``Update.columns`` and ``Update.details`` (Debezium's format does). The publisher
+        asks its source for them (``SourceContext.describe_updates``) when the transport's
+        options or any application's sink options say so at the start of a run."""
+        return False
+
     @field_validator("*")
     @classmethod
     def _duration_fits(cls, value: Any, info: ValidationInfo) -> Any:
@@ -225,6 +232,10 @@ class SourceContext:
     """Where long work (an initial snapshot) reports how far it is: ``progress.task(name,
     total, unit)``, then ``advance(n)`` and ``finish()`` on the task. The publisher shows it
     as a progress bar on a terminal and as log lines otherwise."""
+    describe_updates: bool = False
+    """Fill ``Update.columns`` and ``Update.details`` where the source can: some consumer
+    of this run asked for them (see ``Options.describes_updates``). Off, a source skips
+    that work and the publisher log stays smaller."""
 
 
 @dataclass

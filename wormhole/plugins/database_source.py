@@ -25,7 +25,7 @@ import logging
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 import msgspec
@@ -61,6 +61,13 @@ class SnapshotTable:
     """The table's rows: ``fetchmany(n)`` gives up to ``n`` of them, ``close()`` ends it."""
     rows: Callable[[list[Any]], list[dict[str, Any]]]
     """Rows as fetched -> rows as column -> JSON value dicts."""
+    columns: msgspec.Raw = field(default_factory=lambda: NULL)
+    """The updates' ``columns`` (:func:`wormhole.core.update.encode_columns`), if known."""
+    details: str = ""
+    """The table's part of the updates' ``details`` (see
+    :meth:`DatabaseSource._snapshot_details`)."""
+    read: int = 0
+    """Rows of it made into updates so far."""
 
 
 class DatabaseSource(ABC):
@@ -105,10 +112,21 @@ class DatabaseSource(ABC):
         self.snapshot_logical = ""
         self.snapshot_index = 0
         self.snapshot_progress: ProgressTask | None = None
+        self.describe = False
+        """Fill ``Update.columns`` and ``Update.details`` (``SourceContext.describe_updates``,
+        set by :meth:`open`)."""
+        self.snapshot_held: tuple[Update, SnapshotTable, bool, bool] | None = None
+        """The last snapshot row read, held back until what follows it is known (its
+        ``details`` say whether it is the last of its table, or of the snapshot)."""
+        self.change_columns: msgspec.Raw = NULL
+        """The ``columns`` of the change being read (see :meth:`_update`)."""
+        self.change_details: msgspec.Raw = NULL
+        """The ``details`` of the change being read (see :meth:`_update`)."""
 
     # ----------------------------------------------------------- the protocol
     def open(self, context: SourceContext, checkpoint: Any) -> None:
         self.context = context
+        self.describe = context.describe_updates
         self._connect_and_check(context)
         if checkpoint is None or checkpoint.get("phase") == "snapshot":
             self._start(interrupted=checkpoint is not None)
@@ -202,6 +220,14 @@ class DatabaseSource(ABC):
     def _stream_reached(self, end: Any) -> bool:
         """Whether the stream, between transactions, has returned everything up to ``end``."""
 
+    def _snapshot_details(self, table: SnapshotTable, flag: str) -> msgspec.Raw:
+        """The ``details`` of a snapshot row of ``table`` (see
+        :attr:`wormhole.core.update.Update.details`). ``flag`` is where the row stands,
+        as Debezium's ``source.snapshot`` says it: ``first`` (of the snapshot), ``last``,
+        ``first_in_data_collection``, ``last_in_data_collection`` or ``true``. None by
+        default."""
+        return NULL
+
     def _snapshot_estimate(self) -> int | None:
         """About how many rows the snapshot's tables (``snapshot_tables``) hold, from the
         database's statistics, for progress; None when it cannot tell."""
@@ -227,6 +253,8 @@ class DatabaseSource(ABC):
             logical=self.txn_logical,
             txid=self.txn_id,
             ts_ms=self.txn_ts,
+            columns=self.change_columns,
+            details=self.change_details,
         )
 
     def _query(self, sql: str, args: Any = None) -> list[tuple[Any, ...]]:
@@ -246,6 +274,7 @@ class DatabaseSource(ABC):
             table = self.snapshot
             if table is None:
                 if not self.snapshot_tables:
+                    self._release_held(updates, last=True)
                     self._finish_snapshot()
                     break
                 table = self.snapshot = self._open_snapshot_table(self.snapshot_tables.pop(0))
@@ -264,20 +293,59 @@ class DatabaseSource(ABC):
         keys, name, connector = table.keys, table.name, self.connector
         now_ms = int(time.time() * 1000)
         index = self.snapshot_index
-        for row in table.rows(rows):
-            index += 1
-            updates.append(
-                snapshot_read(
-                    row,
-                    keys,
-                    table=name,
-                    connector=connector,
-                    position=f"{position}:{index}",
-                    logical=logical,
-                    ts_ms=now_ms,
-                )
+        columns = table.columns
+        made = [
+            snapshot_read(
+                row,
+                keys,
+                table=name,
+                connector=connector,
+                position=f"{position}:{index + n}",
+                logical=logical,
+                ts_ms=now_ms,
+                columns=columns,
             )
-        self.snapshot_index = index
+            for n, row in enumerate(table.rows(rows), 1)
+        ]
+        if not made:
+            return
+        first_overall = index == 0
+        self.snapshot_index = index + len(made)
+        if not self.describe:
+            updates += made
+            return
+        # Each row goes out once the next one is read: only then is it known whether it
+        # is the last of its table, or of the snapshot.
+        self._release_held(updates, last=False, following=table)
+        for n, update in enumerate(made):
+            if n:
+                self._release_held(updates, last=False, following=table)
+            self.snapshot_held = (update, table, table.read == 0, first_overall and n == 0)
+            table.read += 1
+
+    def _release_held(
+        self, updates: list[Update], last: bool, following: SnapshotTable | None = None
+    ) -> None:
+        """Append the held snapshot row with its ``details``, now that what follows it is
+        known: nothing (``last``), or a row of ``following``."""
+        if self.snapshot_held is None:
+            return
+        update, table, first_in_table, first_overall = self.snapshot_held
+        self.snapshot_held = None
+        if last:
+            flag = "last"
+        elif first_overall:
+            flag = "first"
+        elif first_in_table:
+            flag = "first_in_data_collection"
+        elif following is not table:
+            flag = "last_in_data_collection"
+        else:
+            flag = "true"
+        details = self._snapshot_details(table, flag)
+        if details is not NULL:
+            update.details = details
+        updates.append(update)
 
     def _start_progress(self) -> ProgressTask:
         try:

@@ -7,24 +7,36 @@ import logging
 import os
 import threading
 from pathlib import Path
+from typing import Literal
 
 from pydantic import Field
 
 from wormhole.core.errors import SinkError
 from wormhole.core.update import Update, encode_envelopes
 from wormhole.plugins.components import ComponentSpec, ComponentUse, Options, SinkContext
+from wormhole.plugins.debezium import DebeziumEncoder, DebeziumFields, encode_lines
 from wormhole.plugins.hookspecs import hookimpl
 
 log = logging.getLogger("wormhole.jsonl")
 
 
-class JsonlOptions(Options):
-    """Append the update envelope of every update to a file."""
-
+class _FileOptions(Options):
     path: str = Field(
         description="output file; may contain {application} and {subscriber} (0-based)"
     )
     fsync: bool = Field(True, description="fsync each batch before acknowledging it")
+
+
+class JsonlOptions(DebeziumFields, _FileOptions):
+    """Append the update envelope of every update to a file (or, with ``envelope:
+    debezium``, Debezium's change events)."""
+
+    # (DebeziumFields first: the file's own options come first in lists of them.)
+    lines: Literal["value", "record"] = Field(
+        "value",
+        description="envelope debezium: each line a message's value (what debezium-json "
+        'readers take; tombstones left out), or record: {"topic", "key", "value"}',
+    )
 
 
 class _SharedFile:
@@ -102,6 +114,7 @@ class JsonlSink:
     def __init__(self, options: JsonlOptions) -> None:
         self.options = options
         self.file: _SharedFile | None = None
+        self.debezium: DebeziumEncoder | None = None
 
     def open(self, context: SinkContext) -> None:
         try:
@@ -113,6 +126,8 @@ class JsonlSink:
                 f"applications.{context.application}.sink.path: {self.options.path!r} has an "
                 f"unknown placeholder ({exc}); use {{application}} or {{subscriber}}"
             ) from exc
+        if self.options.envelope == "debezium":
+            self.debezium = DebeziumEncoder(self.options, context.pipeline)
         try:
             self.file = _SharedFile.acquire(path)
         except OSError as exc:
@@ -124,7 +139,14 @@ class JsonlSink:
     def write(self, updates: list[Update]) -> None:
         if not updates or self.file is None:
             return
-        data = encode_envelopes(updates)
+        if self.debezium is not None:
+            data = encode_lines(
+                self.debezium.messages(updates), values_only=self.options.lines == "value"
+            )
+        else:
+            data = encode_envelopes(updates)
+        if not data:
+            return
         shared = self.file
         # The file lock orders whole batches between processes sharing the file.
         with shared.lock:

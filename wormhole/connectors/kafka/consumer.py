@@ -32,6 +32,7 @@ from wormhole.core.flows import application_filter
 from wormhole.core.pipeline import Pipeline, load_pipeline, sink_application
 from wormhole.core.subscriber import Handlers
 from wormhole.core.update import Update, decode_envelope
+from wormhole.plugins.debezium import decode_message
 from wormhole.plugins.filters import BatchFilter
 
 log = logging.getLogger("wormhole.subscriber")
@@ -63,11 +64,16 @@ class KafkaSubscriber(Handlers):
         batch_updates: int = 1000,
         max_backoff: float = 30.0,
         shards: list[int] | None = None,
+        envelope: str = "wormhole",
     ) -> None:
         if not topics:
             raise ValueError("topics: give at least one topic (or one ^pattern)")
         if not (start in ("earliest", "latest") or (isinstance(start, int) and start >= 0)):
             raise ValueError("start: earliest, latest or a time in ms since the epoch")
+        if envelope not in ("wormhole", "debezium"):
+            raise ValueError("envelope: wormhole or debezium (what the topics hold)")
+        self.envelope = envelope
+        """What the topics' values are: the update envelope, or Debezium's change events."""
         self.app = app
         self.bootstrap_servers = bootstrap_servers
         self.topics = list(topics)
@@ -158,6 +164,7 @@ class KafkaSubscriber(Handlers):
             filter=application_filter(application),
             instance=instance,
             batch_updates=options.batch_updates,
+            envelope=options.envelope,
             shards=shards,
         )
 
@@ -222,6 +229,7 @@ class KafkaSubscriber(Handlers):
         updates: list[Update] = []
         append = updates.append
         decode = decode_envelope
+        debezium = self.envelope == "debezium"
         owned = self._owned
         offsets: dict[tuple[str, int], int] = {}
         for m in messages:
@@ -239,11 +247,15 @@ class KafkaSubscriber(Handlers):
                 offsets[key] = m.offset() + 1  # a backfill for another application
                 continue
             try:
-                append(decode(m.value()))
+                if debezium:
+                    append(decode_message(m.key(), m.value(), m.partition()))
+                else:
+                    append(decode(m.value()))
             except Exception as exc:
                 raise WormholeError(
-                    f"topic {key[0]!r} partition {key[1]} offset {m.offset()}: not a wormhole "
-                    f"update envelope ({exc}); only the kafka transport of a wormhole publisher "
+                    f"topic {key[0]!r} partition {key[1]} offset {m.offset()}: not "
+                    f"{'a Debezium change event' if debezium else 'a wormhole update envelope'} "
+                    f"({exc}); only the kafka transport of a wormhole publisher "
                     f"should write to this topic"
                 ) from None
             offsets[key] = m.offset() + 1

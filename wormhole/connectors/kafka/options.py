@@ -5,16 +5,16 @@ from __future__ import annotations
 import re
 from typing import Literal
 
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 
-from wormhole.plugins.components import Options
+from wormhole.plugins.debezium import DebeziumFields
 
 ConfigValue = str | int | float | bool
 
 _TOPIC = re.compile(r"^[A-Za-z0-9._-]+$")
 
 
-class KafkaOptions(Options):
+class KafkaOptions(DebeziumFields):
     """Updates go through a Kafka cluster: one topic per dataset (or per table)."""
 
     bootstrap_servers: str = Field(
@@ -36,10 +36,11 @@ class KafkaOptions(Options):
         default_factory=dict,
         description="settings of the topics wormhole creates, e.g. {cleanup.policy: compact}",
     )
-    tombstones: bool | None = Field(
+    tombstones: bool | None = Field(  # type: ignore[assignment]
         None,
         description="after a delete, a record with the same key and no value, so that log "
-        "compaction removes the key (default: where the topic's cleanup.policy has compact)",
+        "compaction removes the key (default: where the topic's cleanup.policy has compact; "
+        "with envelope debezium, always, as Debezium's tombstones.on.delete)",
     )
     replication_factor: int = Field(
         -1, ge=-1, description="replication factor of created topics (-1: the broker's default)"
@@ -68,6 +69,15 @@ class KafkaOptions(Options):
         ge=0,
         description="on stop, how long the broker and the subscribers may go without progress",
     )
+
+    @model_validator(mode="after")
+    def _debezium_topics(self) -> KafkaOptions:
+        if self.envelope == "debezium" and self.topic_naming != "table":
+            raise ValueError(
+                "envelope debezium writes a topic per table, as Debezium does: set "
+                "topic_naming: table"
+            )
+        return self
 
     @field_validator("topic_prefix")
     @classmethod

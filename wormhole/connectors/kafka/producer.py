@@ -36,8 +36,9 @@ from wormhole.connectors.kafka.lag import log_ends
 from wormhole.connectors.kafka.options import KafkaOptions
 from wormhole.core.children import SubscriberProcesses
 from wormhole.core.errors import ConfigError, WormholeError
-from wormhole.core.update import envelope
+from wormhole.core.update import TRUNCATE, envelope
 from wormhole.plugins.components import Datamarker, LogBatch, PublisherView
+from wormhole.plugins.debezium import DebeziumEncoder
 
 log = logging.getLogger("wormhole.kafka")
 
@@ -129,6 +130,12 @@ class KafkaTransport:
         self.shard_headers: list[tuple[str, bytes]] = []
         self.topic_tables: dict[str, str] = {}
         """With topic_naming table: the table each topic carries."""
+        self.debezium: DebeziumEncoder | None = None
+        if options.envelope == "debezium":
+            tombstones = True if options.tombstones is None else options.tombstones
+            self.debezium = DebeziumEncoder(
+                options.model_copy(update={"tombstones": tombstones}), options.topic_prefix
+            )
         self.produced = 0
         self.saved: list[int] = []
         self.applications: list[str] = []
@@ -367,8 +374,12 @@ class KafkaTransport:
         dataset = self.topic
         topics: list[str] = []
         last: dict[tuple[str, int], int] = {}
+        debezium = self.debezium
         for i, u in enumerate(updates):
-            if first + i < skip[u.shard]:
+            if first + i < skip[u.shard] or (
+                debezium is not None and u.op == TRUNCATE and not debezium.messages([u])
+            ):
+                # (Debezium skips truncates by default: its skipped.operations=t.)
                 topics.append("")
                 continue
             topic = dataset or self._table_topic(u.table)
@@ -388,9 +399,19 @@ class KafkaTransport:
             ]
             if u.audience:
                 headers.append((HEADER_AUDIENCE, u.audience.encode()))
+            marker = markers.get(i)
+            if debezium is not None:
+                messages = debezium.messages([u])
+                for n, message in enumerate(messages):
+                    last_one = n == len(messages) - 1
+                    record = (topic, message.value, message.key, u.shard)
+                    if not self._produce_when_room(
+                        record, marker if last_one else None, headers, first + i, u
+                    ):
+                        return
+                continue
             key = encode_key(u)
             args: tuple[Any, ...] = (topic, encode_value(envelope(u)), key, u.shard)
-            marker = markers.get(i)
             if u.op == "d" and self._tombstones(topic):
                 if not self._produce_when_room(args, None, headers, first + i, u):
                     return

