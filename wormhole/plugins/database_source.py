@@ -11,6 +11,8 @@ subclass writes only what is particular to its database:
 - **The snapshot.** One table at a time through a cursor, ``batch_updates`` rows per
   batch, each row an op ``r`` update at ``<snapshot position>:<n>``. Its batches carry
   the checkpoint ``{"phase": "snapshot"}``, so an interrupted snapshot is taken again.
+  A table can be read in parts on several connections at once (:class:`PartsCursor`),
+  where the database lets them share one snapshot.
 - **Progress.** The snapshot reports rows done of the subclass's estimate
   (:meth:`DatabaseSource._snapshot_estimate`) on ``context.progress``.
 - **Reconnecting.** An error of the stream is classified by the subclass: what a
@@ -22,6 +24,8 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import queue
+import threading
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable
@@ -59,8 +63,9 @@ class SnapshotTable:
     """The key columns."""
     cursor: Any
     """The table's rows: ``fetchmany(n)`` gives up to ``n`` of them, ``close()`` ends it."""
-    rows: Callable[[list[Any]], list[dict[str, Any]]]
-    """Rows as fetched -> rows as column -> JSON value dicts."""
+    rows: Callable[[list[Any]], list[Any]]
+    """Rows as fetched -> rows as column -> JSON value dicts, or with ``encoded``, ->
+    ``(key dict, the row's JSON object as bytes)`` pairs."""
     columns: msgspec.Raw = field(default_factory=lambda: NULL)
     """The updates' ``columns`` (:func:`wormhole.core.update.encode_columns`), if known."""
     details: str = ""
@@ -68,6 +73,98 @@ class SnapshotTable:
     :meth:`DatabaseSource._snapshot_details`)."""
     read: int = 0
     """Rows of it made into updates so far."""
+    encoded: bool = False
+    """The database wrote each row's JSON (with the stream's value rules): it goes into its
+    update as it came, with no dict and no encoding in Python."""
+
+
+class PartsCursor:
+    """A table read in parts on several connections at once, as one cursor.
+
+    Each part is read by a thread of its own connection (``connections[i]`` reads the
+    parts ``i``, ``i + n``, …): ``open_part(connection, part)`` returns a cursor of that
+    part's rows, read ``batch`` rows at a time. Drivers that release the GIL while they
+    wait for the server (psycopg2 does) overlap the server's work on the next rows with
+    the work done on the rows already read. ``fetchmany`` hands the rows on in the order
+    they arrive; at most ``2 × connections`` batches wait in memory. An error of a reader
+    is raised by ``fetchmany``.
+    """
+
+    def __init__(
+        self,
+        connections: list[Any],
+        parts: list[Any],
+        open_part: Callable[[Any, Any], Any],
+        batch: int,
+    ) -> None:
+        self.open_part = open_part
+        self.batch = batch
+        readers = min(len(connections), len(parts))
+        self.arrived: queue.Queue[Any] = queue.Queue(maxsize=2 * readers)
+        self.halt = threading.Event()
+        self.buffer: list[Any] = []
+        self.running = readers
+        self.threads = [
+            threading.Thread(
+                target=self._read,
+                args=(connections[i], parts[i::readers]),
+                name=f"snapshot-reader-{i}",
+                daemon=True,
+            )
+            for i in range(readers)
+        ]
+        for thread in self.threads:
+            thread.start()
+
+    def _read(self, connection: Any, parts: list[Any]) -> None:
+        try:
+            for part in parts:
+                cursor = self.open_part(connection, part)
+                try:
+                    while not self.halt.is_set():
+                        rows = cursor.fetchmany(self.batch)
+                        if not rows:
+                            break
+                        self._put(rows)
+                finally:
+                    cursor.close()
+            self._put(None)
+        except BaseException as exc:  # handed to the reading thread
+            self._put(exc)
+
+    def _put(self, item: Any) -> None:
+        while not self.halt.is_set():
+            try:
+                self.arrived.put(item, timeout=0.1)
+                return
+            except queue.Full:
+                continue
+
+    def fetchmany(self, size: int) -> list[Any]:
+        while not self.buffer and self.running:
+            item = self.arrived.get()
+            if item is None:
+                self.running -= 1
+            elif isinstance(item, BaseException):
+                self.close()
+                raise item
+            else:
+                self.buffer = item
+        rows = self.buffer
+        if size >= len(rows):
+            self.buffer = []
+            return rows
+        self.buffer = rows[size:]
+        return rows[:size]
+
+    def close(self) -> None:
+        """Stop the readers (each after the batch it is reading)."""
+        self.halt.set()
+        with contextlib.suppress(queue.Empty):
+            while True:
+                self.arrived.get_nowait()
+        for thread in self.threads:
+            thread.join(5.0)
 
 
 class DatabaseSource(ABC):
@@ -294,19 +391,36 @@ class DatabaseSource(ABC):
         now_ms = int(time.time() * 1000)
         index = self.snapshot_index
         columns = table.columns
-        made = [
-            snapshot_read(
-                row,
-                keys,
-                table=name,
-                connector=connector,
-                position=f"{position}:{index + n}",
-                logical=logical,
-                ts_ms=now_ms,
-                columns=columns,
-            )
-            for n, row in enumerate(table.rows(rows), 1)
-        ]
+        if table.encoded:
+            raw = _Raw
+            made = [
+                Update(
+                    op="r",
+                    key=key,
+                    after=raw(document),
+                    table=name,
+                    connector=connector,
+                    position=f"{position}:{index + n}",
+                    logical=logical,
+                    ts_ms=now_ms,
+                    columns=columns,
+                )
+                for n, (key, document) in enumerate(table.rows(rows), 1)
+            ]
+        else:
+            made = [
+                snapshot_read(
+                    row,
+                    keys,
+                    table=name,
+                    connector=connector,
+                    position=f"{position}:{index + n}",
+                    logical=logical,
+                    ts_ms=now_ms,
+                    columns=columns,
+                )
+                for n, row in enumerate(table.rows(rows), 1)
+            ]
         if not made:
             return
         first_overall = index == 0

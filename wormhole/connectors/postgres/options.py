@@ -38,6 +38,13 @@ class PostgresOptions(Options):
         None, description="heartbeat writes (idle databases)"
     )
     batch_updates: int = Field(8192, ge=1, description="changes per batch (bounds memory)")
+    snapshot_readers: int = Field(
+        2,
+        ge=1,
+        le=64,
+        description="connections that read the initial snapshot at once, all in the slot's "
+        "exported snapshot, each a range of a table's pages (PostgreSQL 14 or later)",
+    )
     on_decode_error: Literal["fallback", "stop"] = Field(
         "fallback",
         description="a text value that is not UTF-8 (a SQL_ASCII database): deliver it as "

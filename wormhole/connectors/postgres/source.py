@@ -17,6 +17,7 @@ only to ``flush`` of batches the publisher log has made durable.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import json
 import logging
 import re
@@ -41,7 +42,12 @@ from wormhole.plugins.components import (
     SourceContext,
     Watermark,
 )
-from wormhole.plugins.database_source import DatabaseSource, SnapshotTable, close_quietly
+from wormhole.plugins.database_source import (
+    DatabaseSource,
+    PartsCursor,
+    SnapshotTable,
+    close_quietly,
+)
 
 log = logging.getLogger("wormhole.postgres")
 
@@ -61,6 +67,10 @@ except ImportError:  # pragma: no cover - reported at open()
 
 _encode = msgspec.json.Encoder().encode
 _Raw = msgspec.Raw
+
+PAGES_PER_PART = 128
+"""A table is read in parts (one per snapshot reader) only when each part holds at least
+this many pages (1 MiB of 8 kB pages): a small table is read whole, by one reader."""
 
 
 def _identifier(name: str) -> str:
@@ -213,6 +223,23 @@ def _statement_separators(sql: str) -> list[int]:
     return found
 
 
+def _json_row_select(columns: list[tuple[str, int, int]], keys: list[str], alias: str) -> str:
+    """The select list of a row read as the stream gives it: the key columns' values, then
+    the row's JSON object (PostgreSQL's ``row_to_json``, with the stream's value rules) as
+    text, of table alias ``t``. Backfill chunks and the initial snapshot read rows so."""
+    kinds = {n: (kind, base) for n, kind, base in columns}
+    row_list = ", ".join(
+        f"{_json_value(f't.{_quote(n)}', kind, base)} AS {_quote(n)}" for n, kind, base in columns
+    )
+    document = (
+        f"(SELECT row_to_json({alias})::text FROM (SELECT {row_list}) {alias})"
+        if columns
+        else "'{}'::text"
+    )
+    key_list = [_key_value_sql(f"t.{_quote(k)}", *kinds[k]) for k in keys]
+    return ", ".join([*key_list, document])
+
+
 @dataclass(frozen=True)
 class _ChunkSql:
     """What a backfill plan keeps for reading chunks."""
@@ -315,6 +342,9 @@ class PostgresSource(DatabaseSource):
         self.snapshot_details_head = ""
         self.snapshot_details_mid = ""
         self.snapshot_details_tail = ""
+        self.snapshot_conns: list[Any] = []
+        """The initial snapshot's readers: connections in the slot's exported snapshot."""
+        self.snapshot_cursors = itertools.count()
 
     # ------------------------------------------------------------------ open
     def _connect_and_check(self, context: SourceContext) -> None:
@@ -528,6 +558,12 @@ class PostgresSource(DatabaseSource):
         self.snapshot_details_tail = (
             f'"txId":{snapshot_txid},"lsn":{lsn},"xmin":null,"origin":null,"origin_lsn":null}}'
         )
+        if self.options.snapshot == "initial":
+            # Every reader imports the snapshot now: it can be imported only until the
+            # replication connection runs its next command.
+            self.snapshot_conns = [
+                self._snapshot_reader(snapshot_name) for _ in range(self.options.snapshot_readers)
+            ]
         self._record_published_tables()
         if self.options.snapshot == "initial":
             self.phase = "snapshot"
@@ -539,6 +575,21 @@ class PostgresSource(DatabaseSource):
             # The new slot's position goes into the publisher log at once, so that a
             # restart knows the slot is ours even if no change arrived yet.
             self.announce = True
+
+    def _snapshot_reader(self, snapshot_name: str) -> Any:
+        """A connection in the exported snapshot ``snapshot_name``, read-only, with text as
+        bytes (each row's JSON goes into its update as it came)."""
+        conn = self._connect()
+        try:
+            conn.autocommit = False
+            conn.set_session(isolation_level="REPEATABLE READ", readonly=True)
+            psycopg2.extensions.register_type(psycopg2.extensions.BYTES, conn)
+            with conn.cursor() as cur:
+                cur.execute("SET TRANSACTION SNAPSHOT %s", (snapshot_name,))
+        except BaseException:
+            close_quietly(conn)
+            raise
+        return conn
 
     def snapshot_pending(self) -> list[str]:
         """Tables whose every row this open's initial snapshot is about to read (a new
@@ -784,11 +835,6 @@ class PostgresSource(DatabaseSource):
         kinds = {n: (kind, base) for n, kind, base in columns}
         keys = plan.keys
         alias = _unused_name("wormhole_row", {n for n, _, _ in columns})
-        row_list = ", ".join(
-            f"{_json_value(f't.{_quote(n)}', kind, base)} AS {_quote(n)}"
-            for n, kind, base in columns
-        )
-        key_list = ", ".join(f"{_key_value_sql(f't.{_quote(k)}', *kinds[k])}" for k in keys)
         order = ", ".join(f"t.{_quote(k)}" for k in keys)
         conditions = []
         if plan.where is not None:
@@ -802,9 +848,8 @@ class PostgresSource(DatabaseSource):
             conditions.append(f"({order}) > ({', '.join(['%s'] * len(keys))})")
         where = f" WHERE {' AND '.join(conditions)}" if conditions else ""
         sql = (
-            f"SELECT {key_list}, (SELECT row_to_json({alias})::text FROM (SELECT {row_list}) "
-            f"{alias}) FROM {sql_parts.only}{_qualified(plan.table)} t{where} ORDER BY {order} "
-            f"LIMIT {int(limit)}"
+            f"SELECT {_json_row_select(columns, keys, alias)} FROM {sql_parts.only}"
+            f"{_qualified(plan.table)} t{where} ORDER BY {order} LIMIT {int(limit)}"
         )
         params = None if after is None else [v if isinstance(v, str) else str(v) for v in after]
         conn = self._backfill_connection()
@@ -825,16 +870,16 @@ class PostgresSource(DatabaseSource):
                 f"table changed, backfill it again"
             ) from exc
         if self.raw_text:
-            fetched = [self._utf8_chunk_row(plan.table, row, len(keys)) for row in fetched]
+            at = "a backfill chunk"
+            fetched = [self._utf8_chunk_row(plan.table, row, len(keys), at) for row in fetched]
         return self._chunk_updates(plan, kinds, fetched)
 
-    def _utf8_chunk_row(self, table: str, row: Any, n_keys: int) -> Any:
-        """A backfilled row of a SQL_ASCII database whose JSON holds bytes that are not
-        UTF-8: each such text value (key or column) as :func:`pg.undecoded`."""
+    def _utf8_chunk_row(self, table: str, row: Any, n_keys: int, at: str) -> Any:
+        """A row (key values, then its JSON) of a SQL_ASCII database whose JSON holds bytes
+        that are not UTF-8: each such text value (key or column) as :func:`pg.undecoded`."""
         document = row[n_keys]
         if document.isascii() or _is_utf8(document):
             return row
-        at = "a backfill chunk"
         values = json.loads(document.decode("utf-8", "surrogateescape"))
         for column, value in values.items():
             if isinstance(value, str) and not _is_utf8(raw := _escaped(value)):
@@ -1513,38 +1558,62 @@ class PostgresSource(DatabaseSource):
         self._resolve_types(relation)
         # The rule of _stream_key, from the catalog in the snapshot (the slot's start).
         key = table_now.identity_index if table_now.identity == "i" else table_now.primary_key
-        relation.key_columns = key or [c.name for c in relation.columns]
+        relation.key_columns = keys = key or [c.name for c in relation.columns]
         self._describe_columns(relation)
-        columns = relation.columns
-        convert = pg.convert
+        # Read as backfill chunks are: PostgreSQL writes each row's JSON.
+        columns = [
+            (c.name, c.kind, self.base_types.get(c.type_oid, c.type_oid)) for c in relation.columns
+        ]
+        alias = _unused_name("wormhole_row", {c.name for c in relation.columns})
+        select = f"SELECT {_json_row_select(columns, keys, alias)} FROM {_qualified(table)} t"
+        parts = self._snapshot_parts(oid)
+        batch = self.options.batch_updates
+        cursors = self.snapshot_cursors
 
-        def as_dicts(fetched: list[Any]) -> list[dict[str, Any]]:
-            return [
-                {
-                    c.name: (v if v is None or c.kind == 0 else convert(c.kind, v))
-                    for c, v in zip(columns, values, strict=True)
-                }
-                for values in fetched
-            ]
+        def open_part(conn: Any, where: str) -> Any:
+            cursor = conn.cursor(name=f"wormhole_snapshot_{oid}_{next(cursors)}")
+            cursor.itersize = batch
+            cursor.execute(select + where)
+            return cursor
 
-        if self.raw_text:
-            as_dicts = self._decoding_rows(table, relation)
+        cursor = PartsCursor(self.snapshot_conns, parts, open_part, batch)
+        kinds = {n: (kind, base) for n, kind, base in columns}
+        n_keys = len(keys)
+        at = f"the snapshot at {pg.lsn_text(self.snapshot_lsn)}"
+        utf8_row = self._utf8_chunk_row
+        raw_text = self.raw_text
 
-        select_list = ", ".join(
-            text_of(_quote(c.name), self.base_types.get(c.type_oid, c.type_oid)) for c in columns
-        )
-        cursor = self.conn.cursor(name=f"wormhole_snapshot_{oid}")
-        if self.raw_text:
-            psycopg2.extensions.register_type(psycopg2.extensions.BYTES, cursor)
-        cursor.itersize = self.options.batch_updates
-        cursor.execute(f"SELECT {select_list} FROM {_qualified(table)}")
+        if n_keys == 1 and _native_key(*kinds[keys[0]]) and not raw_text:
+            (name,) = keys
+
+            def rows(fetched: list[Any]) -> list[Any]:
+                return [({name: k}, document) for k, document in fetched]
+
+        else:
+            key_kinds = [(k, *kinds[k]) for k in keys]
+
+            def rows(fetched: list[Any]) -> list[Any]:
+                if raw_text:
+                    fetched = [utf8_row(table, row, n_keys, at) for row in fetched]
+                return [
+                    (
+                        {
+                            k: _key_value(kind, base, v)
+                            for (k, kind, base), v in zip(key_kinds, row, strict=False)
+                        },
+                        row[n_keys],
+                    )
+                    for row in fetched
+                ]
+
         return SnapshotTable(
             table,
-            relation.key_columns,
+            keys,
             cursor,
-            as_dicts,
+            rows,
             self.relation_columns.pop(oid, NULL),
             self.relation_details.pop(oid, ""),
+            encoded=True,
         )
 
     def _snapshot_details(self, table: SnapshotTable, flag: str) -> msgspec.Raw:
@@ -1555,33 +1624,41 @@ class PostgresSource(DatabaseSource):
             f"{table.details}{self.snapshot_details_tail}".encode()
         )
 
-    def _decoding_rows(self, table: str, relation: pg.Relation) -> Any:
-        """``as_dicts`` of a SQL_ASCII database's snapshot: the values arrive as bytes
-        (they may not be UTF-8), decoded here by the stream's rules."""
-        columns = relation.columns
-        convert = pg.convert
-        at = f"the snapshot at {pg.lsn_text(self.snapshot_lsn)}"
-
-        def value(column: pg.Column, raw: bytes | None) -> Any:
-            if raw is None:
-                return None
-            try:
-                text = raw.decode()
-            except UnicodeDecodeError:
-                return self.decode_errors.value(table, column.name, raw, at, "table")
-            return text if column.kind == 0 else convert(column.kind, text)
-
-        def as_dicts(fetched: list[Any]) -> list[dict[str, Any]]:
-            return [
-                {c.name: value(c, v) for c, v in zip(columns, values, strict=True)}
-                for values in fetched
-            ]
-
-        return as_dicts
+    def _snapshot_parts(self, oid: int) -> list[str]:
+        """The conditions that split a table into one range of pages (CTID) per snapshot
+        reader: a TID range scan each (PostgreSQL 14 or later). The last range is open, so
+        the parts hold every row however large the table has grown since it was measured."""
+        readers = len(self.snapshot_conns)
+        if readers < 2 or self.server_version < 140000:
+            return [""]
+        (pages,) = self._query(
+            "SELECT pg_relation_size(%s::oid) / current_setting('block_size')::int8", (oid,)
+        )[0]
+        parts = min(readers, int(pages) // PAGES_PER_PART)
+        if parts < 2:
+            return [""]
+        bounds = [int(pages) * i // parts for i in range(1, parts)]
+        conditions = [f" WHERE t.ctid < '({bounds[0]},0)'::tid"]
+        conditions += [
+            f" WHERE t.ctid >= '({low},0)'::tid AND t.ctid < '({high},0)'::tid"
+            for low, high in itertools.pairwise(bounds)
+        ]
+        conditions.append(f" WHERE t.ctid >= '({bounds[-1]},0)'::tid")
+        return conditions
 
     def _end_snapshot(self) -> None:
         self.conn.commit()
         self.conn.autocommit = True
+        self._close_snapshot_readers()
+
+    def _close_snapshot_readers(self) -> None:
+        if self.snapshot is not None:
+            self.snapshot.cursor.close()
+        for conn in self.snapshot_conns:
+            with contextlib.suppress(Exception):
+                conn.rollback()  # read only: nothing to commit
+        close_quietly(*self.snapshot_conns)
+        self.snapshot_conns = []
 
     def _start_stream(self) -> None:
         self._start_replication()
@@ -1671,6 +1748,7 @@ class PostgresSource(DatabaseSource):
             # Status updates go out every status_interval; the last one must not wait.
             with contextlib.suppress(Exception):
                 self.cursor.send_feedback(flush_lsn=self.confirmed, force=True)
+        self._close_snapshot_readers()
         with self.lag_lock:
             close_quietly(
                 self.repl, self.conn, self.heartbeat_conn, self.lag_conn, self.backfill_conn
