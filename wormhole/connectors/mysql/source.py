@@ -344,7 +344,13 @@ class MySQLSource(DatabaseSource):
 
     # ------------------------------------------------------------ snapshot
     def _begin_snapshot(self) -> None:
-        conn = self._connect(cursorclass=pymysql.cursors.SSCursor)
+        # DECIMAL, temporal and YEAR values stay the server's text, as backfill chunks
+        # take them (see chunk_layout): parsing them into Python values only to render
+        # them back as that text was most of the driver's work.
+        conv = dict(pymysql.converters.conversions)
+        for field_type in _TEXT_FIELDS:
+            conv.pop(field_type, None)
+        conn = self._connect(cursorclass=pymysql.cursors.SSCursor, conv=conv)
         with conn.cursor() as cur:
             cur.execute("SET SESSION time_zone = '+00:00'")
             cur.execute("SET SESSION TRANSACTION ISOLATION LEVEL REPEATABLE READ")
@@ -420,7 +426,7 @@ class MySQLSource(DatabaseSource):
                     (schema, table),
                 )
             ]
-            layout = schema_layout([c[:4] for c in columns], key)
+            layout = chunk_layout(columns, key)
             as_bytes = self._text_as_bytes(schema, table, columns, layout)
             plan.append((schema, table, layout, select_list(columns, as_bytes)))
         return plan
