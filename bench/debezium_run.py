@@ -69,7 +69,7 @@ def main() -> int:
     done = threading.Event()
 
     class Count(BasePythonChangeHandler):  # type: ignore[misc]
-        def handleJsonBatch(self, records: list[Any]) -> None:  # noqa: N802 (Java's name)
+        def handleJsonBatch(self, records: list[Any]) -> None:
             mine = sum(1 for r in records if str(r.destination()).endswith(suffix))
             if mine:
                 if not seen["rows"]:

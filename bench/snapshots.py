@@ -38,7 +38,6 @@ import contextlib
 import json
 import os
 import shutil
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -197,8 +196,7 @@ class Postgres:
 
     def source(self, snapshot: str) -> str:
         return (
-            f'{{type: postgres, dsn: "{self.dsn}", tables: [public.events], '
-            f"snapshot: {snapshot}}}"
+            f'{{type: postgres, dsn: "{self.dsn}", tables: [public.events], snapshot: {snapshot}}}'
         )
 
     def debezium(self, name: str, work: Path, incremental: bool, chunk_size: int) -> Any:
@@ -325,9 +323,7 @@ def bench(
     runs = iter(range(1000))
     for _ in range(repeat):
         n = next(runs)
-        results["ws"].append(
-            wormhole_snapshot(work, f"snap{n}", database.source("initial"), rows)
-        )
+        results["ws"].append(wormhole_snapshot(work, f"snap{n}", database.source("initial"), rows))
         results["wb"].append(
             wormhole_backfill(
                 work, f"fill{n}", database.source("never"), database.table, rows, chunk_size
@@ -352,14 +348,14 @@ def bench(
         yield figures("Debezium incremental snapshot", rows, di)
         yield "  ratios (rows/s; CPU s per row, the lower the better):"
         yield (
-            f"    Wormhole / Debezium, initial snapshot:     {ds.wall / ws.wall:5.2f}×  "
-            f"CPU {ws.cpu / ds.cpu:5.2f}×"
+            f"    Wormhole / Debezium, initial snapshot:     {ds.wall / ws.wall:5.2f}x  "
+            f"CPU {ws.cpu / ds.cpu:5.2f}x"
         )
         yield (
-            f"    Wormhole backfill / Debezium incremental:  {di.wall / wb.wall:5.2f}×  "
-            f"CPU {wb.cpu / di.cpu:5.2f}×"
+            f"    Wormhole backfill / Debezium incremental:  {di.wall / wb.wall:5.2f}x  "
+            f"CPU {wb.cpu / di.cpu:5.2f}x"
         )
-    yield f"    Wormhole initial snapshot / its backfill:  {wb.wall / ws.wall:5.2f}×"
+    yield f"    Wormhole initial snapshot / its backfill:  {wb.wall / ws.wall:5.2f}x"
 
 
 def main() -> int:

@@ -847,7 +847,9 @@ def test_kill_9_during_a_parallel_snapshot_takes_it_again_whole_then_streams(
     # From the second snapshot on (rows the first one delivered and deleted since stay
     # delivered: a sink starting over with the new snapshot drops them).
     envelopes = read_envelopes(out)
-    start = next(i for i, e in enumerate(envelopes) if e["source"]["position"].startswith(f"{lsn}:"))
+    start = next(
+        i for i, e in enumerate(envelopes) if e["source"]["position"].startswith(f"{lsn}:")
+    )
     for table in ("big", "locked"):
         latest: dict[int, Any] = {}
         for e in envelopes[start:]:

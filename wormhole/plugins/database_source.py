@@ -86,8 +86,8 @@ class PartsCursor:
     part's rows, read ``batch`` rows at a time. Drivers that release the GIL while they
     wait for the server (psycopg2 does) overlap the server's work on the next rows with
     the work done on the rows already read. ``fetchmany`` hands the rows on in the order
-    they arrive; at most ``2 × connections`` batches wait in memory. An error of a reader
-    is raised by ``fetchmany``.
+    they arrive; at most two batches per connection wait in memory. An error of a reader is
+    raised by ``fetchmany``.
     """
 
     def __init__(

@@ -50,7 +50,7 @@ from wormhole.connectors.mysql.rowimage import (
     signature,
     undecoded,
 )
-from wormhole.connectors.mysql.values import Layout, schema_layout
+from wormhole.connectors.mysql.values import Layout
 from wormhole.core import metrics
 from wormhole.core.errors import BackfillError, SourceError
 from wormhole.core.update import Update, snapshot_read

@@ -1586,13 +1586,13 @@ class PostgresSource(DatabaseSource):
         if n_keys == 1 and _native_key(*kinds[keys[0]]) and not raw_text:
             (name,) = keys
 
-            def rows(fetched: list[Any]) -> list[Any]:
+            def keyed(fetched: list[Any]) -> list[Any]:
                 return [({name: k}, document) for k, document in fetched]
 
         else:
             key_kinds = [(k, *kinds[k]) for k in keys]
 
-            def rows(fetched: list[Any]) -> list[Any]:
+            def keyed(fetched: list[Any]) -> list[Any]:
                 if raw_text:
                     fetched = [utf8_row(table, row, n_keys, at) for row in fetched]
                 return [
@@ -1610,7 +1610,7 @@ class PostgresSource(DatabaseSource):
             table,
             keys,
             cursor,
-            rows,
+            keyed,
             self.relation_columns.pop(oid, NULL),
             self.relation_details.pop(oid, ""),
             encoded=True,
