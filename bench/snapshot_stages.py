@@ -28,7 +28,6 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -39,30 +38,42 @@ from wormhole.plugins.components import SourceContext
 TICKS = os.sysconf("SC_CLK_TCK")
 
 
-def process_cpu(pid: int) -> float:
-    """User + system CPU seconds of process ``pid`` (0 if it is gone)."""
+def _stat(pid: int | str) -> list[str] | None:
     try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     except OSError:
-        return 0.0
-    return (int(fields[11]) + int(fields[12])) / TICKS
+        return None
+
+
+def tree_cpu(root: int) -> float:
+    """User + system CPU seconds of process ``root`` (every thread) and its children,
+    those that exited too (their time is added to the parent's when it reaps them)."""
+    total = 0
+    for pid in [str(root), *(p for p in os.listdir("/proc") if p.isdigit())]:
+        fields = _stat(pid)
+        if fields is None or (pid != str(root) and fields[1] != str(root)):
+            continue
+        total += sum(int(f) for f in fields[11:15])
+    return total / TICKS
 
 
 class Stage:
-    def __init__(self, label: str, rows: int, server_pids: Callable[[], list[int]]) -> None:
-        self.label, self.rows, self.server_pids = label, rows, server_pids
+    def __init__(self, label: str, rows: int, server: int) -> None:
+        self.label, self.rows, self.server = label, rows, server
 
     def __enter__(self) -> Stage:
         gc.collect()
-        self.before = {pid: process_cpu(pid) for pid in self.server_pids()}
+        self.before = tree_cpu(self.server)
         self.cpu = time.process_time()
         self.started = time.perf_counter()
         return self
 
-    def __exit__(self, *exc: object) -> None:
+    def __exit__(self, kind: object, *exc: object) -> None:
+        if kind is not None:
+            return
         wall = time.perf_counter() - self.started
         cpu = time.process_time() - self.cpu
-        server = sum(process_cpu(pid) - self.before.get(pid, 0.0) for pid in self.server_pids())
+        server = tree_cpu(self.server) - self.before
         per_row = 1e6 / self.rows
         print(
             f"  {self.label:<46} {self.rows / wall:>10,.0f} {cpu * per_row:>8.2f} "
@@ -130,17 +141,9 @@ def postgres(work: Path, rows: int, chunk_size: int) -> None:
             f"INSERT INTO events SELECT g, g % 5000, 12.97 + g * 1e-7, 77.59, "
             f"'rider ' || (g % 5000) FROM generate_series(1, {rows}) g",
             "ANALYZE events",
+            "CREATE PUBLICATION wormhole_bench FOR TABLE events",  # the chunks' pipeline
         )
-        admin = psycopg2.connect(dsn)
-        admin.autocommit = True
-
-        def backends() -> list[int]:
-            with admin.cursor() as cur:
-                cur.execute(
-                    "SELECT pid FROM pg_stat_activity WHERE backend_type IN "
-                    "('client backend', 'walsender') AND pid <> pg_backend_pid()"
-                )
-                return [r[0] for r in cur.fetchall()]
+        backends = int((server.directory / "data" / "postmaster.pid").read_text().split()[0])
 
         print(f"PostgreSQL: {rows:,} rows (5 columns)")
         print(f"  {'stage':<46} {'rows/s':>10} {'µs/row':>8} {'server':>8}")
@@ -172,8 +175,7 @@ def postgres(work: Path, rows: int, chunk_size: int) -> None:
             source.close()
         with Stage("snapshot -> publisher log -> null sink", rows, backends):
             spec = f'{{type: postgres, dsn: "{dsn}", tables: [public.events]}}'
-            pipeline_run(work, "whole", spec, rows)
-        admin.close()
+            pipeline_run(work, f"whole-{spec[7:12]}", spec, rows)
     finally:
         with contextlib.suppress(StopIteration):
             next(servers)
@@ -200,8 +202,7 @@ def mariadb(work: Path, rows: int, chunk_size: int) -> None:
             database=db,
         )
 
-        def mariadbd() -> list[int]:
-            return [server.process.pid]
+        mariadbd = server.process.pid
 
         print(f"MariaDB: {rows:,} rows (7 columns)")
         print(f"  {'stage':<46} {'rows/s':>10} {'µs/row':>8} {'server':>8}")
@@ -227,7 +228,7 @@ def mariadb(work: Path, rows: int, chunk_size: int) -> None:
             source.close()
         with Stage("snapshot -> publisher log -> null sink", rows, mariadbd):
             spec = f'{{type: mysql, dsn: "{server.dsn()}", tables: [{db}.events]}}'
-            pipeline_run(work, "whole", spec, rows)
+            pipeline_run(work, f"whole-{spec[7:12]}", spec, rows)
     finally:
         with contextlib.suppress(StopIteration):
             next(servers)
