@@ -56,6 +56,8 @@ bench: $(STAMP)
 	$(BIN)/python bench/mysql_throughput.py
 	$(BIN)/python bench/backfill.py
 	$(BIN)/python bench/backfill_mysql.py
+	$(BIN)/python bench/snapshots.py
+	$(BIN)/python bench/snapshot_stages.py
 	$(BIN)/python bench/spark_sink.py
 	$(BIN)/python bench/spark_source.py
 	$(BIN)/python bench/memcache_sink.py
