@@ -1,4 +1,4 @@
-"""PostgreSQL backfill while streaming, against ``COPY … TO STDOUT`` of the same table, and
+"""PostgreSQL backfill while streaming, beside ``COPY … TO STDOUT`` of the same table, and
 the stream's lag during the backfill.
 
 Run: ``make bench`` (or ``python bench/backfill.py --rows 200000``). Needs the PostgreSQL
@@ -7,7 +7,9 @@ server binaries (Debian package postgresql).
 A throwaway cluster is started and one table filled. Baselines, in the same run:
 
 * ``COPY events TO STDOUT`` through psycopg2's ``copy_expert`` into a writer that only
-  counts bytes (the fastest way to take a table out of PostgreSQL);
+  counts bytes (the fastest way to take a table out of PostgreSQL; a reference, not a target:
+  it turns no row into an update. ``bench/snapshots.py`` measures the backfill against
+  Debezium's incremental snapshot);
 * the same table through a server-side cursor, ``fetchmany(8192)`` (the snapshot's reader).
 
 Then a pipeline runs (``postgres`` source, ``inprocess`` transport, a ``null`` sink for the
@@ -192,7 +194,7 @@ applications:
             f"{args.repeat} runs"
         )
         print(f"{'measure':<56}  {'rows/s':>10}  {'ratio':>6}")
-        print(f"{'COPY events TO STDOUT (baseline)':<56}  {copy:>10,.0f}  {1.0:>6.2f}")
+        print(f"{'COPY events TO STDOUT (a reference)':<56}  {copy:>10,.0f}  {1.0:>6.2f}")
         print(
             f"{'server-side cursor read, fetchmany(8192)':<56}  {cursor:>10,.0f}  "
             f"{cursor / copy:>6.2f}"
