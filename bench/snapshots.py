@@ -142,7 +142,7 @@ def debezium(
 ) -> Measure:
     path = write(work / f"{properties['name']}.json", json.dumps(properties))
     command = [sys.executable, str(HERE / "debezium_run.py"), str(path), "--rows", str(rows)]
-    command += ["--table", table]
+    command += ["--table", table, "--timeout", "300"]
     if signal is not None:
         command += ["--signal", json.dumps(signal)]
     measure = timed(command, work)
@@ -293,12 +293,18 @@ class MariaDB:
                 "password": server.password,
                 "database": db,
             },
+            # A dump thread of this process's connection (an earlier process's may linger
+            # until the server next writes to its closed socket).
             "wait": "SELECT 1 FROM information_schema.PROCESSLIST WHERE COMMAND LIKE "
-            "'Binlog Dump%'",
+            f"'Binlog Dump%' AND ID > {self.last_connection()}",
             "signal": f"INSERT INTO dbz_signal VALUES ('{name}', 'execute-snapshot', "
             f'\'{{"data-collections": ["{db}.events"], "type": "incremental"}}\')',
         }
         return props, signal
+
+    def last_connection(self) -> int:
+        (found,) = self.server.sql("SELECT MAX(ID) FROM information_schema.PROCESSLIST")[0]
+        return int(found or 0)
 
     def close(self) -> None:
         with contextlib.suppress(StopIteration):
