@@ -862,3 +862,88 @@ def test_kill_9_during_a_parallel_snapshot_takes_it_again_whole_then_streams(
 def _lsn(text: str) -> int:
     high, low = text.split("/")
     return (int(high, 16) << 32) + int(low, 16)
+
+
+def test_a_snapshot_reader_that_loses_its_connection_stops_the_run_and_the_next_takes_it_again(
+    tmp_path: Path, postgres_dsn: str
+) -> None:
+    """The readers' connections are cut while the snapshot waits for a locked table: the
+    reader's error ends the run (it does not hang), and the next run takes the snapshot
+    again, every row of each table once."""
+    import subprocess
+
+    from wormhole.testing.helpers import wait_until
+
+    sql(
+        postgres_dsn,
+        "CREATE TABLE big (id int PRIMARY KEY, note text)",
+        "INSERT INTO big SELECT g, 'n' || g FROM generate_series(1, 20000) g",
+        "CREATE TABLE locked (id int PRIMARY KEY, v text)",
+        "INSERT INTO locked SELECT g, 'v' || g FROM generate_series(1, 100) g",
+    )
+    pipeline = pg_pipeline(
+        tmp_path, postgres_dsn, tables=["public.big", "public.locked"], batch_updates=1000
+    )
+    out = tmp_path / "out.jsonl"
+    admin = psycopg2.connect(postgres_dsn)
+    admin.autocommit = True
+    locker = psycopg2.connect(postgres_dsn)
+    proc = subprocess.Popen(
+        cli_command("run", str(pipeline)),
+        cwd=tmp_path,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
+    try:
+        with admin.cursor() as cur:
+
+            def slot_made() -> bool:
+                cur.execute("SELECT 1 FROM pg_replication_slots WHERE slot_name = 'wormhole_pg'")
+                return bool(cur.fetchall())
+
+            wait_until(slot_made, 60, "the snapshot's slot")
+            with locker.cursor() as lock:
+                lock.execute("LOCK TABLE locked IN ACCESS EXCLUSIVE MODE NOWAIT")
+                lock.execute("SELECT pg_backend_pid()")
+                (locker_pid,) = lock.fetchone()
+
+            def waits_for_the_lock() -> bool:
+                cur.execute(
+                    "SELECT count(*) FROM pg_locks WHERE NOT granted AND relation = "
+                    "'locked'::regclass"
+                )
+                return bool(cur.fetchone()[0])
+
+            wait_until(waits_for_the_lock, 60, "the snapshot to wait for the locked table")
+            wait_until(
+                lambda: out.exists() and out.read_bytes().count(b"\n") >= 20000,
+                60,
+                "the first table's rows",
+            )
+            # The readers, idle in their snapshot's transaction.
+            cur.execute(
+                "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity WHERE datname = "
+                "current_database() AND state = 'idle in transaction' AND backend_type = "
+                "'client backend' AND pid <> %s",
+                (locker_pid,),
+            )
+            assert cur.fetchone()[0] == 2
+        locker.rollback()
+        _, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        locker.close()
+        admin.close()
+    assert proc.returncode == 2, err
+    assert b"the initial snapshot failed (server closed the connection" in err, err
+    result = run_cli("run", str(pipeline), "--once", cwd=tmp_path)
+    assert result.returncode == 0, result
+    assert "was interrupted" in result.stderr, result.stderr
+    reads = [e for e in read_envelopes(out) if e["op"] == "r"]
+    lsn = max((e["source"]["position"].split(":")[0] for e in reads), key=_lsn)
+    again = [e for e in reads if e["source"]["position"].split(":")[0] == lsn]
+    for table in ("big", "locked"):
+        got = [e for e in again if e["source"]["table"] == f"public.{table}"]
+        expected = _rows_of(postgres_dsn, table)
+        assert sorted(e["key"]["id"] for e in got) == sorted(expected), table

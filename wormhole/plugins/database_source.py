@@ -35,7 +35,7 @@ from typing import Any, ClassVar
 import msgspec
 
 from wormhole.core.backoff import Backoff
-from wormhole.core.errors import SourceError, SourceStopped
+from wormhole.core.errors import SourceError, SourceStopped, first_line
 from wormhole.core.metrics import reconnecting
 from wormhole.core.progress import Progress, ProgressTask
 from wormhole.core.update import NULL, Update, snapshot_read
@@ -235,7 +235,15 @@ class DatabaseSource(ABC):
             self.announce = False
             return SourceBatch([], self._checkpoint())
         if self.phase == "snapshot":
-            return self._read_snapshot()
+            try:
+                return self._read_snapshot()
+            except SourceError:
+                raise
+            except Exception as exc:  # not retried: the snapshot is taken again instead
+                raise SourceError(
+                    f"source: the initial snapshot failed ({first_line(exc)}); the next run "
+                    f"takes it again from the start (rows already delivered are delivered again)"
+                ) from exc
         deadline = time.monotonic() + timeout
         while True:
             try:
