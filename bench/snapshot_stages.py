@@ -45,16 +45,32 @@ def _stat(pid: int | str) -> list[str] | None:
         return None
 
 
-def tree_cpu(root: int) -> float:
-    """User + system CPU seconds of process ``root`` (every thread) and its children,
-    those that exited too (their time is added to the parent's when it reaps them)."""
-    total = 0
+def tree_cpu(root: int) -> dict[int, float]:
+    """CPU seconds (user + system, every thread) of process ``root`` and of each child,
+    by pid; ``root``'s own figure includes its children that exited (the kernel adds
+    theirs to their parent's when it reaps them)."""
+    found: dict[int, float] = {}
     for pid in [str(root), *(p for p in os.listdir("/proc") if p.isdigit())]:
         fields = _stat(pid)
         if fields is None or (pid != str(root) and fields[1] != str(root)):
             continue
-        total += sum(int(f) for f in fields[11:15])
-    return total / TICKS
+        own = fields[11:15] if pid == str(root) else fields[11:13]
+        found[int(pid)] = sum(int(f) for f in own) / TICKS
+    return found
+
+
+def server_cpu(before: dict[int, float], after: dict[int, float], root: int) -> float:
+    """The CPU seconds the server spent between two :func:`tree_cpu` readings: a child
+    that exited in between is in ``root``'s figure with its whole life, less what it had
+    spent before."""
+    total = after.get(root, 0.0) - before.get(root, 0.0)
+    for pid, cpu in after.items():
+        if pid != root:
+            total += cpu - before.get(pid, 0.0)
+    for pid, cpu in before.items():
+        if pid != root and pid not in after:
+            total -= cpu
+    return total
 
 
 class Stage:
@@ -73,7 +89,7 @@ class Stage:
             return
         wall = time.perf_counter() - self.started
         cpu = time.process_time() - self.cpu
-        server = tree_cpu(self.server) - self.before
+        server = server_cpu(self.before, tree_cpu(self.server), self.server)
         per_row = 1e6 / self.rows
         print(
             f"  {self.label:<46} {self.rows / wall:>10,.0f} {cpu * per_row:>8.2f} "
