@@ -71,18 +71,23 @@ def debezium(
     rows: int,
     signal: dict[str, Any] | None = None,
     offset: dict[str, Any] | None = None,
+    only_table: bool = False,
 ) -> Measure:
     """Debezium's engine with ``properties`` until ``rows`` records of ``table`` arrived.
 
     ``signal`` starts an incremental snapshot once the connector streams; ``offset`` is the
     source offset it starts from (MySQL ``{"file", "pos"}``, PostgreSQL ``{"lsn"}``), kept
-    in a file offset store. ``inner`` is from its first record (or the signal) to its last.
+    in a file offset store; ``only_table``: the properties capture ``table`` alone, so the
+    handler counts every record without asking its topic. ``inner`` is from its first
+    record (or the signal) to its last.
     """
     name = properties["name"]
     path = work / f"{name}.json"
     path.write_text(json.dumps(properties))
     command = [sys.executable, str(HERE / "debezium_run.py"), str(path), "--rows", str(rows)]
     command += ["--table", table, "--timeout", "300"]
+    if only_table:
+        command.append("--every-record")
     if signal is not None:
         command += ["--signal", json.dumps(signal)]
     if offset is not None:

@@ -121,7 +121,9 @@ applications:
                 if side == "wormhole":
                     ours.append(wormhole_once(work, pipeline, args.rows))
                 elif with_debezium:
-                    theirs.append(debezium(work, props, "events", args.rows, offset=offset))
+                    theirs.append(
+                        debezium(work, props, "events", args.rows, offset=offset, only_table=True)
+                    )
             server.drop_database(db)
         print(
             f"MariaDB binlog: {args.rows:,} inserted rows (7 columns, one transaction), "

@@ -164,7 +164,9 @@ def main() -> int:
                 if side == "wormhole":
                     ours.append(wormhole_once(work, pipeline, args.rows))
                 elif with_debezium:
-                    theirs.append(debezium(work, props, "events", args.rows, offset=offset))
+                    theirs.append(
+                        debezium(work, props, "events", args.rows, offset=offset, only_table=True)
+                    )
             for label, other in others.items():
                 envelopes[label].append(wormhole_once(work, other, args.rows))
             server.drop_database(dbname)
