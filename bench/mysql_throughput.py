@@ -23,6 +23,10 @@ alternates from round to round):
   ``poll.interval.ms: 50``, and a handler that counts the table's records (its null sink:
   no log, no fsync); it exits once every row arrived.
 
+Last in each round, the ``mysql`` source alone reads the same range in the bench's own
+process (``read()`` until every row: decode the row images, build the updates; no publisher
+log), for the source's own rows/s and CPU µs per row.
+
 Rows/s is over the whole process (start-up included: a Python interpreter's, a JVM's),
 CPU seconds are the process's user + system time (every thread) from ``wait4``. "Without
 start-up" is, for Wormhole, the run's own elapsed time (the publisher's start, connecting
@@ -34,9 +38,13 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import logging
 import shutil
+import statistics
 import sys
 import tempfile
+import threading
+import time
 from pathlib import Path
 
 from debezium import (
@@ -50,6 +58,10 @@ from debezium import (
     wormhole_once,
 )
 
+from wormhole.connectors.mysql.options import MySQLOptions
+from wormhole.connectors.mysql.source import MySQLSource
+from wormhole.core.publisher import tune_gc
+from wormhole.plugins.components import SourceContext
 from wormhole.testing.helpers import cli_command
 from wormhole.testing.mysql import MariaDBServer, start_mariadb
 
@@ -71,6 +83,35 @@ def debezium_properties(server: MariaDBServer, db: str, name: str, work: Path) -
     }
 
 
+def open_source(server: MariaDBServer, db: str, work: Path, name: str) -> MySQLSource:
+    """The ``mysql`` source alone, opened (at the binlog's end) in this process."""
+    source = MySQLSource(MySQLOptions(dsn=server.dsn(), tables=[f"{db}.events"], snapshot="never"))
+    context = SourceContext(
+        pipeline=name,
+        state_dir=work / name,
+        shards=16,
+        stop=threading.Event(),
+        log=logging.getLogger("bench"),
+    )
+    source.open(context, None)
+    return source
+
+
+def source_alone(source: MySQLSource, rows: int) -> tuple[float, float]:
+    """``read()`` until ``rows`` updates: (rows/s, CPU µs per row of this process)."""
+    tune_gc()  # as `wormhole run`
+    started, cpu = time.perf_counter(), time.process_time()
+    read = 0
+    while read < rows:
+        batch = source.read(1.0)
+        if batch is not None:
+            read += len(batch.updates)
+    elapsed, cpu = time.perf_counter() - started, time.process_time() - cpu
+    source.close()
+    assert read == rows, read
+    return rows / elapsed, cpu / rows * 1e6
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--rows", type=int, default=300_000)
@@ -86,6 +127,7 @@ def main() -> int:
     server = next(servers)
     ours: list[Measure] = []
     theirs: list[Measure] = []
+    alone: list[tuple[float, float]] = []
     try:
         for attempt in range(args.repeat):
             db = server.create_database()
@@ -107,6 +149,7 @@ applications:
 """
             )
             timed(cli_command("run", str(pipeline), "--once"), work)  # its start position
+            source = open_source(server, db, work, f"alone{attempt}")
             file, pos = server.sql("SHOW MASTER STATUS")[0][:2]
             server.sql(
                 f"INSERT INTO events SELECT seq, seq % 5000, 12.97 + seq * 1e-7, 77.59, "
@@ -124,6 +167,7 @@ applications:
                     theirs.append(
                         debezium(work, props, "events", args.rows, offset=offset, only_table=True)
                     )
+            alone.append(source_alone(source, args.rows))
             server.drop_database(db)
         print(
             f"MariaDB binlog: {args.rows:,} inserted rows (7 columns, one transaction), "
@@ -131,6 +175,12 @@ applications:
         )
         for line in streaming_report(args.rows, ours, theirs):
             print(line)
+        rate = statistics.median(r for r, _ in alone)
+        cpu = statistics.median(c for _, c in alone)
+        print(
+            f"  the mysql source alone, in-process read(): {rate:,.0f} rows/s, "
+            f"{cpu:.1f} µs CPU/row (decode the row images, build the updates)"
+        )
         if theirs:
             print("target: Wormhole >= 2x Debezium's rows/s")
     finally:
