@@ -238,6 +238,8 @@ class Loop:
         """Epochs of claims held by a copy that was paused past its session."""
         self.moved_from = 0
         """The epoch of the claim an ``apps move`` was requested under (0: none pending)."""
+        self.handovers: dict[str, int] = defaultdict(int)
+        """Where the hand-overs ZooKeeper was stopped in were, by step."""
 
     def victim(self) -> str:
         held = self.registry.claim()
@@ -326,6 +328,11 @@ class Loop:
         elif kind == HANDOVER:
             self.move("b" if self.victim() == "a" else "a")
             time.sleep(rng.uniform(0.0, 0.6))  # the fault: somewhere in the hand-over
+            held = self.registry.claim()
+            step = "claim free" if held is None else "old claim held"
+            if held is not None and held[1] > self.moved_from:
+                step = "new claim held"
+            self.handovers[step] += 1
             copies.zk.stop()
             time.sleep(rng.uniform(0.2, 3.0))  # ZooKeeper away
             copies.zk.start()
@@ -466,3 +473,5 @@ def run_loop(copies: Copies, write: Callable[[int, int], None], kinds: list[str]
     for kind, took in sorted(loop.took.items()):
         median, most = statistics.median(took), max(took)
         print(f"  {kind}: {len(took)} times, median {median:.2f}s, max {most:.2f}s")
+    if loop.handovers:
+        print(f"  ZooKeeper stopped in a hand-over at: {dict(sorted(loop.handovers.items()))}")
