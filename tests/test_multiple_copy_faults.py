@@ -443,7 +443,7 @@ def run_loop(copies: Copies, write: Callable[[int, int], None], kinds: list[str]
         loop.writer.start()
         wait_until(lambda: loop.delivered.lowest() >= 0, 60, "the first round")
         for index, kind in enumerate(order):
-            time.sleep(rng.uniform(0.5, 2.0))  # writes run undisturbed between faults
+            time.sleep(rng.uniform(0.3, 1.2))  # writes run undisturbed between faults
             print(f"fault {index}: {kind}")
             loop.both_up()
             loop.inject(kind)
