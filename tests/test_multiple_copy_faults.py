@@ -5,11 +5,16 @@ their own, two subscriber processes of application ``search``, and a writer that
 writing rounds of every key into both copies' streams throughout. The faults, drawn by a
 seeded RNG: kill -9 of the serving copy, SIGSTOP of it past its session then SIGCONT, a
 graceful restart of it, a restart of it in a quiet period (writes paused until the shared
-datamarkers reached the last update), both copies restarted, ZooKeeper restarted. After
+datamarkers reached the last update), both copies restarted, ZooKeeper restarted, ZooKeeper
+restarted during a hand-over (an ``apps move`` to the other copy, ZooKeeper stopped 0 to
+0.6 s later), and ``wormhole apps move`` to the other copy (which, with ``failback: auto``,
+hands the application back to the preferred copy once it has moved). After
 each fault ends, a round written after that moment must reach every key within
 :data:`LIVENESS_S` (a copy serves and its subscribers receive new updates); at the end
 every update must have arrived, in per-key order, with duplicates only after the shared
-datamarker taken just before the fault that precedes them.
+datamarker taken just before the fault that precedes them; and the shared datamarkers, watched
+throughout, never went back (no shard's epoch or version ever lower than one seen before it:
+nothing was written under a stale claim).
 
 In the file-log loop each copy's publisher, ZooKeeper and the subscribers run on hosts of
 their own (network namespaces, :func:`wormhole.testing.plugin.netns_hosts`), and network
@@ -51,7 +56,9 @@ RESTART = "graceful restart of the serving copy"
 QUIET = "restart of the serving copy in a quiet period"
 BOTH = "both copies restarted"
 ZOOKEEPER = "ZooKeeper restarted"
-KINDS = [KILL, PAUSE, RESTART, QUIET, BOTH, ZOOKEEPER]
+HANDOVER = "ZooKeeper restarted during a hand-over"
+MOVE = "`wormhole apps move` of the application to the other copy"
+KINDS = [KILL, PAUSE, RESTART, QUIET, BOTH, ZOOKEEPER, HANDOVER, MOVE]
 CUT_OFF = "the serving copy's host cut from every host, then healed"
 CUT_ZK = "the serving copy's host cut from ZooKeeper's only, then healed"
 UNREACHED = "the subscribers' host cut from the serving copy's only, then healed"
@@ -169,6 +176,21 @@ class Registry:
         self.root = f"{copies.root}/datasets/shop"
         retry = KazooRetry(max_tries=-1, delay=0.1, max_delay=1.0)
         self.client = copies.zk.client(connection_retry=retry)
+        self.went_back: list[str] = []
+        """Each time a shard's shared datamarker was seen to go back (epoch or version)."""
+        self.seen: dict[int, tuple[int, tuple[int, ...]]] = {}
+        self.changes = 0
+        self.client.DataWatch(f"{self.root}/datamarkers/db1/search", self._datamarkers)
+
+    def _datamarkers(self, data: bytes | None, _stat: Any) -> None:
+        """Every value of the shared datamarkers this client is told of (a kazoo thread)."""
+        for shard, marker in (json.loads(data) if data else {}).items():
+            now = (int(marker["epoch"]), tuple(marker["version"]))
+            before = self.seen.get(int(shard))
+            if before is not None and (now[0] < before[0] or now[1] < before[1]):
+                self.went_back.append(f"shard {shard}: {before} then {now}")
+            self.seen[int(shard)] = now
+        self.changes += 1
 
     def _get(self, path: str) -> Any:
         try:
@@ -214,10 +236,24 @@ class Loop:
         self.took: dict[str, list[float]] = defaultdict(list)
         self.fenced: list[int] = []
         """Epochs of claims held by a copy that was paused past its session."""
+        self.moved_from = 0
+        """The epoch of the claim an ``apps move`` was requested under (0: none pending)."""
+        self.handovers: dict[str, int] = defaultdict(int)
+        """Where the hand-overs ZooKeeper was stopped in were, by step."""
 
     def victim(self) -> str:
         held = self.registry.claim()
         return held[0] if held else self.rng.choice("ab")
+
+    def move(self, to: str) -> None:
+        """``wormhole apps move PIPELINE search TO``, as an operator runs it."""
+        from wormhole.testing import run_cli
+
+        held = self.registry.claim()
+        self.moved_from = held[1] if held else 0
+        files = self.copies.files
+        moved = run_cli("apps", "move", str(files["a"]), "search", to, cwd=self.copies.tmp)
+        assert moved.returncode == 0, (self.seed, moved)
 
     def shared_reached_delivered(self) -> bool:
         """Whether each shard's shared datamarker is at or past the last update delivered of
@@ -289,6 +325,19 @@ class Loop:
             copies.zk.stop()
             time.sleep(rng.uniform(0.2, 3.0))  # the fault: ZooKeeper away
             copies.zk.start()
+        elif kind == HANDOVER:
+            self.move("b" if self.victim() == "a" else "a")
+            time.sleep(rng.uniform(0.0, 0.6))  # the fault: somewhere in the hand-over
+            held = self.registry.claim()
+            step = "claim free" if held is None else "old claim held"
+            if held is not None and held[1] > self.moved_from:
+                step = "new claim held"
+            self.handovers[step] += 1
+            copies.zk.stop()
+            time.sleep(rng.uniform(0.2, 3.0))  # ZooKeeper away
+            copies.zk.start()
+        elif kind == MOVE:
+            self.move("b" if self.victim() == "a" else "a")
         elif kind in PARTITIONS:
             network = copies.network
             serving = self.victim()
@@ -312,13 +361,20 @@ class Loop:
         first = self.writer.rounds
         try:
             wait_until(
-                lambda: self.delivered.lowest() >= first and self.registry.claim() is not None,
+                lambda: self.delivered.lowest() >= first and self.moved(),
                 LIVENESS_S,
                 f"fault {index} ({kind}): round {first}, written after it ended, at every key",
             )
         except AssertionError as exc:
             raise AssertionError(f"seed {self.seed}: {exc}; {self.tails()}") from exc
         self.took[kind].append(time.monotonic() - ended)
+        self.moved_from = 0
+
+    def moved(self) -> bool:
+        """Whether a copy serves, under a later claim than the one a move was requested
+        under if one was (the application moved)."""
+        held = self.registry.claim()
+        return held is not None and held[1] > self.moved_from
 
     def tails(self) -> str:
         return "; ".join(
@@ -387,7 +443,7 @@ def run_loop(copies: Copies, write: Callable[[int, int], None], kinds: list[str]
         loop.writer.start()
         wait_until(lambda: loop.delivered.lowest() >= 0, 60, "the first round")
         for index, kind in enumerate(order):
-            time.sleep(rng.uniform(0.5, 2.0))  # writes run undisturbed between faults
+            time.sleep(rng.uniform(0.3, 1.2))  # writes run undisturbed between faults
             print(f"fault {index}: {kind}")
             loop.both_up()
             loop.inject(kind)
@@ -403,6 +459,9 @@ def run_loop(copies: Copies, write: Callable[[int, int], None], kinds: list[str]
         copies.stop()
     # Datamarkers shared after every pause were written under later claims than the paused one.
     assert all(epoch > max(loop.fenced, default=0) for epoch in final.values()), (seed, final)
+    # No shared datamarker ever went back: none was written under a claim older than another's.
+    assert loop.registry.changes > len(order), (seed, loop.registry.changes)
+    assert not loop.registry.went_back, (seed, loop.registry.went_back[:5])
     try:
         lines, duplicates = check(loop.out, KEYS, rounds, loop.faults)
     except AssertionError as exc:
@@ -414,3 +473,5 @@ def run_loop(copies: Copies, write: Callable[[int, int], None], kinds: list[str]
     for kind, took in sorted(loop.took.items()):
         median, most = statistics.median(took), max(took)
         print(f"  {kind}: {len(took)} times, median {median:.2f}s, max {most:.2f}s")
+    if loop.handovers:
+        print(f"  ZooKeeper stopped in a hand-over at: {dict(sorted(loop.handovers.items()))}")

@@ -458,3 +458,49 @@ def test_a_registry_interruption_during_a_hand_over_takes_the_hand_over_with_it(
     finally:
         plog.close()
         registry.close()
+
+
+def test_an_application_removed_and_added_again_keeps_one_watch_of_each_kind(
+    tmp_path: Path, zookeeper_server: Any
+) -> None:
+    """A publisher watches each application's subscribers (its membership) and, as a copy,
+    its serving claim; removing the application ends both watches, so applications removed
+    and added again, or removed for good, leave no watch behind (each one is read again
+    after every reconnect, and told of changes of an application that is gone)."""
+    from wormhole.core.copies import CopyCoordinator
+    from wormhole.core.flows import FlowState
+    from wormhole.core.hub import ApplicationRuntime, Hub
+    from wormhole.core.pipeline import load_pipeline
+    from wormhole.core.publisher_log import PublisherLog
+    from wormhole.core.registry import PublisherMembership
+
+    deployment = Copies(tmp_path, zookeeper_server, "/mcl-unwatch")
+    pipeline = load_pipeline(deployment.pipeline("a"))
+    membership = PublisherMembership(pipeline, threading.Event())
+    registry: Any = membership.registry
+    plog = PublisherLog(tmp_path / "log")
+    plog.open()
+    flows = [FlowState("search", s, 0, 0, 0) for s in range(pipeline.shards)]
+    runtime = ApplicationRuntime(
+        config=pipeline.applications["search"], flows=flows, filter=None, active=False
+    )
+    hub = Hub(pipeline, {"search": runtime})
+    membership.hub = hub
+    told: list[Any] = []
+    try:
+        coordinator = CopyCoordinator(pipeline, registry, hub, plog)
+        coordinator._serving = lambda name, claim: told.append(claim)  # type: ignore[method-assign]
+        watches = registry.session.dispatcher.watched
+        before = watches()
+        for _ in range(3):
+            membership.watch_subscribers("search")
+            coordinator.add("search")
+            assert watches() == before + 2
+            coordinator.remove("search")
+            assert watches() == before + 1
+            membership.unwatch_subscribers("search")
+            assert watches() == before
+        assert len(told) == 3  # each watch told the claim once, when set
+    finally:
+        plog.close()
+        membership.registry.close()

@@ -119,10 +119,9 @@ class CopyCoordinator:
         self.statuses: dict[str, dict[str, Any]] = {}
         self.dirty = threading.Event()
         """Set when the registry changed since the last tick."""
-        self.watching: set[str] = set()
-        """Applications whose serving claim is watched (a watch stays when one is removed)."""
-        self.claims: dict[str, ServingClaim | None] = {}
-        """The serving claim of each watched application, as its watch last told."""
+        self.watching: dict[str, Callable[[], None] | None] = {}
+        """What ends the watch of each application's serving claim (None: being set up);
+        ended when the application is removed."""
         self.generation = 0
         """Registry connection interruptions so far: a claim made before one is not served."""
 
@@ -137,13 +136,10 @@ class CopyCoordinator:
         with self.lock:
             if name in self.apps:
                 return
-            state = self.apps[name] = CopyState(name)
+            self.apps[name] = CopyState(name)
             watched = name in self.watching
-            self.watching.add(name)
-            if name in self.claims:
-                # Added again: its watch is still there; start from the claim it last saw.
-                state.free(self.claims[name], time.monotonic())
-                state.claim = self.claims[name]
+            if not watched:
+                self.watching[name] = None
         self.hub.deactivate(name)
         if watched:
             return
@@ -151,11 +147,19 @@ class CopyCoordinator:
         def changed(claim: ServingClaim | None) -> None:
             self._serving(name, claim)
 
-        self.registry.watch_serving(name, self.datastore, changed)
+        unwatch = self.registry.watch_serving(name, self.datastore, changed)
+        with self.lock:
+            if name in self.watching:
+                self.watching[name] = unwatch
+                return
+        unwatch()  # removed meanwhile
 
     def remove(self, name: str) -> None:
         with self.lock:
             state = self.apps.pop(name, None)
+            unwatch = self.watching.pop(name, None)
+        if unwatch is not None:
+            unwatch()
         if state is not None and state.epoch:
             self._save(state)
             self.registry.release_serving(name, self.datastore, state.epoch)
@@ -203,7 +207,6 @@ class CopyCoordinator:
 
     def _serving(self, name: str, claim: ServingClaim | None) -> None:
         with self.lock:
-            self.claims[name] = claim
             state = self.apps.get(name)
             if state is None:
                 return

@@ -657,6 +657,7 @@ class Publisher:
                 self.caravans.remove_application(app)
             if self.copies is not None:
                 self.copies.remove(name)
+            self.membership.unwatch_subscribers(name)
             self.transport.remove_application(name)
             self._persist(publisher_log, hub)
             hub.remove_application(name)

@@ -224,7 +224,8 @@ class PublisherMembership:
         self.pending: RawApplications | None = None
         """Applications as last seen in the registry, not yet applied."""
         self.changed = threading.Event()
-        self.watched: set[str] = set()
+        self.watched: dict[str, Callable[[], None] | None] = {}
+        """What ends the subscriber watch of each application (None: being set up)."""
         self.reported: dict[str, str] = {}
         """Problems of registry applications already reported, by application."""
         self.hub: Any = None
@@ -346,12 +347,24 @@ class PublisherMembership:
         with self.lock:
             if application in self.watched:
                 return
-            self.watched.add(application)
+            self.watched[application] = None
 
         def changed(entries: list[SubscriberEntry]) -> None:
             self.hub.set_registered(application, [e.instance for e in entries])
 
-        self.registry.watch_subscribers(application, changed)
+        unwatch = self.registry.watch_subscribers(application, changed)
+        with self.lock:
+            if application in self.watched:
+                self.watched[application] = unwatch
+                return
+        unwatch()  # removed meanwhile
+
+    def unwatch_subscribers(self, application: str) -> None:
+        """The application was removed: its subscribers are not watched any more."""
+        with self.lock:
+            unwatch = self.watched.pop(application, None)
+        if unwatch is not None:
+            unwatch()
 
     def _publishers_changed(self, entries: list[PublisherEntry]) -> None:
         datastores = {e.datastore: e.shards for e in entries}

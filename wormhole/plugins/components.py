@@ -764,8 +764,9 @@ class ServingClaims(Protocol):
 
     def watch_serving(
         self, application: str, datastore: str, fn: Callable[[ServingClaim | None], None]
-    ) -> None:
-        """``fn(claim)`` with the current claim (None: no copy serves)."""
+    ) -> Callable[[], None]:
+        """``fn(claim)`` with the current claim (None: no copy serves), now and at each
+        change; returns what ends the watch (``fn`` is not called after it returns)."""
 
     def load_datamarkers(self, application: str, datastore: str) -> dict[int, SharedDatamarker]:
         """The shared datamarkers of ``application``'s flows of ``datastore``, by shard."""
@@ -857,8 +858,10 @@ class DatasetRegistry(Protocol):
 
     def watch_subscribers(
         self, application: str, fn: Callable[[list[SubscriberEntry]], None]
-    ) -> None:
-        """``fn(entries)`` with the application's live subscribers in registration order."""
+    ) -> Callable[[], None]:
+        """``fn(entries)`` with the application's live subscribers in registration order,
+        now and at each change; returns what ends the watch (``fn`` is not called after it
+        returns)."""
 
 
 @dataclass

@@ -72,8 +72,9 @@ class FileRegistry:
 
     def watch_subscribers(
         self, application: str, fn: Callable[[list[SubscriberEntry]], None]
-    ) -> None:
+    ) -> Callable[[], None]:
         fn([])
+        return lambda: None  # nothing changes: nothing to end
 
     def watch_connection(self, fn: Callable[[bool], None]) -> None:
         pass  # always connected

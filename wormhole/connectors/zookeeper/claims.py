@@ -299,11 +299,11 @@ class Claims:
 
     def watch(
         self, application: str, datastore: str, fn: Callable[[ServingClaim | None], None]
-    ) -> None:
+    ) -> Callable[[], None]:
         check_name("application", application)
         check_name("datastore", datastore)
         path = self.layout.serving(application, datastore)
-        self.session.dispatcher.watch(
+        return self.session.dispatcher.watch(
             f"the serving claim of {application} on {datastore}",
             lambda watcher: self._read(path, watcher),
             fn,

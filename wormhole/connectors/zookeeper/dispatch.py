@@ -79,9 +79,10 @@ class Dispatcher:
     # ---------------------------------------------------------------- watches
     def watch(
         self, what: str, read: Callable[[Callable[[Any], None]], T], fn: Callable[[T], None]
-    ) -> None:
-        """Call ``fn`` with ``read(watcher)`` now and whenever a watch ``read`` set fires
-        and the value changed (and after every reconnect)."""
+    ) -> Callable[[], None]:
+        """Call ``fn`` with ``read(watch)`` now and whenever a watch ``read`` set fires and
+        the value changed (and after every reconnect), until the function returned is
+        called: it ends the watch (a ZooKeeper watch still armed then fires into nothing)."""
         session = self.session
         watch = Watch(what, read, fn, self._schedule)
         with self._cond:
@@ -99,6 +100,19 @@ class Dispatcher:
                 type(exc).__name__,
             )
             self._schedule(watch)
+        return lambda: self._unwatch(watch)
+
+    def _unwatch(self, watch: Watch[Any]) -> None:
+        watch.stop()
+        with self._cond:
+            if watch in self._watches:
+                self._watches.remove(watch)
+            self._pending.pop(id(watch), None)
+
+    def watched(self) -> int:
+        """How many watches are kept (each refreshed after every reconnect)."""
+        with self._cond:
+            return len(self._watches)
 
     def watch_connection(self, fn: Callable[[bool], None]) -> None:
         watcher = ConnectionWatch(fn)

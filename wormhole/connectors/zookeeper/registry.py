@@ -178,8 +178,8 @@ class ZooKeeperRegistry:
 
     def watch_subscribers(
         self, application: str, fn: Callable[[list[SubscriberEntry]], None]
-    ) -> None:
-        self.subscribers.watch(application, fn)
+    ) -> Callable[[], None]:
+        return self.subscribers.watch(application, fn)
 
     # ---------------------------------------------------------- applications
     def application_store(self) -> ApplicationStore:
@@ -218,8 +218,8 @@ class ZooKeeperRegistry:
 
     def watch_serving(
         self, application: str, datastore: str, fn: Callable[[ServingClaim | None], None]
-    ) -> None:
-        self.claims.watch(application, datastore, fn)
+    ) -> Callable[[], None]:
+        return self.claims.watch(application, datastore, fn)
 
     def load_datamarkers(self, application: str, datastore: str) -> dict[int, SharedDatamarker]:
         return self.datamarkers.load(application, datastore)

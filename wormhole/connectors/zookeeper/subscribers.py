@@ -191,8 +191,10 @@ class Subscribers:
         entries.sort(key=lambda e: e.order)
         return entries
 
-    def watch(self, application: str, fn: Callable[[list[SubscriberEntry]], None]) -> None:
-        self.session.dispatcher.watch(
+    def watch(
+        self, application: str, fn: Callable[[list[SubscriberEntry]], None]
+    ) -> Callable[[], None]:
+        return self.session.dispatcher.watch(
             f"the subscribers of {application}",
             lambda watcher: self.read(application, watcher),
             fn,

@@ -40,13 +40,22 @@ class Watch(Generic[T]):
         self.schedule = schedule
         self.lock = threading.Lock()
         self.last: Any = _UNSET
+        self.stopped = False
+
+    def stop(self) -> None:
+        """End the watch: once this returns, ``fn`` is not called again."""
+        with self.lock:
+            self.stopped = True
 
     def trigger(self, event: Any = None) -> None:
         """A ZooKeeper watch fired (a kazoo thread): refresh from the session's thread."""
-        self.schedule(self)
+        if not self.stopped:
+            self.schedule(self)
 
     def refresh(self, force: bool = False) -> None:
         with self.lock:
+            if self.stopped:
+                return
             value = self.read(self.trigger)
             if not force and value == self.last:
                 return
