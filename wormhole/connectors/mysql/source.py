@@ -1090,7 +1090,7 @@ class MySQLSource(DatabaseSource):
             f'"ts_us":{seconds * 1_000_000},"ts_ns":{seconds * 1_000_000_000},"table":{table},'
             f'"server_id":{packet.server_id},"gtid":{gtid},'
             f'"file":{_json_text(self.stream.log_file)},'
-            f'"pos":{packet.log_pos - event.event_size},"row":'
+            f'"pos":{packet.log_pos - packet.event_size},"row":'
         ).encode()
 
     def _nothing_pending(self) -> None:
