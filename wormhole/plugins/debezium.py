@@ -460,7 +460,6 @@ class DebeziumTypes:
             return _Converter(_named("string", "io.debezium.data.Xml"))
         return _Converter({"type": "string"}, _text_of)
 
-
     def _mysql(self, type_name: str) -> _Converter | None:
         """MariaDB / MySQL column types (``COLUMN_TYPE`` in lower case, integer display
         widths left out, temporal types with their precision), as Debezium's MySQL
@@ -521,10 +520,10 @@ class DebeziumTypes:
                 )
             return _Converter(_named("int64", "io.debezium.time.MicroTimestamp"), _timestamp_micros)
         if base == "timestamp":
-            digits = int(inside or 0)
+            fraction = int(inside or 0)
             return _Converter(
                 _named("string", "io.debezium.time.ZonedTimestamp"),
-                lambda v: _zoned_timestamp(v, digits),
+                lambda v: _zoned_timestamp(v, fraction),
             )
         if base in _MYSQL_BINARY:
             return self._binary()
@@ -539,9 +538,7 @@ _MYSQL_INTS = {
     "int": ("int32", "int64"),
     "bigint": ("int64", "int64"),
 }
-_MYSQL_BINARY = frozenset(
-    {"binary", "varbinary", "tinyblob", "blob", "mediumblob", "longblob"}
-)
+_MYSQL_BINARY = frozenset({"binary", "varbinary", "tinyblob", "blob", "mediumblob", "longblob"})
 _MYSQL_TYPES = frozenset(
     {
         "decimal",

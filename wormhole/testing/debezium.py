@@ -365,7 +365,7 @@ def _has_marker(received: list[Message], lock: threading.Lock, topic: str, n: in
 def _snapshot_done(received: list[Message], lock: threading.Lock) -> bool:
     with lock:
         return any(
-            isinstance(m.value, dict) and m.value.get("payload", m.value)["source"]["snapshot"]
-            == "last"
+            isinstance(m.value, dict)
+            and m.value.get("payload", m.value)["source"]["snapshot"] == "last"
             for m in received
         )
