@@ -107,9 +107,17 @@ def normalized(message: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+@pytest.mark.parametrize(
+    "modes",
+    [("precise", "adaptive_time_microseconds", "bytes"), ("string", "connect", "hex")],
+    ids=lambda m: "-".join(m),
+)
 def test_mariadb_changes_match_debezium_mysql_message_by_message(
-    mariadb57: MariaDBServer, tmp_path: Path
+    mariadb57: MariaDBServer, tmp_path: Path, modes: tuple[str, str, str]
 ) -> None:
+    """Debezium's defaults (``time.precision.mode`` is ``adaptive_time_microseconds`` for
+    MySQL), then other decimal, time and binary modes."""
+    decimal, time_precision, binary = modes
     server = mariadb57
     database = server.create_database()
     server.sql(*SCHEMA, *INITIAL, database=database)
@@ -135,6 +143,9 @@ def test_mariadb_changes_match_debezium_mysql_message_by_message(
                         "schemas": True,
                         "topic_prefix": "dbz",
                         "lines": "record",
+                        "decimal_handling_mode": decimal,
+                        "time_precision_mode": time_precision,
+                        "binary_handling_mode": binary,
                     }
                 }
             },
@@ -155,6 +166,11 @@ def test_mariadb_changes_match_debezium_mysql_message_by_message(
             [f"{database}.{t}" for t in TABLES],
             schemas=True,
             workload=workload,
+            properties={
+                "decimal.handling.mode": decimal,
+                "time.precision.mode": time_precision,
+                "binary.handling.mode": binary,
+            },
         )
         second = run_cli("run", str(pipeline), "--once", timeout=120)
         assert second.returncode == 0, second.stderr

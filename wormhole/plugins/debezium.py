@@ -503,8 +503,7 @@ class DebeziumTypes:
         if base == "time":
             if connect_mode:
                 return _Converter(
-                    _named("int32", "org.apache.kafka.connect.data.Time"),
-                    lambda v: _signed_time_micros(v) // 1000,
+                    _named("int32", "org.apache.kafka.connect.data.Time"), _connect_time
                 )
             return _Converter(_named("int64", "io.debezium.time.MicroTime"), _signed_time_micros)
         if base == "datetime":
@@ -580,6 +579,13 @@ def _signed_time_micros(text: str) -> int:
     negative = text.startswith("-")
     micros = _time_micros(text.lstrip("-"))
     return -micros if negative else micros
+
+
+def _connect_time(text: str) -> int | None:
+    """MySQL's TIME as Kafka Connect's Time (milliseconds of a day): null for a value
+    outside a day (negative, or 24:00:00 and above), as Debezium writes it."""
+    micros = _signed_time_micros(text)
+    return micros // 1000 if 0 <= micros < 86_400_000_000 else None
 
 
 def _int_of(v: Any) -> Any:
