@@ -186,3 +186,61 @@ def test_mariadb_changes_match_debezium_mysql_message_by_message(
     ]
     assert not problems, "\n".join(problems[:40])
     assert len(ours) == len(theirs), f"{len(ours)} messages, Debezium wrote {len(theirs)}"
+
+
+def test_backfill_rows_are_typed_as_the_snapshots_with_snapshot_incremental(
+    mariadb57: MariaDBServer, tmp_path: Path
+) -> None:
+    """A backfill chunk's rows carry the table's columns and an incremental snapshot's
+    ``source`` block, so they are typed as the initial snapshot's rows are."""
+    import json
+    import logging
+    import threading
+
+    from wormhole.connectors.mysql.options import MySQLOptions
+    from wormhole.connectors.mysql.source import MySQLSource
+    from wormhole.plugins.components import SourceContext
+    from wormhole.plugins.debezium import DebeziumEncoder, DebeziumFields
+
+    server = mariadb57
+    database = server.create_database()
+    server.sql(
+        "CREATE TABLE t (id INT PRIMARY KEY, d DECIMAL(6,2), at DATETIME(3), u INT UNSIGNED)",
+        "INSERT INTO t VALUES (1, -1.25, '2024-01-02 03:04:05.678', 4000000000)",
+        database=database,
+    )
+    source = MySQLSource(MySQLOptions(dsn=server.dsn(), tables=[f"{database}.t"]))
+    context = SourceContext(
+        "dbz_backfill",
+        tmp_path / "state",
+        1,
+        threading.Event(),
+        logging.getLogger("dbz_backfill"),
+        describe_updates=True,
+    )
+    try:
+        source.open(context, None)
+        snapshot = []
+        while not source.backfill_ready():
+            batch = source.read(0.2)
+            snapshot += batch.updates if batch is not None else []
+        plan = source.backfill_plan("dbz_backfill", f"{database}.t", None)
+        chunk = source.backfill_chunk(plan, None, 10)
+    finally:
+        source.close()
+        server.drop_database(database)
+    encoder = DebeziumEncoder(DebeziumFields(envelope="debezium"), "dbz")
+    read, backfilled = (
+        [json.loads(m.value or b"null") for m in encoder.messages(updates)]
+        for updates in (snapshot, chunk)
+    )
+    assert len(read) == len(backfilled) == 1
+    assert backfilled[0]["after"] == read[0]["after"] == {
+        "id": 1,
+        "d": "gw==",  # -125, scale 2
+        "at": 1704164645678,
+        "u": 4000000000,
+    }
+    assert backfilled[0]["op"] == "r"
+    assert backfilled[0]["source"]["snapshot"] == "incremental"
+    assert (backfilled[0]["source"]["db"], backfilled[0]["source"]["table"]) == (database, "t")

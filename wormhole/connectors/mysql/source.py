@@ -180,6 +180,12 @@ def _json_text(text: str) -> str:
     return msgspec.json.encode(text).decode()
 
 
+_DESCRIBE_COLUMNS = (
+    "SELECT COLUMN_NAME, COLUMN_TYPE, DATA_TYPE, DATETIME_PRECISION, IS_NULLABLE, "
+    "COLUMN_DEFAULT FROM information_schema.COLUMNS WHERE TABLE_SCHEMA = %s AND "
+    "TABLE_NAME = %s ORDER BY ORDINAL_POSITION"
+)
+
 _DETAILS_END = b',"thread":null,"query":null}'
 
 _NUMBER = re.compile(r"^-?\d+(\.\d+)?$")
@@ -829,10 +835,30 @@ class MySQLSource(DatabaseSource):
             rows = [convert(row) for row in rows]
         now_ms = int(time.time() * 1000)
         read = snapshot_read
-        return [
+        updates = [
             read(row, keys, table=table, connector="mysql", position="", logical="", ts_ms=now_ms)
             for row in rows
         ]
+        if self.describe and updates:
+            self._describe_chunk(conn, table, updates, now_ms)
+        return updates
+
+    def _describe_chunk(self, conn: Any, table: str, updates: list[Update], now_ms: int) -> None:
+        """A backfill chunk's rows described as Debezium describes an incremental
+        snapshot's (read on the backfill's own connection)."""
+        schema, _, name = table.partition(".")
+        with conn.cursor() as cur:
+            cur.execute(_DESCRIBE_COLUMNS, (schema, name))
+            columns, db, table_name = self._described_rows(list(cur.fetchall()), schema, name)
+        details = msgspec.Raw(
+            f'{{"connector":"mysql","snapshot":"incremental","db":{db},"sequence":null,'
+            f'"ts_us":{now_ms * 1000},"ts_ns":{now_ms * 1_000_000},"table":{table_name},'
+            f'"server_id":0,"gtid":null,"file":{_json_text(self.file)},"pos":{self.pos},'
+            f'"row":0,"thread":null,"query":null}}'.encode()
+        )
+        for update in updates:
+            update.columns = columns
+            update.details = details
 
     # ------------------------------------------------------------ stream
     def _restore(self, checkpoint: dict[str, Any]) -> None:
@@ -1226,12 +1252,12 @@ class MySQLSource(DatabaseSource):
     def _describe_table(self, schema: str, table: str) -> tuple[msgspec.Raw, str, str]:
         """A table's ``Update.columns`` (from the catalog: types, nullability, constant
         defaults) and the JSON of its database and table name for ``Update.details``."""
-        rows = self._query(
-            "SELECT COLUMN_NAME, COLUMN_TYPE, DATA_TYPE, DATETIME_PRECISION, IS_NULLABLE, "
-            "COLUMN_DEFAULT FROM information_schema.COLUMNS WHERE TABLE_SCHEMA = %s AND "
-            "TABLE_NAME = %s ORDER BY ORDINAL_POSITION",
-            (schema, table),
-        )
+        return self._described_rows(self._query(_DESCRIBE_COLUMNS, (schema, table)), schema, table)
+
+    @staticmethod
+    def _described_rows(
+        rows: list[tuple[Any, ...]], schema: str, table: str
+    ) -> tuple[msgspec.Raw, str, str]:
         columns = [
             ColumnType(
                 str(name),
