@@ -235,12 +235,16 @@ def test_backfill_rows_are_typed_as_the_snapshots_with_snapshot_incremental(
         for updates in (snapshot, chunk)
     )
     assert len(read) == len(backfilled) == 1
-    assert backfilled[0]["after"] == read[0]["after"] == {
-        "id": 1,
-        "d": "gw==",  # -125, scale 2
-        "at": 1704164645678,
-        "u": 4000000000,
-    }
+    assert (
+        backfilled[0]["after"]
+        == read[0]["after"]
+        == {
+            "id": 1,
+            "d": "gw==",  # -125, scale 2
+            "at": 1704164645678,
+            "u": 4000000000,
+        }
+    )
     assert backfilled[0]["op"] == "r"
     assert backfilled[0]["source"]["snapshot"] == "incremental"
     assert (backfilled[0]["source"]["db"], backfilled[0]["source"]["table"]) == (database, "t")
