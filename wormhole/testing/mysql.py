@@ -144,8 +144,26 @@ def _wait_ready(server: MariaDBServer, timeout: float = 60) -> None:
             time.sleep(0.1)  # polling a starting server: nothing to wait on
 
 
-def start_mariadb(extra_args: list[str] | None = None) -> Iterator[MariaDBServer]:
-    """Start a server; yields it and stops it afterwards (a generator for fixtures)."""
+MYSQL57_VERSION_PREFIX = "5.7.19-"
+"""What a server started with ``mysql57_version`` puts before its own version string."""
+
+
+def _mysql57_version() -> str:
+    """``5.7.19-10.11.19-MariaDB...``: a MySQL 5.7 prefix, "MariaDB" kept in the string."""
+    out = subprocess.run(["mariadbd", "--version"], capture_output=True, text=True, check=True)
+    version = out.stdout.split("Ver", 1)[1].split()[0]
+    return MYSQL57_VERSION_PREFIX + version
+
+
+def start_mariadb(
+    extra_args: list[str] | None = None, mysql57_version: bool = False
+) -> Iterator[MariaDBServer]:
+    """Start a server; yields it and stops it afterwards (a generator for fixtures).
+
+    ``mysql57_version``: the server announces a MySQL 5.7 version string with MariaDB's
+    after it (``5.7.19-10.11.19-MariaDB``), which Debezium's MySQL connector needs to read
+    MariaDB 10.11 (it refuses a 10.x version). Only for the tests that run it.
+    """
     require(shutil.which("mariadbd") is not None, "MariaDB server (Debian package mariadb-server)")
     require(
         shutil.which("mariadb-install-db") is not None,
@@ -170,6 +188,8 @@ def start_mariadb(extra_args: list[str] | None = None) -> Iterator[MariaDBServer
     port = free_port()
     server_id = next(_server_ids) + 100 * (os.getpid() % 1000)
     extra = list(extra_args or [])
+    if mysql57_version:
+        extra.append(f"--version={_mysql57_version()}")
     server = MariaDBServer(
         "127.0.0.1",
         port,

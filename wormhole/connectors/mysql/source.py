@@ -32,6 +32,8 @@ import time
 import zlib
 from typing import Any
 
+import msgspec
+
 from wormhole.connectors.mysql.backfill import (
     Chunks,
     chunk_layout,
@@ -53,7 +55,7 @@ from wormhole.connectors.mysql.rowimage import (
 from wormhole.connectors.mysql.values import Layout
 from wormhole.core import metrics
 from wormhole.core.errors import BackfillError, SourceError
-from wormhole.core.update import Update, snapshot_read
+from wormhole.core.update import NULL, ColumnType, Update, encode_columns, snapshot_read
 from wormhole.plugins.components import BackfillPlan, SourceBatch, SourceContext, Watermark
 from wormhole.plugins.database_source import DatabaseSource, SnapshotTable, close_quietly
 
@@ -144,6 +146,51 @@ def _server_error(exc: BaseException) -> tuple[int, str]:
     return 0, str(exc)
 
 
+_INT_WIDTH = re.compile(r"^(tinyint|smallint|mediumint|int|bigint)\(\d+\)")
+_FSP_TYPES = frozenset({"time", "datetime", "timestamp"})
+
+
+def _column_type(column_type: str, data_type: str, fsp: Any) -> str:
+    """A column's type for :attr:`Update.columns`: MySQL's ``COLUMN_TYPE`` in lower case,
+    without integer display widths (``int unsigned``, ``bigint``), with the fractional
+    precision always given for temporal types (``datetime(0)``), ``year`` for ``year(4)``."""
+    text = column_type.lower()
+    data_type = data_type.lower()
+    if data_type in _FSP_TYPES:
+        return f"{data_type}({int(fsp or 0)})"
+    if data_type == "year":
+        return "year"
+    return _INT_WIDTH.sub(r"\1", text).replace(" zerofill", "")
+
+
+def _default_text(default: Any) -> str | None:
+    """A constant default of ``information_schema.COLUMNS.COLUMN_DEFAULT`` (MariaDB writes
+    an expression: ``7``, ``'none'``, ``NULL``, ``current_timestamp()``), else None."""
+    if default is None:
+        return None
+    text = str(default)
+    if len(text) >= 2 and text[0] == "'" and text[-1] == "'":
+        return text[1:-1].replace("''", "'").replace("\\\\", "\\")
+    if _NUMBER.match(text):
+        return text
+    return None
+
+
+def _json_text(text: str) -> str:
+    return msgspec.json.encode(text).decode()
+
+
+_DESCRIBE_COLUMNS = (
+    "SELECT COLUMN_NAME, COLUMN_TYPE, DATA_TYPE, DATETIME_PRECISION, IS_NULLABLE, "
+    "COLUMN_DEFAULT FROM information_schema.COLUMNS WHERE TABLE_SCHEMA = %s AND "
+    "TABLE_NAME = %s ORDER BY ORDINAL_POSITION"
+)
+
+_DETAILS_END = b',"thread":null,"query":null}'
+
+_NUMBER = re.compile(r"^-?\d+(\.\d+)?$")
+
+
 class MySQLSource(DatabaseSource):
     connector = "mysql"
     logger = log
@@ -181,6 +228,12 @@ class MySQLSource(DatabaseSource):
         # map that decoding depends on (types, their metadata, character sets, members).
         self.charsets: Charsets | None = None
         self.decoders: dict[int, RowDecoder] = {}
+        # What typed envelopes need (SourceContext.describe_updates): per table id the
+        # table's Update.columns and its "db" / "table" part of Update.details.
+        self.snapshot_ts_us = 0
+        """When the snapshot started (whole seconds, as Debezium's ``source.ts_*``)."""
+        self.described: dict[int, tuple[msgspec.Raw, str, str]] = {}
+        self.described_tables: dict[tuple[Any, ...], tuple[msgspec.Raw, str, str]] = {}
         self.decoder_cache: dict[tuple[Any, ...], RowDecoder] = {}
         self.present: dict[tuple[bytes, int], list[int]] = {}
         self.undecoded_logged: dict[tuple[str, str], int] = {}
@@ -376,6 +429,7 @@ class MySQLSource(DatabaseSource):
         self.file, self.pos, self.pos_server = file, pos, self.server_id
         self.gtid_state = _parse_gtid_state(self._gtid_at(file, pos))
         self.snapshot_position = f"{file}:{pos}"
+        self.snapshot_ts_us = int(time.time()) * 1_000_000
         self.snapshot_logical = _gtid_state_text(self.gtid_state)
         self.snapshot_tables = self._snapshot_plan()
         self.phase = "snapshot"
@@ -470,7 +524,27 @@ class MySQLSource(DatabaseSource):
         def as_dicts(fetched: list[Any]) -> list[dict[str, Any]]:
             return [convert(dict(zip(names, values, strict=True))) for values in fetched]
 
-        return SnapshotTable(f"{schema}.{name}", layout.key, cursor, as_dicts)
+        if not self.describe:
+            return SnapshotTable(f"{schema}.{name}", layout.key, cursor, as_dicts)
+        columns, db, table_name = self._describe_table(schema, name)
+        return SnapshotTable(
+            f"{schema}.{name}",
+            layout.key,
+            cursor,
+            as_dicts,
+            columns,
+            f'"db":{db},"sequence":null,"ts_us":{self.snapshot_ts_us},'
+            f'"ts_ns":{self.snapshot_ts_us * 1000},"table":{table_name},',
+        )
+
+    def _snapshot_details(self, table: SnapshotTable, flag: str) -> msgspec.Raw:
+        if not self.describe:
+            return NULL
+        return msgspec.Raw(
+            f'{{"connector":"mysql","snapshot":"{flag}",{table.details}"server_id":0,'
+            f'"gtid":null,"file":{_json_text(self.file)},"pos":{self.pos},"row":0,'
+            f'"thread":null,"query":null}}'.encode()
+        )
 
     def _end_snapshot(self) -> None:
         with contextlib.suppress(Exception):
@@ -761,10 +835,30 @@ class MySQLSource(DatabaseSource):
             rows = [convert(row) for row in rows]
         now_ms = int(time.time() * 1000)
         read = snapshot_read
-        return [
+        updates = [
             read(row, keys, table=table, connector="mysql", position="", logical="", ts_ms=now_ms)
             for row in rows
         ]
+        if self.describe and updates:
+            self._describe_chunk(conn, table, updates, now_ms)
+        return updates
+
+    def _describe_chunk(self, conn: Any, table: str, updates: list[Update], now_ms: int) -> None:
+        """A backfill chunk's rows described as Debezium describes an incremental
+        snapshot's (read on the backfill's own connection)."""
+        schema, _, name = table.partition(".")
+        with conn.cursor() as cur:
+            cur.execute(_DESCRIBE_COLUMNS, (schema, name))
+            columns, db, table_name = self._described_rows(list(cur.fetchall()), schema, name)
+        details = msgspec.Raw(
+            f'{{"connector":"mysql","snapshot":"incremental","db":{db},"sequence":null,'
+            f'"ts_us":{now_ms * 1000},"ts_ns":{now_ms * 1_000_000},"table":{table_name},'
+            f'"server_id":0,"gtid":null,"file":{_json_text(self.file)},"pos":{self.pos},'
+            f'"row":0,"thread":null,"query":null}}'.encode()
+        )
+        for update in updates:
+            update.columns = columns
+            update.details = details
 
     # ------------------------------------------------------------ stream
     def _restore(self, checkpoint: dict[str, Any]) -> None:
@@ -913,8 +1007,14 @@ class MySQLSource(DatabaseSource):
                 table = f"{event.schema}.{event.table}"
                 layout = self._decoder(event, table)
                 op = "c" if kind is WriteRowsEvent else "u" if kind is UpdateRowsEvent else "d"
+                details = self._rows_details(event) if self.describe else None
+                first_index = self.txn_index + 1
                 for row in self._rows(event, layout, table, op == "u"):
                     self.txn_index += 1
+                    if details is not None:
+                        self.change_details = msgspec.Raw(
+                            b"%s%d%s" % (details, self.txn_index - first_index, _DETAILS_END)
+                        )
                     if self.txn_gtid == self.skip_gtid and self.txn_index <= self.skip_index:
                         continue
                     if op == "u":
@@ -1003,6 +1103,22 @@ class MySQLSource(DatabaseSource):
             elif time.monotonic() >= deadline and not self.in_txn:
                 return SourceBatch(updates, self._checkpoint()) if updates else None
 
+    def _rows_details(self, event: Any) -> bytes:
+        """The start of ``Update.details`` of a rows event's rows (up to ``"row":``), as
+        Debezium's MySQL connector writes its ``source`` block; sets ``change_columns``."""
+        columns, db, table = self.described[event.table_id]
+        self.change_columns = columns
+        packet = event.packet
+        seconds = int(event.timestamp)
+        gtid = "null" if self.mariadb or not self.txn_gtid else _json_text(self.txn_gtid)
+        return (
+            f'{{"connector":"mysql","snapshot":"false","db":{db},"sequence":null,'
+            f'"ts_us":{seconds * 1_000_000},"ts_ns":{seconds * 1_000_000_000},"table":{table},'
+            f'"server_id":{packet.server_id},"gtid":{gtid},'
+            f'"file":{_json_text(self.stream.log_file)},'
+            f'"pos":{packet.log_pos - packet.event_size},"row":'
+        ).encode()
+
     def _nothing_pending(self) -> None:
         """Between transactions, with nothing read since the emitted checkpoint: the binlog
         up to the stream's position holds nothing more for the publisher log (for lag())."""
@@ -1072,6 +1188,7 @@ class MySQLSource(DatabaseSource):
         if self.txn_gtid == self.skip_gtid and self.txn_index <= self.skip_index:
             return None
         self.partial_gtid, self.partial_index = self.txn_gtid, self.txn_index
+        self.change_columns = self.change_details = NULL
         return self._update("t", f"{schema}.{table}", {}, None, None)
 
     def _table_map(self, event: Any) -> None:
@@ -1124,6 +1241,33 @@ class MySQLSource(DatabaseSource):
                 ) from exc
             self.decoder_cache[key] = decoder
         self.decoders[event.table_id] = decoder
+        if self.describe:
+            described = self.described_tables.get(key)
+            if described is None:
+                described = self.described_tables[key] = self._describe_table(
+                    str(event.schema), str(event.table)
+                )
+            self.described[event.table_id] = described
+
+    def _describe_table(self, schema: str, table: str) -> tuple[msgspec.Raw, str, str]:
+        """A table's ``Update.columns`` (from the catalog: types, nullability, constant
+        defaults) and the JSON of its database and table name for ``Update.details``."""
+        return self._described_rows(self._query(_DESCRIBE_COLUMNS, (schema, table)), schema, table)
+
+    @staticmethod
+    def _described_rows(
+        rows: list[tuple[Any, ...]], schema: str, table: str
+    ) -> tuple[msgspec.Raw, str, str]:
+        columns = [
+            ColumnType(
+                str(name),
+                _column_type(str(column_type), str(data_type), fsp),
+                nullable == "YES",
+                _default_text(default),
+            )
+            for name, column_type, data_type, fsp, nullable, default in rows
+        ]
+        return encode_columns(columns), _json_text(schema), _json_text(table)
 
     def _rows(self, event: Any, decoder: RowDecoder, table: str, update: bool) -> list[Any]:
         """The rows of a rows event, decoded from its bytes: dicts, or (before, after)."""
