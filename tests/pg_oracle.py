@@ -1,8 +1,15 @@
-"""Parse PostgreSQL's test_decoding output: the oracle for the postgres source."""
+"""Parse PostgreSQL's test_decoding output: the oracle for the postgres source; and read
+the changes of that oracle's slot, and a postgres source's updates, directly."""
 
 from __future__ import annotations
 
+import time
 from typing import Any
+
+import psycopg2
+
+from wormhole.connectors.postgres.source import PostgresSource
+from wormhole.core.update import Update
 
 UNCHANGED = object()
 
@@ -109,3 +116,31 @@ def as_text(value: Any) -> Any:
     if value == "__unchanged_toast__":
         return UNCHANGED
     return value
+
+
+def oracle_lines(dsn: str) -> list[str]:
+    """The row changes test_decoding's slot ``oracle`` holds (consumed), as its lines."""
+    conn = psycopg2.connect(dsn)
+    conn.autocommit = True
+    try:
+        with conn.cursor() as cur:
+            cur.execute(
+                "SELECT data FROM pg_logical_slot_get_changes('oracle', NULL, NULL, "
+                "'skip-empty-xacts', '1')"
+            )
+            lines = [row[0] for row in cur.fetchall()]
+    finally:
+        conn.close()
+    return [line for line in lines if line.startswith("table ")]
+
+
+def read_updates(source: PostgresSource, count: int, timeout: float = 30) -> list[Update]:
+    """``count`` updates read from an open ``source``; fails after ``timeout`` seconds."""
+    updates: list[Update] = []
+    deadline = time.monotonic() + timeout
+    while len(updates) < count:
+        assert time.monotonic() < deadline, f"{len(updates)} of {count} updates: {updates!r:.4000}"
+        batch = source.read(0.2)
+        if batch is not None:
+            updates.extend(batch.updates)
+    return updates

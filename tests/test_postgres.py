@@ -196,18 +196,9 @@ def run_workload(dsn: str) -> None:
 
 
 def oracle_changes(dsn: str) -> list[tuple[str, str, Any, Any]]:
-    from pg_oracle import parse_change
+    from pg_oracle import oracle_lines, parse_change
 
-    conn = psycopg2.connect(dsn)
-    conn.autocommit = True
-    with conn.cursor() as cur:
-        cur.execute(
-            "SELECT data FROM pg_logical_slot_get_changes('oracle', NULL, NULL, "
-            "'skip-empty-xacts', '1')"
-        )
-        lines = [row[0] for row in cur.fetchall()]
-    conn.close()
-    changes = [parse_change(line) for line in lines if line.startswith("table ")]
+    changes = [parse_change(line) for line in oracle_lines(dsn)]
     return [c for c in changes if c[1] in TABLES]
 
 
