@@ -31,6 +31,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from events import mariadb_events, null_sink_pipeline, postgres_events
+
 from wormhole.core.pipeline import parse_pipeline
 from wormhole.core.publisher import Publisher, tune_gc
 from wormhole.plugins.components import SourceContext
@@ -127,14 +129,7 @@ def read_chunks(source: Any, table: str, rows: int, chunk_size: int) -> None:
 
 
 def pipeline_run(work: Path, name: str, source: str, rows: int) -> None:
-    text = f"""
-pipeline: {name}
-state_dir: {work / name}
-source: {source}
-transport: {{type: inprocess}}
-applications:
-  nulls: {{sink: {{type: "null"}}}}
-"""
+    text = null_sink_pipeline(work, name, source)
     summary = Publisher(parse_pipeline(text, "bench.yml", env={}), once=True).run()
     assert summary.source_updates == rows, summary
 
@@ -152,11 +147,7 @@ def postgres(work: Path, rows: int, chunk_size: int) -> None:
         dsn = server.dsn(server.create_database())
         run_sql(
             dsn,
-            "CREATE TABLE events (id int PRIMARY KEY, rider int, lat float8, lon float8, "
-            "note text)",
-            f"INSERT INTO events SELECT g, g % 5000, 12.97 + g * 1e-7, 77.59, "
-            f"'rider ' || (g % 5000) FROM generate_series(1, {rows}) g",
-            "ANALYZE events",
+            *postgres_events(rows),
             "CREATE PUBLICATION wormhole_bench FOR TABLE events",  # the chunks' pipeline
         )
         backends = int((server.directory / "data" / "postmaster.pid").read_text().split()[0])
@@ -209,12 +200,7 @@ def mariadb(work: Path, rows: int, chunk_size: int) -> None:
     try:
         db = server.create_database()
         server.sql(
-            "CREATE TABLE events (id INT PRIMARY KEY, rider INT, lat DOUBLE, lon DOUBLE, "
-            "note VARCHAR(40), at DATETIME(3), fare DECIMAL(8, 2))",
-            f"INSERT INTO events SELECT seq, seq % 5000, 12.97 + seq * 1e-7, 77.59, "
-            f"CONCAT('rider ', seq % 5000), '2026-01-01' + INTERVAL seq SECOND, seq % 997 / 4 "
-            f"FROM seq_1_to_{rows}",
-            "ANALYZE TABLE events",
+            *mariadb_events(rows),
             database=db,
         )
 
