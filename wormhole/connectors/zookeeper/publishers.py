@@ -14,7 +14,7 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
-from wormhole.connectors.zookeeper.ephemeral import OwnedNode, OwnedNodes
+from wormhole.connectors.zookeeper.ephemeral import OwnedNode, OwnedNodes, Registrations
 from wormhole.connectors.zookeeper.nodes import (
     Layout,
     SkippedNodes,
@@ -32,16 +32,13 @@ from wormhole.plugins.components import DatastoreHeld, PublisherEntry
 log = logging.getLogger("wormhole.zookeeper")
 
 
-class Publishers:
+class Publishers(Registrations):
     """This process's publisher registrations and statuses, and everyone's, read."""
 
     def __init__(
         self, session: Session, layout: Layout, owned: OwnedNodes, skipped: SkippedNodes
     ) -> None:
-        self.session = session
-        self.layout = layout
-        self.owned = owned
-        self.skipped = skipped
+        super().__init__(session, layout, owned, skipped)
         self._publishers: dict[str, OwnedNode] = {}
         self._statuses: dict[str, OwnedNode] = {}
 
