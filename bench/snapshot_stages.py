@@ -134,6 +134,20 @@ def pipeline_run(work: Path, name: str, source: str, rows: int) -> None:
     assert summary.source_updates == rows, summary
 
 
+def chunks_then_pipeline(
+    work: Path, source: Any, table: str, spec: str, rows: int, chunk_size: int, server: int
+) -> None:
+    """The last two stages: the backfill's chunks alone (``source``, closed after), then
+    the whole snapshot in a pipeline of source ``spec`` (YAML)."""
+    try:
+        with Stage(f"backfill chunks alone ({chunk_size:,} rows)", rows, server):
+            read_chunks(source, table, rows, chunk_size)
+    finally:
+        source.close()
+    with Stage("snapshot -> publisher log -> null sink", rows, server):
+        pipeline_run(work, f"whole-{spec[7:12]}", spec, rows)
+
+
 def postgres(work: Path, rows: int, chunk_size: int) -> None:
     import psycopg2
 
@@ -175,14 +189,8 @@ def postgres(work: Path, rows: int, chunk_size: int) -> None:
             finally:
                 source.close()
         source = PostgresSource(PostgresOptions(dsn=dsn, tables=["public.events"]))
-        try:
-            with Stage(f"backfill chunks alone ({chunk_size:,} rows)", rows, backends):
-                read_chunks(source, "public.events", rows, chunk_size)
-        finally:
-            source.close()
-        with Stage("snapshot -> publisher log -> null sink", rows, backends):
-            spec = f'{{type: postgres, dsn: "{dsn}", tables: [public.events]}}'
-            pipeline_run(work, f"whole-{spec[7:12]}", spec, rows)
+        spec = f'{{type: postgres, dsn: "{dsn}", tables: [public.events]}}'
+        chunks_then_pipeline(work, source, "public.events", spec, rows, chunk_size, backends)
     finally:
         with contextlib.suppress(StopIteration):
             next(servers)
@@ -223,14 +231,8 @@ def mariadb(work: Path, rows: int, chunk_size: int) -> None:
         finally:
             source.close()
         source = MySQLSource(MySQLOptions(dsn=server.dsn(), tables=[f"{db}.events"]))
-        try:
-            with Stage(f"backfill chunks alone ({chunk_size:,} rows)", rows, mariadbd):
-                read_chunks(source, f"{db}.events", rows, chunk_size)
-        finally:
-            source.close()
-        with Stage("snapshot -> publisher log -> null sink", rows, mariadbd):
-            spec = f'{{type: mysql, dsn: "{server.dsn()}", tables: [{db}.events]}}'
-            pipeline_run(work, f"whole-{spec[7:12]}", spec, rows)
+        spec = f'{{type: mysql, dsn: "{server.dsn()}", tables: [{db}.events]}}'
+        chunks_then_pipeline(work, source, f"{db}.events", spec, rows, chunk_size, mariadbd)
     finally:
         with contextlib.suppress(StopIteration):
             next(servers)
