@@ -733,6 +733,33 @@ def _rows_of(dsn: str, table: str) -> dict[int, dict[str, Any]]:
         conn.close()
 
 
+def _run_a_snapshot_of_big_and_locked(
+    tmp_path: Path, dsn: str, rows: int, stderr: int, **source: Any
+) -> tuple[Path, Any]:
+    """Tables big (``rows`` rows) and locked (100), and ``wormhole run`` of a pipeline
+    reading them (to out.jsonl) started: the pipeline file and the process."""
+    import subprocess
+
+    sql(
+        dsn,
+        "CREATE TABLE big (id int PRIMARY KEY, n int NOT NULL, note text)",
+        f"INSERT INTO big SELECT g, g, repeat('x', 100) FROM generate_series(1, {rows}) g",
+        "CREATE TABLE locked (id int PRIMARY KEY, v text)",
+        "INSERT INTO locked SELECT g, 'v' || g FROM generate_series(1, 100) g",
+    )
+    pipeline = pg_pipeline(
+        tmp_path,
+        dsn,
+        tables=["public.big", "public.locked"],
+        batch_updates=1000,
+        **source,
+    )
+    proc = subprocess.Popen(
+        cli_command("run", str(pipeline)), cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=stderr
+    )
+    return pipeline, proc
+
+
 def _hold_the_snapshot_before_the_locked_table(
     admin: Any, locker: Any, out: Path, rows: int
 ) -> int:
@@ -792,30 +819,13 @@ def test_kill_9_during_a_parallel_snapshot_takes_it_again_whole_then_streams(
     import subprocess
 
     rows = 60_000
-    sql(
-        postgres_dsn,
-        "CREATE TABLE big (id int PRIMARY KEY, n int NOT NULL, note text)",
-        f"INSERT INTO big SELECT g, g, repeat('x', 100) FROM generate_series(1, {rows}) g",
-        "CREATE TABLE locked (id int PRIMARY KEY, v text)",
-        "INSERT INTO locked SELECT g, 'v' || g FROM generate_series(1, 100) g",
-    )
-    pipeline = pg_pipeline(
-        tmp_path,
-        postgres_dsn,
-        tables=["public.big", "public.locked"],
-        snapshot_readers=2,
-        batch_updates=1000,
+    pipeline, proc = _run_a_snapshot_of_big_and_locked(
+        tmp_path, postgres_dsn, rows, subprocess.DEVNULL, snapshot_readers=2
     )
     out = tmp_path / "out.jsonl"
     admin = psycopg2.connect(postgres_dsn)
     admin.autocommit = True
     locker = psycopg2.connect(postgres_dsn)
-    proc = subprocess.Popen(
-        cli_command("run", str(pipeline)),
-        cwd=tmp_path,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
     try:
         _hold_the_snapshot_before_the_locked_table(admin, locker, out, rows)
         proc.send_signal(signal.SIGKILL)
@@ -880,26 +890,13 @@ def test_a_snapshot_reader_that_loses_its_connection_stops_the_run_and_the_next_
     again, every row of each table once."""
     import subprocess
 
-    sql(
-        postgres_dsn,
-        "CREATE TABLE big (id int PRIMARY KEY, note text)",
-        "INSERT INTO big SELECT g, 'n' || g FROM generate_series(1, 20000) g",
-        "CREATE TABLE locked (id int PRIMARY KEY, v text)",
-        "INSERT INTO locked SELECT g, 'v' || g FROM generate_series(1, 100) g",
-    )
-    pipeline = pg_pipeline(
-        tmp_path, postgres_dsn, tables=["public.big", "public.locked"], batch_updates=1000
+    pipeline, proc = _run_a_snapshot_of_big_and_locked(
+        tmp_path, postgres_dsn, 20000, subprocess.PIPE
     )
     out = tmp_path / "out.jsonl"
     admin = psycopg2.connect(postgres_dsn)
     admin.autocommit = True
     locker = psycopg2.connect(postgres_dsn)
-    proc = subprocess.Popen(
-        cli_command("run", str(pipeline)),
-        cwd=tmp_path,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-    )
     try:
         locker_pid = _hold_the_snapshot_before_the_locked_table(admin, locker, out, 20000)
         with admin.cursor() as cur:
