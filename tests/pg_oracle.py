@@ -1,15 +1,11 @@
 """Parse PostgreSQL's test_decoding output: the oracle for the postgres source; and read
-the changes of that oracle's slot, and a postgres source's updates, directly."""
+the changes of that oracle's slot."""
 
 from __future__ import annotations
 
-import time
 from typing import Any
 
 import psycopg2
-
-from wormhole.connectors.postgres.source import PostgresSource
-from wormhole.core.update import Update
 
 UNCHANGED = object()
 
@@ -132,15 +128,3 @@ def oracle_lines(dsn: str) -> list[str]:
     finally:
         conn.close()
     return [line for line in lines if line.startswith("table ")]
-
-
-def read_updates(source: PostgresSource, count: int, timeout: float = 30) -> list[Update]:
-    """``count`` updates read from an open ``source``; fails after ``timeout`` seconds."""
-    updates: list[Update] = []
-    deadline = time.monotonic() + timeout
-    while len(updates) < count:
-        assert time.monotonic() < deadline, f"{len(updates)} of {count} updates: {updates!r:.4000}"
-        batch = source.read(0.2)
-        if batch is not None:
-            updates.extend(batch.updates)
-    return updates

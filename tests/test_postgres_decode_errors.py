@@ -14,7 +14,6 @@ from typing import Any
 import msgspec
 import psycopg2
 import pytest
-from pg_oracle import read_updates
 
 from wormhole.connectors.postgres.options import PostgresOptions
 from wormhole.connectors.postgres.source import PostgresSource
@@ -22,6 +21,7 @@ from wormhole.core.errors import SourceError
 from wormhole.core.metrics import UNDECODED
 from wormhole.core.update import Update
 from wormhole.plugins.components import SourceContext
+from wormhole.testing.helpers import read_updates
 from wormhole.testing.postgres import run_sql as sql
 
 _databases = iter(range(1_000_000))

@@ -12,7 +12,6 @@ from typing import Any
 
 import psycopg2
 import pytest
-from pg_oracle import read_updates
 
 from wormhole.connectors.postgres.options import PostgresOptions
 from wormhole.connectors.postgres.source import PostgresSource
@@ -20,6 +19,7 @@ from wormhole.core.errors import SourceError
 from wormhole.core.update import Update
 from wormhole.plugins.components import SourceContext
 from wormhole.testing import read_envelopes, run_cli, write_pipeline
+from wormhole.testing.helpers import read_updates
 from wormhole.testing.postgres import run_sql as sql
 
 BIG = "repeat('k', 2000)"

@@ -16,11 +16,12 @@ from pathlib import Path
 from typing import Any
 
 import msgspec
-from pg_oracle import oracle_lines, read_updates
+from pg_oracle import oracle_lines
 
 from wormhole.connectors.postgres.options import PostgresOptions
 from wormhole.connectors.postgres.source import PostgresSource
 from wormhole.plugins.components import SourceContext
+from wormhole.testing.helpers import read_updates
 from wormhole.testing.postgres import run_sql as sql
 
 TYPES = [
