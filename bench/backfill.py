@@ -38,6 +38,7 @@ from typing import Any
 import psycopg2
 
 sys.path.insert(0, str(Path(__file__).parent))
+from events import postgres_events
 from lag import LagSampler, figures, time_backfills
 
 from wormhole.core.backfill import BackfillStore
@@ -143,11 +144,7 @@ def main() -> int:
         dsn = server.dsn(server.create_database())
         sql(
             dsn,
-            "CREATE TABLE events (id int PRIMARY KEY, rider int, lat float8, lon float8, "
-            "note text)",
-            f"INSERT INTO events SELECT g, g % 5000, 12.97 + g * 1e-7, 77.59, "
-            f"'rider ' || (g % 5000) FROM generate_series(1, {args.rows}) g",
-            "ANALYZE events",
+            *postgres_events(args.rows),
             "CREATE TABLE ticks (id int PRIMARY KEY, n int)",
             "INSERT INTO ticks VALUES (1, 0)",
         )

@@ -42,6 +42,7 @@ import pymysql.converters
 import pymysql.cursors
 
 sys.path.insert(0, str(Path(__file__).parent))
+from events import mariadb_events
 from lag import LagSampler, figures, time_backfills
 
 from wormhole.core.backfill import BackfillStore
@@ -142,12 +143,7 @@ def main() -> int:
     try:
         db = server.create_database()
         server.sql(
-            "CREATE TABLE events (id INT PRIMARY KEY, rider INT, lat DOUBLE, lon DOUBLE, "
-            "note VARCHAR(40), at DATETIME(3), fare DECIMAL(8, 2))",
-            f"INSERT INTO events SELECT seq, seq % 5000, 12.97 + seq * 1e-7, 77.59, "
-            f"CONCAT('rider ', seq % 5000), '2026-01-01' + INTERVAL seq SECOND, seq % 997 / 4 "
-            f"FROM seq_1_to_{args.rows}",
-            "ANALYZE TABLE events",
+            *mariadb_events(args.rows),
             "CREATE TABLE ticks (id INT PRIMARY KEY, n INT, at_ms BIGINT)",
             "INSERT INTO ticks VALUES (1, 0, 0)",
             database=db,

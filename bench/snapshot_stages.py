@@ -31,6 +31,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from events import mariadb_events, null_sink_pipeline, postgres_events
+
 from wormhole.core.pipeline import parse_pipeline
 from wormhole.core.publisher import Publisher, tune_gc
 from wormhole.plugins.components import SourceContext
@@ -127,16 +129,23 @@ def read_chunks(source: Any, table: str, rows: int, chunk_size: int) -> None:
 
 
 def pipeline_run(work: Path, name: str, source: str, rows: int) -> None:
-    text = f"""
-pipeline: {name}
-state_dir: {work / name}
-source: {source}
-transport: {{type: inprocess}}
-applications:
-  nulls: {{sink: {{type: "null"}}}}
-"""
+    text = null_sink_pipeline(work, name, source)
     summary = Publisher(parse_pipeline(text, "bench.yml", env={}), once=True).run()
     assert summary.source_updates == rows, summary
+
+
+def chunks_then_pipeline(
+    work: Path, source: Any, table: str, spec: str, rows: int, chunk_size: int, server: int
+) -> None:
+    """The last two stages: the backfill's chunks alone (``source``, closed after), then
+    the whole snapshot in a pipeline of source ``spec`` (YAML)."""
+    try:
+        with Stage(f"backfill chunks alone ({chunk_size:,} rows)", rows, server):
+            read_chunks(source, table, rows, chunk_size)
+    finally:
+        source.close()
+    with Stage("snapshot -> publisher log -> null sink", rows, server):
+        pipeline_run(work, f"whole-{spec[7:12]}", spec, rows)
 
 
 def postgres(work: Path, rows: int, chunk_size: int) -> None:
@@ -152,11 +161,7 @@ def postgres(work: Path, rows: int, chunk_size: int) -> None:
         dsn = server.dsn(server.create_database())
         run_sql(
             dsn,
-            "CREATE TABLE events (id int PRIMARY KEY, rider int, lat float8, lon float8, "
-            "note text)",
-            f"INSERT INTO events SELECT g, g % 5000, 12.97 + g * 1e-7, 77.59, "
-            f"'rider ' || (g % 5000) FROM generate_series(1, {rows}) g",
-            "ANALYZE events",
+            *postgres_events(rows),
             "CREATE PUBLICATION wormhole_bench FOR TABLE events",  # the chunks' pipeline
         )
         backends = int((server.directory / "data" / "postmaster.pid").read_text().split()[0])
@@ -184,14 +189,8 @@ def postgres(work: Path, rows: int, chunk_size: int) -> None:
             finally:
                 source.close()
         source = PostgresSource(PostgresOptions(dsn=dsn, tables=["public.events"]))
-        try:
-            with Stage(f"backfill chunks alone ({chunk_size:,} rows)", rows, backends):
-                read_chunks(source, "public.events", rows, chunk_size)
-        finally:
-            source.close()
-        with Stage("snapshot -> publisher log -> null sink", rows, backends):
-            spec = f'{{type: postgres, dsn: "{dsn}", tables: [public.events]}}'
-            pipeline_run(work, f"whole-{spec[7:12]}", spec, rows)
+        spec = f'{{type: postgres, dsn: "{dsn}", tables: [public.events]}}'
+        chunks_then_pipeline(work, source, "public.events", spec, rows, chunk_size, backends)
     finally:
         with contextlib.suppress(StopIteration):
             next(servers)
@@ -209,12 +208,7 @@ def mariadb(work: Path, rows: int, chunk_size: int) -> None:
     try:
         db = server.create_database()
         server.sql(
-            "CREATE TABLE events (id INT PRIMARY KEY, rider INT, lat DOUBLE, lon DOUBLE, "
-            "note VARCHAR(40), at DATETIME(3), fare DECIMAL(8, 2))",
-            f"INSERT INTO events SELECT seq, seq % 5000, 12.97 + seq * 1e-7, 77.59, "
-            f"CONCAT('rider ', seq % 5000), '2026-01-01' + INTERVAL seq SECOND, seq % 997 / 4 "
-            f"FROM seq_1_to_{rows}",
-            "ANALYZE TABLE events",
+            *mariadb_events(rows),
             database=db,
         )
 
@@ -237,14 +231,8 @@ def mariadb(work: Path, rows: int, chunk_size: int) -> None:
         finally:
             source.close()
         source = MySQLSource(MySQLOptions(dsn=server.dsn(), tables=[f"{db}.events"]))
-        try:
-            with Stage(f"backfill chunks alone ({chunk_size:,} rows)", rows, mariadbd):
-                read_chunks(source, f"{db}.events", rows, chunk_size)
-        finally:
-            source.close()
-        with Stage("snapshot -> publisher log -> null sink", rows, mariadbd):
-            spec = f'{{type: mysql, dsn: "{server.dsn()}", tables: [{db}.events]}}'
-            pipeline_run(work, f"whole-{spec[7:12]}", spec, rows)
+        spec = f'{{type: mysql, dsn: "{server.dsn()}", tables: [{db}.events]}}'
+        chunks_then_pipeline(work, source, f"{db}.events", spec, rows, chunk_size, mariadbd)
     finally:
         with contextlib.suppress(StopIteration):
             next(servers)

@@ -51,6 +51,7 @@ from debezium import (
     debezium_common,
     timed,
 )
+from events import mariadb_events, null_sink_pipeline, postgres_events
 
 from wormhole.testing.helpers import cli_command
 
@@ -62,17 +63,7 @@ def write(path: Path, text: str) -> Path:
 
 # ---------------------------------------------------------------- Wormhole
 def wormhole_pipeline(work: Path, name: str, source: str) -> Path:
-    return write(
-        work / f"{name}.yml",
-        f"""
-pipeline: {name}
-state_dir: {work / name}
-source: {source}
-transport: {{type: inprocess}}
-applications:
-  nulls: {{sink: {{type: "null"}}}}
-""",
-    )
+    return write(work / f"{name}.yml", null_sink_pipeline(work, name, source))
 
 
 def wormhole_snapshot(work: Path, name: str, source: str, rows: int) -> Measure:
@@ -112,11 +103,7 @@ class Postgres:
         self.run_sql = run_sql
         run_sql(
             self.dsn,
-            "CREATE TABLE events (id int PRIMARY KEY, rider int, lat float8, lon float8, "
-            "note text)",
-            f"INSERT INTO events SELECT g, g % 5000, 12.97 + g * 1e-7, 77.59, "
-            f"'rider ' || (g % 5000) FROM generate_series(1, {rows}) g",
-            "ANALYZE events",
+            *postgres_events(rows),
             "CREATE TABLE dbz_signal (id varchar(64) PRIMARY KEY, type varchar(32) NOT NULL, "
             "data varchar(2048))",
         )
@@ -174,12 +161,7 @@ class MariaDB:
         self.server = next(self.servers)
         self.db = self.server.create_database()
         self.server.sql(
-            "CREATE TABLE events (id INT PRIMARY KEY, rider INT, lat DOUBLE, lon DOUBLE, "
-            "note VARCHAR(40), at DATETIME(3), fare DECIMAL(8, 2))",
-            f"INSERT INTO events SELECT seq, seq % 5000, 12.97 + seq * 1e-7, 77.59, "
-            f"CONCAT('rider ', seq % 5000), '2026-01-01' + INTERVAL seq SECOND, seq % 997 / 4 "
-            f"FROM seq_1_to_{rows}",
-            "ANALYZE TABLE events",
+            *mariadb_events(rows),
             "CREATE TABLE dbz_signal (id VARCHAR(64) PRIMARY KEY, type VARCHAR(32) NOT NULL, "
             "data VARCHAR(2048))",
             database=self.db,

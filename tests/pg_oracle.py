@@ -1,8 +1,11 @@
-"""Parse PostgreSQL's test_decoding output: the oracle for the postgres source."""
+"""Parse PostgreSQL's test_decoding output: the oracle for the postgres source; and read
+the changes of that oracle's slot."""
 
 from __future__ import annotations
 
 from typing import Any
+
+import psycopg2
 
 UNCHANGED = object()
 
@@ -109,3 +112,19 @@ def as_text(value: Any) -> Any:
     if value == "__unchanged_toast__":
         return UNCHANGED
     return value
+
+
+def oracle_lines(dsn: str) -> list[str]:
+    """The row changes test_decoding's slot ``oracle`` holds (consumed), as its lines."""
+    conn = psycopg2.connect(dsn)
+    conn.autocommit = True
+    try:
+        with conn.cursor() as cur:
+            cur.execute(
+                "SELECT data FROM pg_logical_slot_get_changes('oracle', NULL, NULL, "
+                "'skip-empty-xacts', '1')"
+            )
+            lines = [row[0] for row in cur.fetchall()]
+    finally:
+        conn.close()
+    return [line for line in lines if line.startswith("table ")]

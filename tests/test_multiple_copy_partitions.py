@@ -223,6 +223,14 @@ def _hold_past_session(deployment: Deployment, cut_at: float, condition: Any, wh
     wait_until(lambda: time.monotonic() >= expired, SESSION_MS / 1000 + 1, "the session to expire")
 
 
+def _heal_then_fail_back_to_a(deployment: Deployment, network: Any) -> None:
+    """Heal the cut: copy a rejoins, and takes the application back from b (failback)."""
+    network.heal()
+    deployment.rejoined("a", time.monotonic(), LIVENESS_S)
+    took = deployment.round_reaches_every_key(time.monotonic(), LIVENESS_S, "failback to a")
+    print(f"healed: failback to a, then a new round {took:.2f}s after")
+
+
 def test_the_serving_copy_cut_from_everything_the_other_serves_and_it_rejoins(
     deployment: Deployment, network: Any
 ) -> None:
@@ -255,11 +263,7 @@ def test_the_serving_copy_cut_from_zookeeper_only_stops_serving_and_rejoins(
     a = deployment.copies.publishers["a"]
     assert "stops serving it" in a.stderr, a.stderr[-3000:]
     print(f"a cut from ZooKeeper: a new round at every key {took:.2f}s after the cut")
-    network.heal()
-    healed_at = time.monotonic()
-    deployment.rejoined("a", healed_at, LIVENESS_S)
-    took = deployment.round_reaches_every_key(time.monotonic(), LIVENESS_S, "failback to a")
-    print(f"healed: failback, then a new round {took:.2f}s after")
+    _heal_then_fail_back_to_a(deployment, network)
     deployment.finish(cut_at)
 
 
@@ -277,11 +281,7 @@ def test_the_subscribers_cut_from_the_serving_copy_are_served_by_the_other(
     a = deployment.copies.publishers["a"]
     assert "none of its subscribers" in a.stderr, a.stderr[-3000:]
     print(f"subscribers cut from a: a new round at every key {took:.2f}s after the cut")
-    network.heal()
-    healed_at = time.monotonic()
-    deployment.rejoined("a", healed_at, LIVENESS_S)
-    took = deployment.round_reaches_every_key(time.monotonic(), LIVENESS_S, "failback to a")
-    print(f"healed: failback to a, then a new round {took:.2f}s after")
+    _heal_then_fail_back_to_a(deployment, network)
     deployment.finish(None)
 
 

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import logging
 import threading
-import time
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +17,7 @@ from wormhole.connectors.mysql.source import MySQLSource
 from wormhole.core.errors import SourceError
 from wormhole.core.update import Update
 from wormhole.plugins.components import SourceContext
+from wormhole.testing.helpers import read_updates
 from wormhole.testing.mysql import MariaDBServer
 
 FSPS = range(7)
@@ -36,18 +36,6 @@ def open_source(tmp_path: Path, server: MariaDBServer, db: str, **options: Any) 
     return source
 
 
-def read_changes(source: MySQLSource, count: int, timeout: float = 30) -> list[Update]:
-    """The next ``count`` changes of the stream."""
-    updates: list[Update] = []
-    deadline = time.monotonic() + timeout
-    while len(updates) < count:
-        assert time.monotonic() < deadline, f"{len(updates)} of {count} changes: {updates}"
-        batch = source.read(0.2)
-        if batch is not None:
-            updates.extend(batch.updates)
-    return updates
-
-
 def after(update: Update) -> Any:
     return msgspec.json.decode(bytes(update.after))
 
@@ -63,7 +51,7 @@ def stream(
     source = open_source(tmp_path, server, db)
     try:
         server.sql(*statements, database=db)
-        return [after(u) for u in read_changes(source, changes)]
+        return [after(u) for u in read_updates(source, changes)]
     finally:
         source.close()
 
@@ -330,7 +318,7 @@ def test_an_undecodable_value_is_delivered_as_its_bytes_with_a_warning_or_stops_
             database=db,
         )
         with caplog.at_level(logging.WARNING, logger="wormhole.mysql"):
-            updates = read_changes(source, 3)
+            updates = read_updates(source, 3)
         assert [after(u) for u in updates] == [
             {"id": 1, "v": {"undecoded": "41ff"}},
             {"id": 2, "v": "ok"},
@@ -342,7 +330,7 @@ def test_an_undecodable_value_is_delivered_as_its_bytes_with_a_warning_or_stops_
         assert "not valid ascii" in warning[0] and "on_decode_error: stop" in warning[0]
         assert UNDECODED.labels(f"{db}.a", "v")._value.get() == counted + 1
         with pytest.raises(SourceError) as stopped:
-            read_changes(stopping, 1)
+            read_updates(stopping, 1)
         assert f"cannot decode column v of {db}.a at {updates[0].position}" in str(stopped.value)
         assert "on_decode_error: fallback" in str(stopped.value)
         # The snapshot reads the column's bytes and decodes them the same way.
@@ -409,14 +397,14 @@ def test_temporals_of_the_pre_10_1_format_decode_or_stop_with_the_fix(
             "'2024-01-01 00:00:01'), (2, '838:59:59', '0000-00-00 00:00:00', 0)",
             database=db,
         )
-        rows = [after(u) for u in read_changes(source, 2)]
+        rows = [after(u) for u in read_updates(source, 2)]
         assert rows == [
             {"id": 1, "t": "-01:02:03", "d": "2024-00-29 01:02:03", "s": "2024-01-01 00:00:01"},
             {"id": 2, "t": "838:59:59", "d": "0000-00-00 00:00:00", "s": "0000-00-00 00:00:00"},
         ]
         mariadb_server.sql("INSERT INTO old3 VALUES (1, '01:02:03.5')", database=db)
         with pytest.raises(SourceError) as stopped:
-            read_changes(source, 1)
+            read_updates(source, 1)
         message = str(stopped.value)
         assert f"{db}.old3 has columns in the temporal format of MariaDB before 10.1" in message
         assert f"ALTER TABLE `{db}`.`old3` FORCE" in message
@@ -443,7 +431,7 @@ def test_a_partial_row_image_stops_the_source_naming_the_setting(
             database=mysql_database,
         )
         with pytest.raises(SourceError, match="binlog_row_image") as raised:
-            read_changes(source, 1)
+            read_updates(source, 1)
         assert "the rows of" in str(raised.value) and ".p at " in str(raised.value)
     finally:
         source.close()
@@ -469,7 +457,7 @@ def test_compressed_binlog_events_stop_the_source_naming_the_setting(
             )
         mariadb_server.sql("INSERT INTO c VALUES (2, 'after')", database=db)
         with pytest.raises(SourceError, match="log_bin_compress") as raised:
-            read_changes(source, 2)
+            read_updates(source, 2)
         assert "compressed" in str(raised.value), raised.value
     finally:
         source.close()

@@ -196,18 +196,9 @@ def run_workload(dsn: str) -> None:
 
 
 def oracle_changes(dsn: str) -> list[tuple[str, str, Any, Any]]:
-    from pg_oracle import parse_change
+    from pg_oracle import oracle_lines, parse_change
 
-    conn = psycopg2.connect(dsn)
-    conn.autocommit = True
-    with conn.cursor() as cur:
-        cur.execute(
-            "SELECT data FROM pg_logical_slot_get_changes('oracle', NULL, NULL, "
-            "'skip-empty-xacts', '1')"
-        )
-        lines = [row[0] for row in cur.fetchall()]
-    conn.close()
-    changes = [parse_change(line) for line in lines if line.startswith("table ")]
+    changes = [parse_change(line) for line in oracle_lines(dsn)]
     return [c for c in changes if c[1] in TABLES]
 
 
@@ -742,6 +733,82 @@ def _rows_of(dsn: str, table: str) -> dict[int, dict[str, Any]]:
         conn.close()
 
 
+def _run_a_snapshot_of_big_and_locked(
+    tmp_path: Path, dsn: str, rows: int, stderr: int, **source: Any
+) -> tuple[Path, Any]:
+    """Tables big (``rows`` rows) and locked (100), and ``wormhole run`` of a pipeline
+    reading them (to out.jsonl) started: the pipeline file and the process."""
+    import subprocess
+
+    sql(
+        dsn,
+        "CREATE TABLE big (id int PRIMARY KEY, n int NOT NULL, note text)",
+        f"INSERT INTO big SELECT g, g, repeat('x', 100) FROM generate_series(1, {rows}) g",
+        "CREATE TABLE locked (id int PRIMARY KEY, v text)",
+        "INSERT INTO locked SELECT g, 'v' || g FROM generate_series(1, 100) g",
+    )
+    pipeline = pg_pipeline(
+        tmp_path,
+        dsn,
+        tables=["public.big", "public.locked"],
+        batch_updates=1000,
+        **source,
+    )
+    proc = subprocess.Popen(
+        cli_command("run", str(pipeline)), cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=stderr
+    )
+    return pipeline, proc
+
+
+def _hold_the_snapshot_before_the_locked_table(
+    admin: Any, locker: Any, out: Path, rows: int
+) -> int:
+    """Once the run's slot exists, lock table `locked` (with `locker`, left in its
+    transaction) and wait until the snapshot waits for it with the first table's `rows`
+    delivered to `out`; returns the locker's backend pid."""
+    from wormhole.testing.helpers import wait_until
+
+    with admin.cursor() as cur:
+
+        def slot_made() -> bool:
+            cur.execute("SELECT 1 FROM pg_replication_slots WHERE slot_name = 'wormhole_pg'")
+            return bool(cur.fetchall())
+
+        wait_until(slot_made, 60, "the snapshot's slot")
+        with locker.cursor() as lock:  # while the readers are on the first table
+            lock.execute("LOCK TABLE locked IN ACCESS EXCLUSIVE MODE NOWAIT")
+            lock.execute("SELECT pg_backend_pid()")
+            (locker_pid,) = lock.fetchone()
+
+        def waits_for_the_lock() -> bool:
+            cur.execute(
+                "SELECT count(*) FROM pg_locks WHERE NOT granted AND relation = 'locked'::regclass"
+            )
+            return bool(cur.fetchone()[0])
+
+        wait_until(waits_for_the_lock, 60, "the snapshot to wait for the locked table")
+        wait_until(
+            lambda: out.exists() and out.read_bytes().count(b"\n") >= rows,
+            60,
+            "the first table's rows",
+        )
+    return int(locker_pid)
+
+
+def _assert_the_snapshot_taken_again(dsn: str, out: Path) -> str:
+    """The last snapshot in `out` (at the newest slot's position) holds every row of
+    tables big and locked, once, as they are now; returns that snapshot's LSN."""
+    reads = [e for e in read_envelopes(out) if e["op"] == "r"]
+    lsn = max((e["source"]["position"].split(":")[0] for e in reads), key=_lsn)
+    again = [e for e in reads if e["source"]["position"].split(":")[0] == lsn]
+    for table in ("big", "locked"):
+        got = [e for e in again if e["source"]["table"] == f"public.{table}"]
+        expected = _rows_of(dsn, table)
+        assert sorted(e["key"]["id"] for e in got) == sorted(expected), table
+        assert {e["key"]["id"]: e["after"] for e in got} == expected, table
+    return lsn
+
+
 def test_kill_9_during_a_parallel_snapshot_takes_it_again_whole_then_streams(
     tmp_path: Path, postgres_dsn: str
 ) -> None:
@@ -751,57 +818,16 @@ def test_kill_9_during_a_parallel_snapshot_takes_it_again_whole_then_streams(
     import signal
     import subprocess
 
-    from wormhole.testing.helpers import wait_until
-
     rows = 60_000
-    sql(
-        postgres_dsn,
-        "CREATE TABLE big (id int PRIMARY KEY, n int NOT NULL, note text)",
-        f"INSERT INTO big SELECT g, g, repeat('x', 100) FROM generate_series(1, {rows}) g",
-        "CREATE TABLE locked (id int PRIMARY KEY, v text)",
-        "INSERT INTO locked SELECT g, 'v' || g FROM generate_series(1, 100) g",
-    )
-    pipeline = pg_pipeline(
-        tmp_path,
-        postgres_dsn,
-        tables=["public.big", "public.locked"],
-        snapshot_readers=2,
-        batch_updates=1000,
+    pipeline, proc = _run_a_snapshot_of_big_and_locked(
+        tmp_path, postgres_dsn, rows, subprocess.DEVNULL, snapshot_readers=2
     )
     out = tmp_path / "out.jsonl"
     admin = psycopg2.connect(postgres_dsn)
     admin.autocommit = True
     locker = psycopg2.connect(postgres_dsn)
-    proc = subprocess.Popen(
-        cli_command("run", str(pipeline)),
-        cwd=tmp_path,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
     try:
-        with admin.cursor() as cur:
-
-            def slot_made() -> bool:
-                cur.execute("SELECT 1 FROM pg_replication_slots WHERE slot_name = 'wormhole_pg'")
-                return bool(cur.fetchall())
-
-            wait_until(slot_made, 60, "the snapshot's slot")
-            with locker.cursor() as lock:  # while the readers are on the first table
-                lock.execute("LOCK TABLE locked IN ACCESS EXCLUSIVE MODE NOWAIT")
-
-            def waits_for_the_lock() -> bool:
-                cur.execute(
-                    "SELECT count(*) FROM pg_locks WHERE NOT granted AND relation = "
-                    "'locked'::regclass"
-                )
-                return bool(cur.fetchone()[0])
-
-            wait_until(waits_for_the_lock, 60, "the snapshot to wait for the locked table")
-            wait_until(
-                lambda: out.exists() and out.read_bytes().count(b"\n") >= rows,
-                60,
-                "the first table's rows",
-            )
+        _hold_the_snapshot_before_the_locked_table(admin, locker, out, rows)
         proc.send_signal(signal.SIGKILL)
         proc.wait(10)
     finally:
@@ -827,15 +853,7 @@ def test_kill_9_during_a_parallel_snapshot_takes_it_again_whole_then_streams(
     result = run_cli("run", str(pipeline), "--once", cwd=tmp_path)
     assert result.returncode == 0, result
     assert "was interrupted" in result.stderr, result.stderr
-    # The second snapshot (at the new slot's position): every row of each table, once.
-    reads = [e for e in read_envelopes(out) if e["op"] == "r"]
-    lsn = max((e["source"]["position"].split(":")[0] for e in reads), key=_lsn)
-    again = [e for e in reads if e["source"]["position"].split(":")[0] == lsn]
-    for table in ("big", "locked"):
-        got = [e for e in again if e["source"]["table"] == f"public.{table}"]
-        expected = _rows_of(postgres_dsn, table)
-        assert sorted(e["key"]["id"] for e in got) == sorted(expected), table
-        assert {e["key"]["id"]: e["after"] for e in got} == expected, table
+    lsn = _assert_the_snapshot_taken_again(postgres_dsn, out)
     sql(
         postgres_dsn,
         "UPDATE locked SET v = 'after' WHERE id = 1",
@@ -872,54 +890,16 @@ def test_a_snapshot_reader_that_loses_its_connection_stops_the_run_and_the_next_
     again, every row of each table once."""
     import subprocess
 
-    from wormhole.testing.helpers import wait_until
-
-    sql(
-        postgres_dsn,
-        "CREATE TABLE big (id int PRIMARY KEY, note text)",
-        "INSERT INTO big SELECT g, 'n' || g FROM generate_series(1, 20000) g",
-        "CREATE TABLE locked (id int PRIMARY KEY, v text)",
-        "INSERT INTO locked SELECT g, 'v' || g FROM generate_series(1, 100) g",
-    )
-    pipeline = pg_pipeline(
-        tmp_path, postgres_dsn, tables=["public.big", "public.locked"], batch_updates=1000
+    pipeline, proc = _run_a_snapshot_of_big_and_locked(
+        tmp_path, postgres_dsn, 20000, subprocess.PIPE
     )
     out = tmp_path / "out.jsonl"
     admin = psycopg2.connect(postgres_dsn)
     admin.autocommit = True
     locker = psycopg2.connect(postgres_dsn)
-    proc = subprocess.Popen(
-        cli_command("run", str(pipeline)),
-        cwd=tmp_path,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-    )
     try:
+        locker_pid = _hold_the_snapshot_before_the_locked_table(admin, locker, out, 20000)
         with admin.cursor() as cur:
-
-            def slot_made() -> bool:
-                cur.execute("SELECT 1 FROM pg_replication_slots WHERE slot_name = 'wormhole_pg'")
-                return bool(cur.fetchall())
-
-            wait_until(slot_made, 60, "the snapshot's slot")
-            with locker.cursor() as lock:
-                lock.execute("LOCK TABLE locked IN ACCESS EXCLUSIVE MODE NOWAIT")
-                lock.execute("SELECT pg_backend_pid()")
-                (locker_pid,) = lock.fetchone()
-
-            def waits_for_the_lock() -> bool:
-                cur.execute(
-                    "SELECT count(*) FROM pg_locks WHERE NOT granted AND relation = "
-                    "'locked'::regclass"
-                )
-                return bool(cur.fetchone()[0])
-
-            wait_until(waits_for_the_lock, 60, "the snapshot to wait for the locked table")
-            wait_until(
-                lambda: out.exists() and out.read_bytes().count(b"\n") >= 20000,
-                60,
-                "the first table's rows",
-            )
             # The readers, idle in their snapshot's transaction.
             cur.execute(
                 "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity WHERE datname = "
@@ -940,10 +920,4 @@ def test_a_snapshot_reader_that_loses_its_connection_stops_the_run_and_the_next_
     result = run_cli("run", str(pipeline), "--once", cwd=tmp_path)
     assert result.returncode == 0, result
     assert "was interrupted" in result.stderr, result.stderr
-    reads = [e for e in read_envelopes(out) if e["op"] == "r"]
-    lsn = max((e["source"]["position"].split(":")[0] for e in reads), key=_lsn)
-    again = [e for e in reads if e["source"]["position"].split(":")[0] == lsn]
-    for table in ("big", "locked"):
-        got = [e for e in again if e["source"]["table"] == f"public.{table}"]
-        expected = _rows_of(postgres_dsn, table)
-        assert sorted(e["key"]["id"] for e in got) == sorted(expected), table
+    _assert_the_snapshot_taken_again(postgres_dsn, out)

@@ -21,6 +21,7 @@ from wormhole.core.errors import SourceError
 from wormhole.core.metrics import UNDECODED
 from wormhole.core.update import Update
 from wormhole.plugins.components import SourceContext
+from wormhole.testing.helpers import read_updates
 from wormhole.testing.postgres import run_sql as sql
 
 _databases = iter(range(1_000_000))
@@ -48,17 +49,6 @@ def open_source(tmp_path: Path, dsn: str, name: str, **options: Any) -> Postgres
     return source
 
 
-def read(source: PostgresSource, count: int, timeout: float = 30) -> list[Update]:
-    updates: list[Update] = []
-    deadline = time.monotonic() + timeout
-    while len(updates) < count:
-        assert time.monotonic() < deadline, f"{len(updates)} of {count} updates: {updates}"
-        batch = source.read(0.2)
-        if batch is not None:
-            updates.extend(batch.updates)
-    return updates
-
-
 def after(update: Update) -> Any:
     return msgspec.json.decode(bytes(update.after))
 
@@ -84,14 +74,14 @@ def test_text_that_is_not_utf8_is_delivered_as_its_bytes_or_stops_the_source(
     try:
         with caplog.at_level(logging.WARNING, logger="wormhole.postgres"):
             # The snapshot: valid UTF-8 as text, the rest as its bytes.
-            snapshot = read(source, 2)
+            snapshot = read_updates(source, 2)
             assert sorted((after(u)["id"], after(u)["s"]) for u in snapshot) == [
                 (1, "café"),
                 (2, {"undecoded": "41ff"}),
             ]
             insert_bytes(ascii_dsn, (3, b"\xc3(x"), (4, b"next"))
             sql(ascii_dsn, "UPDATE t SET n = 5 WHERE id = 3")
-            changes = read(source, 3)
+            changes = read_updates(source, 3)
         assert [(u.op, after(u)) for u in changes] == [
             ("c", {"id": 3, "s": {"undecoded": "c32878"}, "n": None}),
             ("c", {"id": 4, "s": "next", "n": None}),
@@ -104,7 +94,7 @@ def test_text_that_is_not_utf8_is_delivered_as_its_bytes_or_stops_the_source(
         assert "SQL_ASCII" in warnings[1] and "on_decode_error: stop" in warnings[1]
         assert UNDECODED.labels("public.t", "s")._value.get() == counted + 3
         with pytest.raises(SourceError) as stopped:
-            read(stopping, 10)
+            read_updates(stopping, 10)
         assert "cannot decode column s of public.t at the snapshot" in str(stopped.value)
         assert "on_decode_error: fallback" in str(stopped.value)
     finally:
@@ -121,7 +111,7 @@ def test_the_stream_stops_at_text_that_is_not_utf8_when_asked(
         source.read(0.2)  # the (empty) snapshot
         insert_bytes(ascii_dsn, (1, b"ok"), (2, b"\xfe"))
         with pytest.raises(SourceError) as stopped:
-            read(source, 10)
+            read_updates(source, 10)
         assert "cannot decode column s of public.t at 0/" in str(stopped.value)
         assert "bytes fe" in str(stopped.value)
     finally:
@@ -143,14 +133,14 @@ def test_a_watermark_message_that_is_not_utf8_is_ignored_with_a_warning(
             )
         sql(ascii_dsn, "INSERT INTO t VALUES (2, 'b')")
         with caplog.at_level(logging.WARNING, logger="wormhole.postgres"):
-            changes = read(source, 2)
+            changes = read_updates(source, 2)
         assert [after(u)["id"] for u in changes] == [1, 2]
         assert any(
             "ignoring the logical message with prefix wormhole.watermark.marks at" in r.getMessage()
             for r in caplog.records
         )
         with pytest.raises(SourceError) as stopped:
-            read(stopping, 10)
+            read_updates(stopping, 10)
         assert "cannot decode the logical message" in str(stopped.value)
     finally:
         source.close()

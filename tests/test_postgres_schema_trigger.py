@@ -19,6 +19,7 @@ from wormhole.core.errors import SourceError
 from wormhole.core.update import Update
 from wormhole.plugins.components import SourceContext
 from wormhole.testing import read_envelopes, run_cli, write_pipeline
+from wormhole.testing.helpers import read_updates
 from wormhole.testing.postgres import run_sql as sql
 
 BIG = "repeat('k', 2000)"
@@ -152,17 +153,6 @@ def _open(tmp_path: Path, dsn: str, checkpoint: Any = None, **options: Any) -> P
     return source
 
 
-def _read(source: PostgresSource, count: int, timeout: float = 30) -> list[Update]:
-    updates: list[Update] = []
-    deadline = time.monotonic() + timeout
-    while len(updates) < count:
-        assert time.monotonic() < deadline, f"{len(updates)} of {count} updates: {updates}"
-        batch = source.read(0.2)
-        if batch is not None:
-            updates.extend(batch.updates)
-    return updates
-
-
 def _keys(updates: list[Update]) -> list[tuple[str, str, dict[str, Any]]]:
     return [(u.op, u.table.partition(".")[2], u.key) for u in updates]
 
@@ -185,7 +175,7 @@ def test_changes_are_keyed_by_the_primary_key_at_their_position_after_any_ddl_an
         assert start is not None and start.updates == []
         sql(postgres_dsn, *WORKLOAD)
         with caplog.at_level(logging.WARNING, logger="wormhole.postgres"):
-            decoded = _read(source, len(EXPECTED))
+            decoded = read_updates(source, len(EXPECTED))
     finally:
         source.close()
     assert _keys(decoded) == EXPECTED
@@ -199,7 +189,7 @@ def test_changes_are_keyed_by_the_primary_key_at_their_position_after_any_ddl_an
     # confirmed), with a schema history that already holds every later version.
     again = _open(tmp_path, postgres_dsn, start.checkpoint)
     try:
-        replayed = _read(again, len(EXPECTED))
+        replayed = read_updates(again, len(EXPECTED))
     finally:
         again.close()
     assert _keys(replayed) == EXPECTED
@@ -222,7 +212,7 @@ def test_without_the_trigger_the_catalog_cannot_tell_a_dropped_tables_key(
         rekeyed = [s for s in WORKLOAD if "rekeyed" in s][:7]
         sql(postgres_dsn, *several, *rekeyed)
         with caplog.at_level(logging.WARNING, logger="wormhole.postgres"):
-            decoded = _read(source, 8)
+            decoded = read_updates(source, 8)
     finally:
         source.close()
     keys = _keys(decoded)
@@ -257,7 +247,7 @@ def test_schema_changes_of_published_tables_are_delivered_as_events_when_asked(
             "COMMIT",
             "DROP TABLE app.t",
         )
-        decoded = _read(source, 5)
+        decoded = read_updates(source, 5)
     finally:
         source.close()
     events = [

@@ -12,17 +12,16 @@ from __future__ import annotations
 import logging
 import math
 import threading
-import time
 from pathlib import Path
 from typing import Any
 
 import msgspec
-import psycopg2
+from pg_oracle import oracle_lines
 
 from wormhole.connectors.postgres.options import PostgresOptions
 from wormhole.connectors.postgres.source import PostgresSource
-from wormhole.core.update import Update
 from wormhole.plugins.components import SourceContext
+from wormhole.testing.helpers import read_updates
 from wormhole.testing.postgres import run_sql as sql
 
 TYPES = [
@@ -244,30 +243,6 @@ def _create(table: str) -> str:
     return f"CREATE TABLE {table} (id int PRIMARY KEY, {columns}, c_big text)"
 
 
-def _oracle(dsn: str) -> list[str]:
-    conn = psycopg2.connect(dsn)
-    conn.autocommit = True
-    with conn.cursor() as cur:
-        cur.execute(
-            "SELECT data FROM pg_logical_slot_get_changes('oracle', NULL, NULL, "
-            "'skip-empty-xacts', '1')"
-        )
-        lines = [row[0] for row in cur.fetchall()]
-    conn.close()
-    return [line for line in lines if line.startswith("table ")]
-
-
-def _read(source: PostgresSource, count: int, timeout: float = 30) -> list[Update]:
-    updates: list[Update] = []
-    deadline = time.monotonic() + timeout
-    while len(updates) < count:
-        assert time.monotonic() < deadline, f"{len(updates)} of {count} updates"
-        batch = source.read(0.2)
-        if batch is not None:
-            updates.extend(batch.updates)
-    return updates
-
-
 def _same_value(ours: Any, oracle: Any, where: str) -> None:
     """One value: ours (a JSON value) against test_decoding's text, exactly."""
     from pg_oracle import UNCHANGED
@@ -327,7 +302,7 @@ def test_every_common_type_agrees_value_for_value_with_test_decoding(
     context = SourceContext("ours", tmp_path / "ours", 4, threading.Event(), logging.getLogger("t"))
     source.open(context, None)
     try:
-        snapshot = _read(source, len(snapshot_rows))
+        snapshot = read_updates(source, len(snapshot_rows))
         assert {u.op for u in snapshot} == {"r"}
         stream_sql = []
         for table in ("types", "types_full"):
@@ -340,10 +315,10 @@ def test_every_common_type_agrees_value_for_value_with_test_decoding(
                 f"DELETE FROM {table} WHERE id IN (101, 102, {100 + ROWS})",
             ]
         sql(postgres_dsn, "SET synchronous_commit TO on", *stream_sql)
-        oracle = [parse_change(line) for line in _oracle(postgres_dsn)]
+        oracle = [parse_change(line) for line in oracle_lines(postgres_dsn)]
         per_table = (ROWS + 1) + 1 + (ROWS + 1 + 3) + 1 + 3
         assert len(oracle) == len(snapshot_rows) + 2 * per_table
-        stream = _read(source, len(oracle) - len(snapshot_rows))
+        stream = read_updates(source, len(oracle) - len(snapshot_rows))
         # A backfill reads the rows as they are now, by the stream's value rules.
         backfilled = {}
         for table in tables:

@@ -7,7 +7,13 @@ import argparse
 import json
 from typing import Any
 
-from wormhole.cli.shared import EXIT_OK, PIPELINE_HELP, load, of_estimate, print_backfills
+from wormhole.cli.shared import (
+    EXIT_OK,
+    load,
+    of_estimate,
+    pipeline_command,
+    print_backfills,
+)
 from wormhole.core import backfill as bf
 from wormhole.core.deployment import application_names
 from wormhole.core.errors import BackfillError
@@ -19,12 +25,13 @@ from wormhole.plugins.hookspecs import hookimpl
 
 @hookimpl(tryfirst=True)
 def wormhole_commands(commands: Any) -> None:
-    backfill = commands.add_parser(
+    backfill = pipeline_command(
+        commands,
         "backfill",
-        help="re-read a table in key-order chunks while the stream flows, for every "
+        "re-read a table in key-order chunks while the stream flows, for every "
         "application or one (--list, --cancel ID)",
+        cmd_backfill,
     )
-    backfill.add_argument("pipeline", help=PIPELINE_HELP)
     backfill.add_argument("--table", help="the table, as schema.table")
     backfill.add_argument(
         "--where", help="SQL condition on the table's rows: only those are backfilled"
@@ -42,7 +49,6 @@ def wormhole_commands(commands: Any) -> None:
     backfill.add_argument("--list", action="store_true", help="every backfill and its progress")
     backfill.add_argument("--cancel", type=int, metavar="ID", help="stop a backfill")
     backfill.add_argument("--json", action="store_true", help="--list as JSON")
-    backfill.set_defaults(func=cmd_backfill)
 
 
 def cmd_backfill(args: argparse.Namespace) -> int:

@@ -7,7 +7,7 @@ import argparse
 import json
 from typing import Any
 
-from wormhole.cli.shared import EXIT_OK, PIPELINE_HELP, load
+from wormhole.cli.shared import EXIT_OK, load, pipeline_command
 from wormhole.core import dead_letters as dl
 from wormhole.core.deployment import application_names
 from wormhole.core.errors import WormholeError
@@ -25,6 +25,12 @@ ACTIONS = (
     ("purge", "remove dead letters without delivering them (--id ID or --yes for all)"),
 )
 
+ID_HELP = {
+    "replay": "(repeatable); replay takes its whole key",
+    "purge": "(repeatable); the others stay",
+}
+"""The actions taking ``--id``: what it does in each."""
+
 
 @hookimpl(tryfirst=True)
 def wormhole_commands(commands: Any) -> None:
@@ -35,33 +41,22 @@ def wormhole_commands(commands: Any) -> None:
     )
     actions = dead.add_subparsers(dest="action", required=True, metavar="ACTION")
     for action, help_text in ACTIONS:
-        command = actions.add_parser(action, help=help_text)
-        command.add_argument("pipeline", help=PIPELINE_HELP)
+        command = pipeline_command(actions, action, help_text, cmd_dead_letters)
         command.add_argument("--app", required=True, help="the application")
         if action == "show":
             command.add_argument("id", type=int, help="the dead letter's id")
         if action == "list":
             command.add_argument("--json", action="store_true", help="print the list as JSON")
-        if action == "replay":
+        if action in ID_HELP:
             command.add_argument(
-                "--id",
-                type=int,
-                action="append",
-                help="only this dead letter (repeatable); replay takes its whole key",
+                "--id", type=int, action="append", help=f"only this dead letter {ID_HELP[action]}"
             )
         if action == "purge":
-            command.add_argument(
-                "--id",
-                type=int,
-                action="append",
-                help="only this dead letter (repeatable); the others stay",
-            )
             command.add_argument("--yes", action="store_true", help="purge every dead letter")
         if action == "replay":
             command.add_argument(
                 "--instance", type=int, default=0, help="open the sink as this subscriber number"
             )
-    dead.set_defaults(func=cmd_dead_letters)
 
 
 def cmd_dead_letters(args: argparse.Namespace) -> int:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from wormhole.cli.shared import EXIT_OK, PIPELINE_HELP, load
+from wormhole.cli.shared import EXIT_OK, load, pipeline_command
 from wormhole.core.deployment import application_names
 from wormhole.core.errors import WormholeError
 from wormhole.core.status import read_live_status
@@ -15,14 +15,14 @@ from wormhole.plugins.hookspecs import hookimpl
 
 @hookimpl(tryfirst=True)
 def wormhole_commands(commands: Any) -> None:
-    forget = commands.add_parser(
+    forget = pipeline_command(
+        commands,
         "forget",
-        help="delete the datamarkers of an application removed from the pipeline file, "
+        "delete the datamarkers of an application removed from the pipeline file, "
         "releasing the publisher log it holds",
+        cmd_forget,
     )
-    forget.add_argument("pipeline", help=PIPELINE_HELP)
     forget.add_argument("app", help="an application no longer in the file")
-    forget.set_defaults(func=cmd_forget)
 
 
 def cmd_forget(args: argparse.Namespace) -> int:

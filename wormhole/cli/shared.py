@@ -3,9 +3,11 @@ output helpers."""
 
 from __future__ import annotations
 
+import argparse
 import json
 import logging
 import sys
+from collections.abc import Callable
 from typing import Any
 
 from wormhole.core.pipeline import READ_STATE_UNUSED, Pipeline, load_pipeline
@@ -16,6 +18,17 @@ EXIT_INCOMPLETE = 3
 """``run --once`` stopped (SIGINT, SIGTERM) before every application had its end position."""
 
 PIPELINE_HELP = "pipeline file (YAML)"
+
+
+def pipeline_command(
+    commands: Any, name: str, help: str, func: Callable[[argparse.Namespace], int]
+) -> argparse.ArgumentParser:
+    """Command ``name`` (a parser of ``commands``, the subparsers), run by ``func``, whose
+    first argument is the pipeline file."""
+    command: argparse.ArgumentParser = commands.add_parser(name, help=help)
+    command.add_argument("pipeline", help=PIPELINE_HELP)
+    command.set_defaults(func=func)
+    return command
 
 
 def load(path: str, reads_state_only: bool = False) -> Pipeline:

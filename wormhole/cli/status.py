@@ -9,7 +9,7 @@ import json
 from dataclasses import asdict
 from typing import Any
 
-from wormhole.cli.shared import EXIT_OK, PIPELINE_HELP, load, print_backfills
+from wormhole.cli.shared import EXIT_OK, load, pipeline_command, print_backfills
 from wormhole.core.backfill import summary as backfill_summary
 from wormhole.core.dead_letters import count_dead_letters
 from wormhole.core.deployment import deployment as deployment_view
@@ -24,10 +24,8 @@ TEXT_ONLY = ("log_info", "live", "registry")
 
 @hookimpl(tryfirst=True)
 def wormhole_commands(commands: Any) -> None:
-    status = commands.add_parser("status", help="datamarker and lag of every flow")
-    status.add_argument("pipeline", help=PIPELINE_HELP)
+    status = pipeline_command(commands, "status", "datamarker and lag of every flow", cmd_status)
     status.add_argument("--json", action="store_true", help="print the status as JSON")
-    status.set_defaults(func=cmd_status)
 
 
 def cmd_status(args: argparse.Namespace) -> int:

@@ -7,7 +7,7 @@ import os
 import signal
 from typing import Any
 
-from wormhole.cli.shared import EXIT_OK, PIPELINE_HELP, load
+from wormhole.cli.shared import EXIT_OK, load, pipeline_command
 from wormhole.core.errors import ConfigError
 from wormhole.core.metrics import parse_listen, serve
 from wormhole.core.publisher import tune_gc
@@ -18,10 +18,12 @@ from wormhole.plugins.hookspecs import hookimpl
 
 @hookimpl(tryfirst=True)
 def wormhole_commands(commands: Any) -> None:
-    subscribe = commands.add_parser(
-        "subscribe", help="run one subscriber of an application, with its sink, on any machine"
+    subscribe = pipeline_command(
+        commands,
+        "subscribe",
+        "run one subscriber of an application, with its sink, on any machine",
+        cmd_subscribe,
     )
-    subscribe.add_argument("pipeline", help=PIPELINE_HELP)
     subscribe.add_argument("--app", required=True, help="the application to subscribe as")
     subscribe.add_argument(
         "--publisher",
@@ -38,7 +40,6 @@ def wormhole_commands(commands: Any) -> None:
         help="serve this subscriber's Prometheus metrics here (sink latency, retries, ...)",
     )
     subscribe.add_argument("--exit-with-parent", type=int, metavar="PID", help=argparse.SUPPRESS)
-    subscribe.set_defaults(func=cmd_subscribe)
 
 
 def cmd_subscribe(args: argparse.Namespace) -> int:

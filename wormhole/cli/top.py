@@ -7,25 +7,25 @@ import argparse
 import contextlib
 from typing import Any
 
-from wormhole.cli.shared import EXIT_OK, PIPELINE_HELP, load
+from wormhole.cli.shared import EXIT_OK, load, pipeline_command
 from wormhole.core.errors import ConfigError
 from wormhole.plugins.hookspecs import hookimpl
 
 
 @hookimpl(tryfirst=True)
 def wormhole_commands(commands: Any) -> None:
-    top = commands.add_parser(
+    top = pipeline_command(
+        commands,
         "top",
-        help="a live view: per application throughput, lag, subscribers, caravans; source lag",
+        "a live view: per application throughput, lag, subscribers, caravans; source lag",
+        cmd_top,
     )
-    top.add_argument("pipeline", help=PIPELINE_HELP)
     top.add_argument(
         "--interval", type=float, default=2.0, help="seconds between refreshes (default 2)"
     )
     top.add_argument(
         "--once", action="store_true", help="print one frame and exit (plain text off a terminal)"
     )
-    top.set_defaults(func=cmd_top)
 
 
 def cmd_top(args: argparse.Namespace) -> int:

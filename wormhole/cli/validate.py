@@ -5,15 +5,13 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from wormhole.cli.shared import EXIT_OK, PIPELINE_HELP, load
+from wormhole.cli.shared import EXIT_OK, load, pipeline_command
 from wormhole.plugins.hookspecs import hookimpl
 
 
 @hookimpl(tryfirst=True)
 def wormhole_commands(commands: Any) -> None:
-    validate = commands.add_parser("validate", help="check a pipeline file")
-    validate.add_argument("pipeline", help=PIPELINE_HELP)
-    validate.set_defaults(func=cmd_validate)
+    pipeline_command(commands, "validate", "check a pipeline file", cmd_validate)
 
 
 def cmd_validate(args: argparse.Namespace) -> int:

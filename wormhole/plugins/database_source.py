@@ -28,7 +28,7 @@ import queue
 import threading
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -38,7 +38,7 @@ from wormhole.core.backoff import Backoff
 from wormhole.core.errors import SourceError, SourceStopped, first_line
 from wormhole.core.metrics import reconnecting
 from wormhole.core.progress import Progress, ProgressTask
-from wormhole.core.update import NULL, Update, snapshot_read
+from wormhole.core.update import NULL, Update
 from wormhole.plugins.components import SourceBatch, SourceContext
 
 _encode = msgspec.json.Encoder().encode
@@ -399,36 +399,27 @@ class DatabaseSource(ABC):
         now_ms = int(time.time() * 1000)
         index = self.snapshot_index
         columns = table.columns
-        if table.encoded:
-            raw = _Raw
-            made = [
-                Update(
-                    op="r",
-                    key=key,
-                    after=raw(document),
-                    table=name,
-                    connector=connector,
-                    position=f"{position}:{index + n}",
-                    logical=logical,
-                    ts_ms=now_ms,
-                    columns=columns,
-                )
-                for n, (key, document) in enumerate(table.rows(rows), 1)
-            ]
+        pairs: Iterable[tuple[dict[str, Any], bytes]]
+        if table.encoded:  # (key, encoded row) pairs already
+            pairs = table.rows(rows)
         else:
-            made = [
-                snapshot_read(
-                    row,
-                    keys,
-                    table=name,
-                    connector=connector,
-                    position=f"{position}:{index + n}",
-                    logical=logical,
-                    ts_ms=now_ms,
-                    columns=columns,
-                )
-                for n, row in enumerate(table.rows(rows), 1)
-            ]
+            encode = _encode
+            pairs = (({k: row[k] for k in keys}, encode(row)) for row in table.rows(rows))
+        raw = _Raw
+        made = [
+            Update(
+                op="r",
+                key=key,
+                after=raw(document),
+                table=name,
+                connector=connector,
+                position=f"{position}:{index + n}",
+                logical=logical,
+                ts_ms=now_ms,
+                columns=columns,
+            )
+            for n, (key, document) in enumerate(pairs, 1)
+        ]
         if not made:
             return
         first_overall = index == 0

@@ -12,13 +12,16 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import msgspec
 import pytest
 import yaml
 
-from wormhole.core.update import Envelope
+from wormhole.core.update import Envelope, Update
+
+if TYPE_CHECKING:
+    from wormhole.plugins.components import Source
 
 
 def in_ci() -> bool:
@@ -239,3 +242,15 @@ def start_on_free_port(start: Callable[[int], S], attempts: int = 5) -> S:
             if attempt == attempts - 1:
                 raise
     raise AssertionError("unreachable")
+
+
+def read_updates(source: Source, count: int, timeout: float = 30) -> list[Update]:
+    """The next ``count`` updates of an open ``source``; fails after ``timeout`` seconds."""
+    updates: list[Update] = []
+    deadline = time.monotonic() + timeout
+    while len(updates) < count:
+        assert time.monotonic() < deadline, f"{len(updates)} of {count} updates: {updates!r:.4000}"
+        batch = source.read(0.2)
+        if batch is not None:
+            updates.extend(batch.updates)
+    return updates

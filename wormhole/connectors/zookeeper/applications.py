@@ -60,23 +60,8 @@ class Applications:
         return session.retrying("store the pipeline file's applications", seed)
 
     def read(self, watcher: Callable[[Any], None] | None) -> RawApplications:
-        from kazoo.exceptions import NoNodeError
-
-        do = self.session.do
-        parent = self.layout.applications
-        try:
-            children = do("get_children", parent, watch=watcher)
-        except NoNodeError:
-            if watcher is not None:
-                do("exists", parent, watch=watcher)
-            return {}
         out: RawApplications = {}
-        for child in sorted(children):
-            path = f"{parent}/{child}"
-            try:
-                data, _stat = do("get", path, watch=watcher)
-            except NoNodeError:
-                continue
+        for child, path, data, _stat in self.session.children(self.layout.applications, watcher):
             try:
                 out[child] = decode_object(data)
             except ValueError as exc:

@@ -10,6 +10,11 @@ from __future__ import annotations
 
 import dataclasses
 import threading
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from wormhole.connectors.zookeeper.nodes import Layout, SkippedNodes
+    from wormhole.connectors.zookeeper.session import Session
 
 
 @dataclasses.dataclass
@@ -40,3 +45,16 @@ class OwnedNodes:
     def __init__(self) -> None:
         self.lock = threading.RLock()
         self.orphans: list[str] = []
+
+
+class Registrations:
+    """Base of the publishers' and subscribers' registrations: the session and layout they
+    write with, the nodes they share, and the warnings about nodes they cannot read."""
+
+    def __init__(
+        self, session: Session, layout: Layout, owned: OwnedNodes, skipped: SkippedNodes
+    ) -> None:
+        self.session = session
+        self.layout = layout
+        self.owned = owned
+        self.skipped = skipped

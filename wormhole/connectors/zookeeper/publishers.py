@@ -14,7 +14,7 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
-from wormhole.connectors.zookeeper.ephemeral import OwnedNode, OwnedNodes
+from wormhole.connectors.zookeeper.ephemeral import OwnedNode, OwnedNodes, Registrations
 from wormhole.connectors.zookeeper.nodes import (
     Layout,
     SkippedNodes,
@@ -32,16 +32,13 @@ from wormhole.plugins.components import DatastoreHeld, PublisherEntry
 log = logging.getLogger("wormhole.zookeeper")
 
 
-class Publishers:
+class Publishers(Registrations):
     """This process's publisher registrations and statuses, and everyone's, read."""
 
     def __init__(
         self, session: Session, layout: Layout, owned: OwnedNodes, skipped: SkippedNodes
     ) -> None:
-        self.session = session
-        self.layout = layout
-        self.owned = owned
-        self.skipped = skipped
+        super().__init__(session, layout, owned, skipped)
         self._publishers: dict[str, OwnedNode] = {}
         self._statuses: dict[str, OwnedNode] = {}
 
@@ -191,22 +188,8 @@ class Publishers:
 
     # ---------------------------------------------------------------- reads
     def read(self, watcher: Callable[[Any], None] | None) -> list[PublisherEntry]:
-        from kazoo.exceptions import NoNodeError
-
-        parent = self.layout.publishers
-        do = self.session.do
-        try:
-            children = do("get_children", parent, watch=watcher)
-        except NoNodeError:
-            do("exists", parent, watch=watcher)
-            return []
         entries: list[PublisherEntry] = []
-        for child in sorted(children):
-            path = f"{parent}/{child}"
-            try:
-                data, stat = do("get", path, watch=watcher)
-            except NoNodeError:
-                continue
+        for child, path, data, stat in self.session.children(self.layout.publishers, watcher):
             try:
                 raw = decode_object(data)
                 datastore = datastore_of(child, raw)
@@ -221,26 +204,13 @@ class Publishers:
         self.session.dispatcher.watch(f"the publishers of {self.layout.dataset}", self.read, fn)
 
     def statuses(self) -> dict[str, dict[str, Any]]:
-        from kazoo.exceptions import NoNodeError
-
-        parent = self.layout.statuses
-        do = self.session.do
-
         def read() -> dict[str, dict[str, Any]]:
             out: dict[str, dict[str, Any]] = {}
-            try:
-                children = do("get_children", parent)
-            except NoNodeError:
-                return out
-            for child in sorted(children):
-                try:
-                    data, stat = do("get", f"{parent}/{child}")
-                except NoNodeError:
-                    continue
+            for child, path, data, stat in self.session.children(self.layout.statuses):
                 try:
                     out[child] = decode_object(data)
                 except ValueError as exc:
-                    self.skipped.warn(f"{parent}/{child}", stat.mzxid, str(exc))
+                    self.skipped.warn(path, stat.mzxid, str(exc))
             return out
 
         return self.session.retrying("read the publishers' status", read)

@@ -145,6 +145,31 @@ class Session:
         wait = timeout if timeout is not None else self.options.session_timeout_ms / 1000
         return result.get(timeout=wait)
 
+    def children(
+        self, parent: str, watcher: Callable[[Any], None] | None = None
+    ) -> list[tuple[str, str, bytes, Any]]:
+        """The children of ``parent`` in name order, each as (name, path, data, stat),
+        leaving out those deleted meanwhile; none if ``parent`` does not exist. A
+        ``watcher`` is set on the list of children and on each child read (or on the
+        parent's creation)."""
+        from kazoo.exceptions import NoNodeError
+
+        try:
+            names = self.do("get_children", parent, watch=watcher)
+        except NoNodeError:
+            if watcher is not None:
+                self.do("exists", parent, watch=watcher)
+            return []
+        out: list[tuple[str, str, bytes, Any]] = []
+        for name in sorted(names):
+            path = f"{parent}/{name}"
+            try:
+                data, stat = self.do("get", path, watch=watcher)
+            except NoNodeError:
+                continue
+            out.append((name, path, data, stat))
+        return out
+
     def commit(self, transaction: Any, timeout: float | None = None) -> list[Any]:
         """Commit a kazoo ``TransactionRequest``: each operation's result (an exception
         for a failed one, ``RolledBackError`` for the others)."""

@@ -11,7 +11,7 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
-from wormhole.connectors.zookeeper.ephemeral import OwnedNode, OwnedNodes
+from wormhole.connectors.zookeeper.ephemeral import OwnedNode, OwnedNodes, Registrations
 from wormhole.connectors.zookeeper.nodes import (
     Layout,
     SkippedNodes,
@@ -27,16 +27,13 @@ from wormhole.plugins.components import SubscriberEntry
 log = logging.getLogger("wormhole.zookeeper")
 
 
-class Subscribers:
+class Subscribers(Registrations):
     """This process's subscriber registrations, and an application's subscribers, read."""
 
     def __init__(
         self, session: Session, layout: Layout, owned: OwnedNodes, skipped: SkippedNodes
     ) -> None:
-        self.session = session
-        self.layout = layout
-        self.owned = owned
-        self.skipped = skipped
+        super().__init__(session, layout, owned, skipped)
         self._subscribers: dict[tuple[str, str], OwnedNode] = {}
         """By (application, instance)."""
 
