@@ -11,6 +11,7 @@ import os
 import shutil
 import subprocess
 import tempfile
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from itertools import count
@@ -59,19 +60,32 @@ class PostgresServer:
 
         conn = psycopg2.connect(self.dsn())
         conn.autocommit = True
-        with conn.cursor() as cur:
-            cur.execute(
-                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = %s "
-                "AND pid <> pg_backend_pid()",
-                (name,),
-            )
-            cur.execute(
-                "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots "
-                "WHERE database = %s AND NOT active",
-                (name,),
-            )
-            cur.execute(f"DROP DATABASE IF EXISTS {name}")
-        conn.close()
+        try:
+            with conn.cursor() as cur:
+                # A terminated backend (a walsender holding a slot, say) leaves a moment
+                # later: wait until none is left, or the slot is still active at the drop.
+                deadline = time.monotonic() + 30
+                while True:
+                    cur.execute(
+                        "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
+                        "WHERE datname = %s AND pid <> pg_backend_pid()",
+                        (name,),
+                    )
+                    cur.execute(
+                        "SELECT count(*) FROM pg_replication_slots WHERE database = %s AND active",
+                        (name,),
+                    )
+                    if cur.fetchone()[0] == 0 or time.monotonic() > deadline:
+                        break
+                    time.sleep(0.05)
+                cur.execute(
+                    "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots "
+                    "WHERE database = %s AND NOT active",
+                    (name,),
+                )
+                cur.execute(f"DROP DATABASE IF EXISTS {name}")
+        finally:
+            conn.close()
 
 
 def run_sql(dsn: str, *statements: str) -> None:
