@@ -75,7 +75,8 @@ class PostgresServer:
                         "SELECT count(*) FROM pg_replication_slots WHERE database = %s AND active",
                         (name,),
                     )
-                    if cur.fetchone()[0] == 0 or time.monotonic() > deadline:
+                    (active,) = cur.fetchone() or (0,)
+                    if active == 0 or time.monotonic() > deadline:
                         break
                     time.sleep(0.05)
                 cur.execute(
