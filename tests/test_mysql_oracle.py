@@ -21,8 +21,9 @@ from typing import Any
 
 import msgspec
 import pytest
-from test_mysql_values import open_source, read_changes
+from test_mysql_values import open_source
 
+from wormhole.testing.helpers import read_updates
 from wormhole.testing.mysql import MariaDBServer
 
 FSPS = range(7)
@@ -344,7 +345,7 @@ def test_values_agree_with_the_servers_own_binlog_decoder(
             )
         }
         expected = expand(theirs)
-        ours = read_changes(source, len(expected))
+        ours = read_updates(source, len(expected))
     finally:
         source.close()
     normaliser = Normaliser(mariadb_server, unsigned, members)
