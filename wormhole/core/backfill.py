@@ -8,12 +8,9 @@ thread, with the watermark algorithm of DBLog (Andreakis and Papapanagiotou, 202
 1. While the stream is not being read (the tailer thread is busy here), write a *low*
    watermark into the datastore's log, select one chunk of rows by key (after the last
    chunk's last key), and write a *high* watermark.
-2. Read the stream on. Up to the high watermark, every change of the table drops the
-   chunk's row of its key (the stream's version is the newer one); a truncate drops them
-   all. The window opens when the chunk is read, before the low watermark: a transaction
-   whose commit sorts before the low watermark can still be invisible to the chunk's
-   read (PostgreSQL shows a commit when the transaction leaves the proc array, after its
-   commit record is written; a later transaction may be visible first).
+2. Read the stream on. Between the low and the high watermark, every change of the
+   table drops the chunk's row of its key (the stream's version is the newer one); a
+   truncate drops them all.
 3. At the high watermark the chunk's remaining rows are emitted, as op ``r`` updates at
    the high watermark's position, in their own publisher-log batch right after the
    stream's updates before it: in order with the stream, per key.
@@ -328,7 +325,7 @@ class _Chunk:
     final: bool
     """Fewer rows than asked: the table ends here."""
     open: bool = False
-    """The low watermark was passed (a high watermark without it is not trusted)."""
+    """The low watermark was passed: the stream's changes now drop rows."""
 
 
 @dataclass
@@ -421,12 +418,7 @@ class Backfiller:
         chunk = active.chunk if active is not None else None
         if chunk is None or active is None:
             return None
-        if chunk.rows and batch.updates:
-            # From the chunk's read on, not only from its low watermark: a transaction the
-            # read did not see may still sort before the low watermark in the log (a
-            # database can make a commit visible after a later one's), and its change is
-            # the newer one. Dropping a row is always safe: the stream carries its key's
-            # changes.
+        if chunk.open and chunk.rows and batch.updates:
             table, rows = active.plan.table, chunk.rows
             for u in batch.updates:
                 if u.table != table:
