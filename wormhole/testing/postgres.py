@@ -137,10 +137,13 @@ def start_postgres() -> Iterator[PostgresServer]:
         check=True,
         capture_output=True,
     )
+    # fsync=off makes commits cheap; commits stay synchronous, so a transaction's WAL is
+    # written when its COMMIT returns, as tests expect of a change made before `run --once`
+    # (with synchronous_commit=off it is written up to wal_writer_delay later).
     options = (
         f"-p {port} -c listen_addresses=127.0.0.1 -k {directory} -c wal_level=logical "
         f"-c max_replication_slots=20 -c max_wal_senders=20 -c fsync=off "
-        f"-c synchronous_commit=off -c full_page_writes=off"
+        f"-c full_page_writes=off"
     )
     subprocess.run(
         _as_postgres(
