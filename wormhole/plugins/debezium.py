@@ -612,28 +612,7 @@ _TEXT_TYPES = frozenset({"text", "character varying", "character", "name", '"cha
 
 
 # ------------------------------------------------------------------- tables
-_SOURCE_SCHEMAS: dict[str, list[tuple[str, str, bool]]] = {
-    # Debezium's source block schema per connector: (field, Connect type, optional).
-    "postgresql": [
-        ("version", "string", False),
-        ("connector", "string", False),
-        ("name", "string", False),
-        ("ts_ms", "int64", False),
-        ("snapshot", "enum", True),
-        ("db", "string", False),
-        ("sequence", "string", True),
-        ("ts_us", "int64", True),
-        ("ts_ns", "int64", True),
-        ("schema", "string", False),
-        ("table", "string", False),
-        ("txId", "int64", True),
-        ("lsn", "int64", True),
-        ("xmin", "int64", True),
-        ("origin", "string", True),
-        ("origin_lsn", "int64", True),
-    ],
-}
-_SOURCE_SCHEMAS["mysql"] = [
+_SOURCE_COMMON: list[tuple[str, str, bool]] = [
     ("version", "string", False),
     ("connector", "string", False),
     ("name", "string", False),
@@ -643,15 +622,32 @@ _SOURCE_SCHEMAS["mysql"] = [
     ("sequence", "string", True),
     ("ts_us", "int64", True),
     ("ts_ns", "int64", True),
-    ("table", "string", True),
-    ("server_id", "int64", False),
-    ("gtid", "string", True),
-    ("file", "string", False),
-    ("pos", "int64", False),
-    ("row", "int32", False),
-    ("thread", "int64", True),
-    ("query", "string", True),
 ]
+"""The fields every Debezium source block starts with, in its order."""
+_SOURCE_SCHEMAS: dict[str, list[tuple[str, str, bool]]] = {
+    # Debezium's source block schema per connector: (field, Connect type, optional).
+    "postgresql": [
+        *_SOURCE_COMMON,
+        ("schema", "string", False),
+        ("table", "string", False),
+        ("txId", "int64", True),
+        ("lsn", "int64", True),
+        ("xmin", "int64", True),
+        ("origin", "string", True),
+        ("origin_lsn", "int64", True),
+    ],
+    "mysql": [
+        *_SOURCE_COMMON,
+        ("table", "string", True),
+        ("server_id", "int64", False),
+        ("gtid", "string", True),
+        ("file", "string", False),
+        ("pos", "int64", False),
+        ("row", "int32", False),
+        ("thread", "int64", True),
+        ("query", "string", True),
+    ],
+}
 _SOURCE_NAMES = {
     "postgresql": "io.debezium.connector.postgresql.Source",
     "mysql": "io.debezium.connector.mysql.Source",
