@@ -10,7 +10,9 @@ thread, with the watermark algorithm of DBLog (Andreakis and Papapanagiotou, 202
    chunk's last key), and write a *high* watermark.
 2. Read the stream on. Between the low and the high watermark, every change of the
    table drops the chunk's row of its key (the stream's version is the newer one); a
-   truncate drops them all.
+   truncate drops them all. Before the low watermark, so does a change of a transaction
+   the chunk's read did not see (:meth:`SourceBackfill.backfill_unseen`: PostgreSQL
+   makes a transaction visible a moment after its commit record is in the WAL).
 3. At the high watermark the chunk's remaining rows are emitted, as op ``r`` updates at
    the high watermark's position, in their own publisher-log batch right after the
    stream's updates before it: in order with the stream, per key.
@@ -418,10 +420,12 @@ class Backfiller:
         chunk = active.chunk if active is not None else None
         if chunk is None or active is None:
             return None
-        if chunk.open and chunk.rows and batch.updates:
+        if chunk.rows and batch.updates:
             table, rows = active.plan.table, chunk.rows
+            # Before the low watermark, only a change the chunk's read did not see.
+            unseen = None if chunk.open else self.source.backfill_unseen
             for u in batch.updates:
-                if u.table != table:
+                if u.table != table or (unseen is not None and not unseen(u)):
                     continue
                 if u.op == "t":
                     chunk.rows = rows = {}

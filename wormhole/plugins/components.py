@@ -322,7 +322,20 @@ class SourceBackfill(Protocol):
         (the backfill fails with the message); any other error is taken as passing (the
         chunk is read again a moment later). The read must see every transaction that is
         in the log before the low watermark (PostgreSQL: one whose commit record is written
-        is not visible until a moment later; the source waits for it)."""
+        is not visible until a moment later; the source waits for it), or name those it
+        did not see through :meth:`backfill_unseen`."""
+
+    def backfill_unseen(self, update: Update) -> bool:
+        """Whether a change the stream returns after the last :meth:`backfill_chunk` and
+        before that chunk's low watermark belongs to a transaction the chunk's read did
+        not see. The engine then drops the chunk's row of that key, as for a change
+        between the watermarks (the stream's version is the newer one). A source whose
+        chunk reads see every transaction before the low watermark returns False
+        (:class:`wormhole.plugins.database_source.DatabaseSource` does).
+
+        PostgreSQL needs it: a transaction's commit record is in the WAL (so before the
+        low watermark) a moment before the transaction is marked committed and becomes
+        visible, and a chunk's snapshot taken in that moment does not see it."""
 
 
 @runtime_checkable

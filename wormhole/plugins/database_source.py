@@ -263,6 +263,11 @@ class DatabaseSource(ABC):
         snapshot is read, nor before the stream's start position was recorded."""
         return self.phase == "stream" and not self.announce
 
+    def backfill_unseen(self, update: Update) -> bool:
+        """For sources that offer backfills (:class:`SourceBackfill`): a chunk's read sees
+        every transaction before its low watermark, unless a subclass says otherwise."""
+        return False
+
     def reached(self, end: Any) -> bool:
         if self.announce or self.phase == "snapshot" or self.in_txn:
             return False

@@ -16,6 +16,7 @@ only to ``flush`` of batches the publisher log has made durable.
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import itertools
 import json
@@ -24,6 +25,7 @@ import re
 import select
 import threading
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass, replace
 from typing import Any, NamedTuple
 
@@ -284,6 +286,24 @@ class CatalogTable(NamedTuple):
     """The columns of the REPLICA IDENTITY USING INDEX index."""
 
 
+class Invisible:
+    """The transactions a snapshot does not see, as the stream names them (pgoutput's
+    32-bit transaction ids): those it lists as running, and every one from its ``xmax``
+    on (a transaction running when the snapshot was taken, but with an id at or above
+    the newest completed one, is not listed). Transactions below ``xmin`` that the stream
+    returns committed, so the snapshot sees them."""
+
+    __slots__ = ("running", "xmax")
+
+    def __init__(self, xmax: int, running: Iterable[int]) -> None:
+        self.xmax = xmax & 0xFFFFFFFF
+        self.running = frozenset(x & 0xFFFFFFFF for x in running)
+
+    def __contains__(self, xid: int) -> bool:
+        # At or after xmax in the 32-bit circle of transaction ids.
+        return xid in self.running or ((xid - self.xmax) & 0xFFFFFFFF) < 0x80000000
+
+
 class PostgresSource(DatabaseSource):
     connector = "postgres"
     logger = log
@@ -325,6 +345,10 @@ class PostgresSource(DatabaseSource):
         # Backfills: the watermarks of this slot's pipeline, and the chunks' connection.
         self.watermark_prefix = ""
         self.pending_watermark: str | None = None
+        self.chunk_unseen: Invisible | None = None
+        """The transactions the last chunk's snapshot did not see."""
+        self.streamed_txids: collections.deque[int] = collections.deque(maxlen=4096)
+        """The last transactions the stream read (their commit records are written)."""
         self.backfill_conn: Any = None
         self.decode_errors = DecodeErrors(options.on_decode_error == "stop")
         self.raw_text = False
@@ -874,6 +898,14 @@ class PostgresSource(DatabaseSource):
             fetched = [self._utf8_chunk_row(plan.table, row, len(keys), at) for row in fetched]
         return self._chunk_updates(plan, kinds, fetched)
 
+    def backfill_unseen(self, update: Update) -> bool:
+        """A change of a transaction the last chunk's snapshot did not see: if the
+        stream returns it before that chunk's low watermark, its commit record was written
+        before the watermark but the transaction was not visible yet when the chunk was
+        read (see :meth:`_visible_snapshot`)."""
+        unseen = self.chunk_unseen
+        return unseen is not None and update.txid is not None and update.txid in unseen
+
     def _utf8_chunk_row(self, table: str, row: Any, n_keys: int, at: str) -> Any:
         """A row (key values, then its JSON) of a SQL_ASCII database whose JSON holds bytes
         that are not UTF-8: each such text value (key or column) as :func:`pg.undecoded`."""
@@ -894,17 +926,26 @@ class PostgresSource(DatabaseSource):
         """Begin a read-only REPEATABLE READ transaction whose snapshot sees every
         transaction committed so far. A transaction writes its commit record (and so comes
         before the low watermark in the stream) a moment before it becomes visible, longer
-        under synchronous replication, where it waits for a standby: a snapshot that still
-        lists such a transaction as running is dropped and taken again."""
+        under synchronous replication, where it waits for a standby: a snapshot that does
+        not see a transaction already marked committed, or one the stream already read, is
+        dropped and taken again. One still in the moment between its commit record and that
+        mark cannot be told from a running one here: the snapshot's invisible transactions
+        are kept, and the stream names their changes before the low watermark
+        (:meth:`backfill_unseen`)."""
         deadline = time.monotonic() + 30.0
         pause = 0.001
         while True:
             cur.execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
             cur.execute(
-                "SELECT count(*) FROM pg_snapshot_xip(pg_current_snapshot()) x "
-                "WHERE pg_xact_status(x) = 'committed'"
+                "SELECT pg_snapshot_xmax(s)::text::bigint, "
+                "array(SELECT x::text::bigint FROM pg_snapshot_xip(s) x), "
+                "EXISTS(SELECT FROM pg_snapshot_xip(s) x WHERE pg_xact_status(x) = 'committed') "
+                "FROM pg_current_snapshot() s"
             )
-            if cur.fetchone()[0] == 0:
+            xmax, running, committed = cur.fetchone()
+            unseen = Invisible(xmax, running)
+            if not committed and not any(t in unseen for t in self.streamed_txids):
+                self.chunk_unseen = unseen
                 return
             cur.execute("ROLLBACK")
             if time.monotonic() > deadline:
@@ -1322,6 +1363,7 @@ class PostgresSource(DatabaseSource):
                     return batch()
             elif tag == 66:  # B
                 self.txn_lsn, self.txn_ts, self.txn_id = pg.parse_begin(data)
+                self.streamed_txids.append(self.txn_id)
                 if describe:
                     self._describe_transaction(data)
                 self.txn_position = self.txn_logical = pg.lsn_text(self.txn_lsn)
