@@ -277,11 +277,31 @@ def _array_items(text: str) -> list[str | None]:
 class _Converter:
     """A column's Connect schema and its value conversion, from its type name."""
 
-    __slots__ = ("convert", "schema")
+    __slots__ = ("convert", "schema", "zero")
 
-    def __init__(self, schema: dict[str, Any], convert: Any = None) -> None:
+    def __init__(self, schema: dict[str, Any], convert: Any = None, zero: Any = None) -> None:
         self.schema = schema
         self.convert = convert
+        self.zero = zero
+        """A date type's value at the epoch: what a NOT NULL column's date with a zero part
+        becomes (see :meth:`for_column`); None for other types."""
+
+    def for_column(self, optional: bool) -> _Converter:
+        """This converter for one column. MariaDB and MySQL store dates with a zero year,
+        month or day (``0000-00-00``, ``2024-00-15``; a ``sql_mode`` without
+        ``NO_ZERO_DATE``), which no calendar has: Debezium's MySQL connector writes null
+        for them in a nullable column and the epoch in a NOT NULL one. PostgreSQL never
+        writes such a date."""
+        if self.zero is None:
+            return self
+        inner, value = self.convert, None if optional else self.zero
+
+        def convert(v: Any) -> Any:
+            if isinstance(v, str) and (v[:4] == "0000" or v[5:7] == "00" or v[8:10] == "00"):
+                return value
+            return inner(v)
+
+        return _Converter(self.schema, convert)
 
 
 def _named(connect: str, name: str, **extra: Any) -> dict[str, Any]:
@@ -410,8 +430,10 @@ class DebeziumTypes:
             return self._binary()
         if base == "date":
             if connect_mode:
-                return _Converter(_named("int32", "org.apache.kafka.connect.data.Date"), _date_days)
-            return _Converter(_named("int32", "io.debezium.time.Date"), _date_days)
+                return _Converter(
+                    _named("int32", "org.apache.kafka.connect.data.Date"), _date_days, 0
+                )
+            return _Converter(_named("int32", "io.debezium.time.Date"), _date_days, 0)
         if base == "time without time zone":
             digits = 6 if precision is None else precision
             if connect_mode:
@@ -511,18 +533,23 @@ class DebeziumTypes:
                 return _Converter(
                     _named("int64", "org.apache.kafka.connect.data.Timestamp"),
                     lambda v: _timestamp_micros(v) // 1000,
+                    0,
                 )
             if int(inside or 0) <= 3:
                 return _Converter(
                     _named("int64", "io.debezium.time.Timestamp"),
                     lambda v: _timestamp_micros(v) // 1000,
+                    0,
                 )
-            return _Converter(_named("int64", "io.debezium.time.MicroTimestamp"), _timestamp_micros)
+            return _Converter(
+                _named("int64", "io.debezium.time.MicroTimestamp"), _timestamp_micros, 0
+            )
         if base == "timestamp":
             fraction = int(inside or 0)
             return _Converter(
                 _named("string", "io.debezium.time.ZonedTimestamp"),
                 lambda v: _zoned_timestamp(v, fraction),
+                "1970-01-01T00:00:00Z",
             )
         if base in _MYSQL_BINARY:
             return self._binary()
@@ -741,7 +768,7 @@ class DebeziumEncoder:
             row = update.after_row() or update.before_row() or {}
             columns = [ColumnType(name, "unknown", name not in update.key) for name in row]
         names = [c.name for c in columns]
-        converters = [self.types.converter(c.type) for c in columns]
+        converters = [self.types.converter(c.type).for_column(c.optional) for c in columns]
         defaults = [
             None if c.default is None else self._convert(converter, c.default)
             for c, converter in zip(columns, converters, strict=True)
