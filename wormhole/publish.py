@@ -69,20 +69,6 @@ class Message(msgspec.Struct, kw_only=True, omit_defaults=True):
 
 
 _encoder = msgspec.json.Encoder()
-_header_decoder = msgspec.json.Decoder(FileHeader)
-
-
-def read_file_header(path: str | os.PathLike[str]) -> FileHeader | None:
-    """The header of a LogWriter file, or None if it has not been written yet."""
-    with open(path, "rb") as f:
-        try:
-            for record in read_records(f, str(path)):
-                if record.kind == KIND_FILE_HEADER:
-                    return _header_decoder.decode(record.payload)
-                break
-        except TornTail:
-            return None
-    return None
 
 
 class LogWriter:

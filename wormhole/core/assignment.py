@@ -14,14 +14,6 @@ from typing import TypeVar
 S = TypeVar("S")
 
 
-def owners(shards: int, subscribers: Sequence[S]) -> list[S | None]:
-    """The owner of each shard's flow, by shard (None for all when there is no subscriber)."""
-    if not subscribers:
-        return [None] * shards
-    n = len(subscribers)
-    return [subscribers[shard % n] for shard in range(shards)]
-
-
 def shards_of(instance: int, subscribers: int, shards: int) -> list[int]:
     """The shards subscriber ``instance`` of ``subscribers`` owns."""
     return [shard for shard in range(shards) if shard % subscribers == instance]

@@ -337,8 +337,6 @@ class _Active:
     task: ProgressTask
     after: list[Any] | None
     chunk: _Chunk | None = None
-    in_flight: int = 0
-    """Chunks emitted whose rows are not durable yet."""
     done: bool = False
     """The last chunk was emitted (finished when it is durable)."""
 
@@ -566,7 +564,6 @@ class Backfiller:
             u.audience = audience
         active.chunk = None
         active.after = chunk.last_key
-        active.in_flight += 1
         if chunk.final:
             active.done = True
         if request.pause_ms:
@@ -598,7 +595,6 @@ class Backfiller:
             counters.rows[key] = counters.rows.get(key, 0) + emitted
             counters.dropped[key] = counters.dropped.get(key, 0) + dropped
             counters.chunks += 1
-            active.in_flight -= 1
         active.task.advance(read)
         if final and stored:
             self._done(active)

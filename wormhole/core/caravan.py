@@ -351,7 +351,6 @@ class CaravanManager:
         self.parked: list[ApplicationRuntime] = []
         """Applications with no subscriber connected: no caravan reads for them until
         one connects (a caravan waiting for them could hold others up)."""
-        self.retired: list[Caravan] = []
         self.merges = 0
         self.splits = 0
         self.recently_evicted: dict[str, float] = {}

@@ -92,13 +92,6 @@ def _finish(h: int, tail: bytes, length: int) -> int:
     return h ^ (h >> 16)
 
 
-def murmur3_32(text: str, seed: int = 0) -> int:
-    """The same value as ``pymemcache.client.murmur3.murmur3_32(text, seed)``, faster."""
-    data = _text_bytes(text)
-    end = len(data) & ~3
-    return _finish(_blocks(seed, data, end), data[end:], len(data))
-
-
 class Rendezvous:
     """Maps keys to server indexes by rendezvous hashing (pymemcache-compatible).
 
