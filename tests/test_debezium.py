@@ -188,6 +188,62 @@ def read_both(
     return theirs
 
 
+def records_pipeline(
+    path: Path,
+    name: str,
+    source: dict[str, Any],
+    out: Path,
+    state_dir: str | None = None,
+    **sink_options: Any,
+) -> Path:
+    """A pipeline of one shard writing Debezium records with schemas (``topic.prefix``
+    ``dbz``, as the oracle's) to ``out``, with ``sink_options`` besides."""
+    sink = {
+        "type": "jsonl",
+        "path": str(out),
+        "envelope": "debezium",
+        "schemas": True,
+        "topic_prefix": "dbz",
+        "lines": "record",
+        **sink_options,
+    }
+    return write_pipeline(
+        path,
+        {
+            "pipeline": name,
+            "state_dir": state_dir or str(path.parent / "state"),
+            "dataset": {"shards": 1},
+            "source": source,
+            "applications": {"events": {"sink": sink}},
+        },
+    )
+
+
+def incremental(messages: list[Any]) -> list[Any]:
+    """The oracle's messages of an incremental snapshot."""
+    return [
+        m for m in messages if m.value and m.value["payload"]["source"]["snapshot"] == "incremental"
+    ]
+
+
+def compare_by_key(ours: list[dict[str, Any]], theirs: list[Any], comparable: Any) -> None:
+    """Our records and the oracle's messages (as many, one per key, as backfills and
+    incremental snapshots write them in whatever order their chunks come): the same topic
+    per key, and ``comparable`` of each value equal."""
+    by_key = {json.dumps(m.key, sort_keys=True): m for m in theirs}
+    assert len(ours) == len(by_key) == len(theirs), (len(ours), len(theirs))
+    problems = []
+    for event in ours:
+        key = json.dumps(event["key"], sort_keys=True)
+        reference = by_key.pop(key)
+        assert event["topic"] == reference.topic
+        problems += [
+            f"{key}: {d}"
+            for d in differences(comparable(event["value"]), comparable(reference.value))
+        ]
+    assert not problems, "\n".join(problems[:40])
+
+
 def without_schemas(message: dict[str, Any]) -> dict[str, Any]:
     """A message as JsonConverter writes it with schemas.enable=false: the payloads."""
     value = message["value"]
@@ -274,35 +330,18 @@ def test_decimal_time_and_binary_modes_match_debezium(
 ) -> None:
     decimal, time_precision, binary = modes
     out = tmp_path / "modes.jsonl"
-    pipeline = write_pipeline(
+    source = {"type": "postgres", "dsn": "${PG_DSN}", "publication": "${PG_PUBLICATION}"}
+    pipeline = records_pipeline(
         tmp_path / "modes.yml",
-        {
-            "pipeline": "dbz_modes",
-            "state_dir": "${PG_STATE}",
-            "dataset": {"shards": 1},
-            "source": {
-                "type": "postgres",
-                "dsn": "${PG_DSN}",
-                "publication": "${PG_PUBLICATION}",
-            },
-            "applications": {
-                "events": {
-                    "sink": {
-                        "type": "jsonl",
-                        "path": str(out),
-                        "envelope": "debezium",
-                        "schemas": True,
-                        "topic_prefix": "dbz",
-                        "lines": "record",
-                        "decimal_handling_mode": decimal,
-                        "time_precision_mode": time_precision,
-                        "binary_handling_mode": binary,
-                        # Truncates as events too, with the first settings.
-                        "truncates": decimal == "string",
-                    }
-                }
-            },
-        },
+        "dbz_modes",
+        source,
+        out,
+        state_dir="${PG_STATE}",
+        decimal_handling_mode=decimal,
+        time_precision_mode=time_precision,
+        binary_handling_mode=binary,
+        # Truncates as events too, with the first settings.
+        truncates=decimal == "string",
     )
     properties = {
         "decimal.handling.mode": decimal,

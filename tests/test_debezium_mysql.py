@@ -13,9 +13,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from test_debezium import differences, read_lines
+from test_debezium import compare_by_key, differences, incremental, read_lines, records_pipeline
 
-from wormhole.testing import run_cli, write_pipeline
+from wormhole.testing import run_cli
 from wormhole.testing.debezium import debezium_mysql_messages
 from wormhole.testing.mysql import MariaDBServer, start_mariadb
 
@@ -123,34 +123,20 @@ def test_mariadb_changes_match_debezium_mysql_message_by_message(
     database = server.create_database()
     server.sql(*SCHEMA, *INITIAL, database=database)
     out = tmp_path / "records.jsonl"
-    pipeline = write_pipeline(
+    source = {
+        "type": "mysql",
+        "dsn": server.dsn(),
+        "tables": [f"{database}.{t}" for t in TABLES],
+        "snapshot": "initial",
+    }
+    pipeline = records_pipeline(
         tmp_path / "mysql.yml",
-        {
-            "pipeline": "dbz_mysql",
-            "state_dir": str(tmp_path / "state"),
-            "dataset": {"shards": 1},
-            "source": {
-                "type": "mysql",
-                "dsn": server.dsn(),
-                "tables": [f"{database}.{t}" for t in TABLES],
-                "snapshot": "initial",
-            },
-            "applications": {
-                "events": {
-                    "sink": {
-                        "type": "jsonl",
-                        "path": str(out),
-                        "envelope": "debezium",
-                        "schemas": True,
-                        "topic_prefix": "dbz",
-                        "lines": "record",
-                        "decimal_handling_mode": decimal,
-                        "time_precision_mode": time_precision,
-                        "binary_handling_mode": binary,
-                    }
-                }
-            },
-        },
+        "dbz_mysql",
+        source,
+        out,
+        decimal_handling_mode=decimal,
+        time_precision_mode=time_precision,
+        binary_handling_mode=binary,
     )
 
     def workload() -> None:
@@ -194,7 +180,6 @@ def test_backfill_rows_are_typed_as_the_snapshots_with_snapshot_incremental(
 ) -> None:
     """A backfill chunk's rows carry the table's columns and an incremental snapshot's
     ``source`` block, so they are typed as the initial snapshot's rows are."""
-    import json
     import logging
     import threading
 
@@ -270,39 +255,13 @@ def test_a_backfill_matches_debezium_incremental_snapshot_row_by_row(
         database=database,
     )
     out = tmp_path / "records.jsonl"
-    pipeline = write_pipeline(
-        tmp_path / "mysql.yml",
-        {
-            "pipeline": "dbz_mysql_bf",
-            "state_dir": str(tmp_path / "state"),
-            "dataset": {"shards": 1},
-            "source": {
-                "type": "mysql",
-                "dsn": server.dsn(),
-                "tables": [f"{database}.a_typed"],
-                "snapshot": "never",
-            },
-            "applications": {
-                "events": {
-                    "sink": {
-                        "type": "jsonl",
-                        "path": str(out),
-                        "envelope": "debezium",
-                        "schemas": True,
-                        "topic_prefix": "dbz",
-                        "lines": "record",
-                    }
-                }
-            },
-        },
-    )
-
-    def incremental(messages: list[Any]) -> list[Any]:
-        return [
-            m
-            for m in messages
-            if m.value and m.value["payload"]["source"]["snapshot"] == "incremental"
-        ]
+    source = {
+        "type": "mysql",
+        "dsn": server.dsn(),
+        "tables": [f"{database}.a_typed"],
+        "snapshot": "never",
+    }
+    pipeline = records_pipeline(tmp_path / "mysql.yml", "dbz_mysql_bf", source, out)
 
     def signal() -> None:
         server.sql(
@@ -334,28 +293,18 @@ def test_a_backfill_matches_debezium_incremental_snapshot_row_by_row(
         assert result.returncode == 0, result.stderr
     finally:
         server.drop_database(database)
-    theirs = {json.dumps(m.key, sort_keys=True): m for m in incremental(expected)}
-    ours = read_lines(out)
-    assert len(ours) == len(theirs) == rows
 
     def comparable(value: dict[str, Any]) -> dict[str, Any]:
         # As a snapshot row (normalized), and without where each reader's stream was when
         # it read the chunk.
-        out: dict[str, Any] = normalized({"value": value})["value"]
+        normal: dict[str, Any] = normalized({"value": value})["value"]
         for name in ("gtid", "server_id", "row"):
-            out["payload"]["source"].pop(name)
-        return out
+            normal["payload"]["source"].pop(name)
+        return normal
 
-    problems = []
-    for event in ours:
-        key = json.dumps(event["key"], sort_keys=True)
-        reference = theirs.pop(key)
-        assert event["topic"] == reference.topic
-        problems += [
-            f"{key}: {d}"
-            for d in differences(comparable(event["value"]), comparable(reference.value))
-        ]
-    assert not problems, "\n".join(problems[:40])
+    ours = read_lines(out)
+    compare_by_key(ours, incremental(expected), comparable)
+    assert len(ours) == rows
     assert [e["key"]["payload"]["id"] for e in ours] == list(range(1, rows + 1))
 
 
@@ -383,27 +332,8 @@ def test_zero_dates_match_debezium(mariadb57: MariaDBServer, tmp_path: Path) -> 
         database=database,
     )
     out = tmp_path / "records.jsonl"
-    pipeline = write_pipeline(
-        tmp_path / "mysql.yml",
-        {
-            "pipeline": "dbz_zero",
-            "state_dir": str(tmp_path / "state"),
-            "dataset": {"shards": 1},
-            "source": {"type": "mysql", "dsn": server.dsn(), "tables": [f"{database}.z"]},
-            "applications": {
-                "events": {
-                    "sink": {
-                        "type": "jsonl",
-                        "path": str(out),
-                        "envelope": "debezium",
-                        "schemas": True,
-                        "topic_prefix": "dbz",
-                        "lines": "record",
-                    }
-                }
-            },
-        },
-    )
+    source = {"type": "mysql", "dsn": server.dsn(), "tables": [f"{database}.z"]}
+    pipeline = records_pipeline(tmp_path / "mysql.yml", "dbz_zero", source, out)
 
     def workload() -> None:
         first = run_cli("run", str(pipeline), "--once", timeout=120)
