@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import time
 from pathlib import Path
 from typing import Any
 
@@ -434,6 +436,99 @@ def test_a_dropped_slot_or_publication_is_fatal_with_a_clear_message(
     assert result.returncode == 2, result
     assert "replication slot 'wormhole_pg' does not exist" in result.stderr
     assert "it is not recreated silently" in result.stderr
+
+
+def test_run_once_delivers_what_was_committed_asynchronously_before_it(tmp_path: Path) -> None:
+    """With synchronous_commit off, COMMIT returns before its WAL is written: the WAL writer
+    writes it up to wal_writer_delay later (10 s on this cluster of the test's own, so that
+    the window stays open while `run --once` starts). The change was committed before the
+    run, so the run delivers it, and ends even when nothing is written after it. The end
+    marker each run writes reaches no reader of the WAL."""
+    import random
+
+    from wormhole.testing.postgres import start_postgres
+
+    rng = random.Random(20261207)
+    cluster = start_postgres(settings={"wal_writer_delay": "10s"})
+    server = next(cluster)
+    try:
+        dsn = server.dsn()
+        sql(dsn, "CREATE TABLE events (id int PRIMARY KEY, n int NOT NULL)")
+        pipeline = _events_pipeline(tmp_path, dsn)
+        assert run_cli("run", str(pipeline), "--once", cwd=tmp_path).returncode == 0
+        # Another reader of the WAL, which would print the runs' end markers if it got them.
+        sql(dsn, "SELECT pg_create_logical_replication_slot('observer', 'test_decoding')")
+        writer = psycopg2.connect(dsn)
+        writer.autocommit = True
+        cur = writer.cursor()
+        cur.execute("SET synchronous_commit TO off")
+        expected: list[dict[str, int]] = []
+        unwritten_rounds = 0
+        deadline = time.monotonic() + 60
+        for round_ in range(4):
+            if round_ and time.monotonic() > deadline:
+                break
+            for _ in range(rng.randint(1, 3)):
+                row = {"id": len(expected) + 1, "n": rng.randrange(1_000_000)}
+                cur.execute("INSERT INTO events VALUES (%(id)s, %(n)s)", row)
+                expected.append(row)
+            # Whether the last commit's WAL is still unwritten (the case under test).
+            cur.execute("SELECT pg_current_wal_lsn() < pg_current_wal_insert_lsn()")
+            unwritten_rounds += cur.fetchone()[0]
+            result = run_cli("run", str(pipeline), "--once", cwd=tmp_path, timeout=120)
+            assert result.returncode == 0, result
+            out = read_envelopes(tmp_path / "out.jsonl")
+            assert [e["after"] for e in out] == expected, f"round {round_}"
+        cur.execute("SELECT data FROM pg_logical_slot_get_changes('observer', NULL, NULL)")
+        seen = [data for (data,) in cur.fetchall()]
+        assert sum(data.startswith("table public.events: INSERT") for data in seen) == len(expected)
+        assert not [data for data in seen if "message" in data], seen
+        writer.close()
+        # Not vacuous: at least once, the run started while the commit was only in memory.
+        assert unwritten_rounds > 0
+    finally:
+        cluster.close()
+
+
+def test_run_once_names_the_privilege_its_end_marker_needs(
+    tmp_path: Path, postgres_dsn: str
+) -> None:
+    """`run --once` writes a logical decoding message to mark its end: without EXECUTE on
+    pg_logical_emit_message (PUBLIC has it unless revoked), it stops and says so."""
+    role = f"once_{os.getpid()}"
+    sql(
+        postgres_dsn,
+        "CREATE TABLE events (id int PRIMARY KEY, n int NOT NULL)",
+        f"CREATE ROLE {role} LOGIN REPLICATION",
+        f"GRANT SELECT ON events TO {role}",
+        "CREATE PUBLICATION wormhole_pg FOR TABLE events",
+    )
+    try:
+        dsn = postgres_dsn.replace("user=postgres", f"user={role}")
+        pipeline = _events_pipeline(tmp_path, dsn)
+        assert run_cli("run", str(pipeline), "--once", cwd=tmp_path).returncode == 0
+        sql(
+            postgres_dsn,
+            "INSERT INTO events VALUES (1, 1)",
+            "REVOKE EXECUTE ON FUNCTION pg_logical_emit_message(boolean, text, text) FROM PUBLIC",
+        )
+        result = run_cli("run", str(pipeline), "--once", cwd=tmp_path)
+        assert result.returncode == 2, result
+        assert "permission denied for function pg_logical_emit_message" in result.stderr
+        assert "grant EXECUTE on the function pg_logical_emit_message to the DSN's user" in (
+            result.stderr
+        )
+        assert "Traceback" not in result.stderr
+        sql(
+            postgres_dsn,
+            f"GRANT EXECUTE ON FUNCTION pg_logical_emit_message(boolean, text, text) TO {role}",
+        )
+        result = run_cli("run", str(pipeline), "--once", cwd=tmp_path)
+        assert result.returncode == 0, result
+        assert [e["after"] for e in read_envelopes(tmp_path / "out.jsonl")] == [{"id": 1, "n": 1}]
+    finally:
+        # The role is the cluster's: its grants (in this database) go, then the role.
+        sql(postgres_dsn, f"DROP OWNED BY {role}", f"DROP ROLE {role}")
 
 
 def test_an_unreachable_server_is_named(tmp_path: Path) -> None:

@@ -358,7 +358,9 @@ class Source(Protocol):
         """
 
     def capture_end(self) -> Any:
-        """The source's current end position (for ``wormhole run --once``)."""
+        """The source's current end position (for ``wormhole run --once``): it covers every
+        change committed before the call (even one the datastore acknowledged before writing
+        it where ``read`` looks), and ``read`` reaches it even if nothing is written after."""
 
     def reached(self, end: Any) -> bool:
         """Whether everything up to ``end`` (from capture_end) has been returned by read."""

@@ -109,8 +109,11 @@ def _as_postgres(command: list[str]) -> list[str]:
     return command
 
 
-def start_postgres() -> Iterator[PostgresServer]:
-    """Start a cluster; yields it and stops it afterwards (a generator for fixtures)."""
+def start_postgres(settings: dict[str, str] | None = None) -> Iterator[PostgresServer]:
+    """Start a cluster; yields it and stops it afterwards (a generator for fixtures).
+
+    ``settings``: more server settings (``-c name=value``) for a cluster of one test's own.
+    """
     bin_dir = postgres_bin()
     require(bin_dir is not None, "PostgreSQL server binaries (Debian package postgresql)")
     assert bin_dir is not None
@@ -145,6 +148,8 @@ def start_postgres() -> Iterator[PostgresServer]:
         f"-c max_replication_slots=20 -c max_wal_senders=20 -c fsync=off "
         f"-c full_page_writes=off"
     )
+    for name, value in (settings or {}).items():
+        options += f" -c {name}={value}"
     subprocess.run(
         _as_postgres(
             [

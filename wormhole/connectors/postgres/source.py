@@ -1707,13 +1707,66 @@ class PostgresSource(DatabaseSource):
 
     # --------------------------------------------------------------- --once
     def capture_end(self) -> Any:
-        if self.phase == "snapshot":
-            # The snapshot is consistent with the slot's start: everything after is WAL.
-            pass
-        (lsn,) = self._query("SELECT pg_current_wal_lsn()::text")[0]
-        return lsn
+        """The end of a marker written now (see :meth:`_end_marker`), after the slot exists:
+        during a snapshot, everything committed after it is in the WAL the stream reads."""
+        return pg.lsn_text(self._end_marker())
+
+    def _end_marker(self) -> int:
+        """Write the end marker; its LSN.
+
+        The server's WAL positions alone do not do: with ``synchronous_commit`` off, a
+        COMMIT returns once its record is in the WAL buffers, before it is written, so
+        ``pg_current_wal_lsn()`` (the write position) can be short of a transaction the
+        client saw committed; ``pg_current_wal_insert_lsn()`` includes it, but the stream
+        sees only flushed WAL, and at a page boundary that position lies past the page
+        header, where no record ends until something more is written.
+
+        The marker is an empty transactional logical decoding message under the source's
+        end prefix, in a savepoint that is rolled back, in a transaction committed with
+        ``synchronous_commit`` on. Its LSN (the end of its record) comes after the commit of
+        every transaction committed before it; the commit (the transaction has an xid from
+        the message) flushes the WAL past it, so the stream decodes all of them, and then
+        the commit, whether or not anything is written after it. Rolled back, the message
+        reaches no reader of the WAL (this source, another pipeline, Debezium), and the
+        transaction has no change: pgoutput sends it as an empty transaction, or from
+        PostgreSQL 15 on skips it and moves the position it reports past it.
+        """
+        conn = None
+        try:
+            # Its own connection: during a snapshot, the source's holds the snapshot.
+            conn = self._connect()
+            with conn.cursor() as cur:
+                cur.execute("SET synchronous_commit TO on")
+                cur.execute("BEGIN")
+                cur.execute("SAVEPOINT wormhole_end")
+                cur.execute(
+                    "SELECT pg_logical_emit_message(true, %s, '')::text", (self._end_prefix(),)
+                )
+                (lsn,) = cur.fetchone()
+                cur.execute("ROLLBACK TO SAVEPOINT wormhole_end")
+                cur.execute("COMMIT")
+        except psycopg2.Error as exc:
+            hint = (
+                "grant EXECUTE on the function pg_logical_emit_message to the DSN's user "
+                "(PUBLIC has it unless it was revoked)"
+                if exc.pgcode == "42501"
+                else "check that the DSN names the primary server (a standby cannot write WAL)"
+            )
+            raise SourceError(
+                f"source: run --once marks the end it reads to with a logical decoding "
+                f"message, and writing it failed ({first_line(exc)}); {hint}"
+            ) from exc
+        finally:
+            close_quietly(conn)
+        return pg.parse_lsn(lsn)
+
+    def _end_prefix(self) -> str:
+        """The prefix of the end marker: this slot's own (never decoded: rolled back)."""
+        return f"wormhole.end.{self.slot}"
 
     def _stream_reached(self, end: Any) -> bool:
+        # Past the marker's record: every transaction that committed before it was read
+        # (the marker's empty transaction, or the server's position after it).
         return self.seen_lsn >= pg.parse_lsn(end)
 
     # ------------------------------------------------------------- confirm
