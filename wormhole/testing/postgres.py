@@ -141,8 +141,9 @@ def start_postgres(settings: dict[str, str] | None = None) -> Iterator[PostgresS
         capture_output=True,
     )
     # fsync=off makes commits cheap; commits stay synchronous, so a transaction's WAL is
-    # written when its COMMIT returns, as tests expect of a change made before `run --once`
-    # (with synchronous_commit=off it is written up to wal_writer_delay later).
+    # written when its COMMIT returns: readers that decode only written WAL (test_decoding,
+    # Debezium) see it at once. `run --once` does not need it (its end marker flushes the
+    # WAL before it); tests/test_postgres.py checks that on a cluster with async commits.
     options = (
         f"-p {port} -c listen_addresses=127.0.0.1 -k {directory} -c wal_level=logical "
         f"-c max_replication_slots=20 -c max_wal_senders=20 -c fsync=off "
