@@ -880,9 +880,7 @@ class DebeziumEncoder:
         )
         return block, details[14 : end - 1].decode()
 
-    def _value(
-        self, table: _Table, update: Update, now_ns: int, block: bytes = b"null"
-    ) -> bytes:
+    def _value(self, table: _Table, update: Update, now_ns: int, block: bytes = b"null") -> bytes:
         if update.details != NULL and update.before == NULL:
             fast = self._fast_value(table, update, now_ns, block)
             if fast is not None:
@@ -921,9 +919,7 @@ class DebeziumEncoder:
         schema = self._schema_json(table, connector, source)
         return b'{"schema":%s,"payload":%s}' % (schema, payload)
 
-    def _fast_value(
-        self, table: _Table, update: Update, now_ns: int, block: bytes
-    ) -> bytes | None:
+    def _fast_value(self, table: _Table, update: Update, now_ns: int, block: bytes) -> bytes | None:
         """The value of an update without a ``before`` whose ``details`` a source wrote,
         put together from raw JSON (no row or block is parsed); None when it cannot be."""
         spliced = self._fast_source(update)
@@ -1014,6 +1010,7 @@ _TRANSACTION_SCHEMA = {
     "version": 1,
     "field": "transaction",
 }
+
 
 class _TransactionId(msgspec.Struct):
     id: str

@@ -39,7 +39,7 @@ class TransactionMarker:
     skips them by default) and have no block, but can carry BEGIN or END.
     """
 
-    __slots__ = ("begin_value", "counts", "last", "last_block", "last_begin", "total", "ts_ms")
+    __slots__ = ("begin_value", "counts", "last", "last_begin", "last_block", "total", "ts_ms")
 
     def __init__(self) -> None:
         self.counts: dict[str, int] = {}
@@ -56,9 +56,10 @@ class TransactionMarker:
         self.total = 0
         self.last = None
         self.ts_ms = ts_ms
-        self.begin_value = b'{"status":"BEGIN","id":%s,"event_count":null,' % _encode(
-            transaction_id
-        ) + b'"data_collections":null,"ts_ms":%d}' % ts_ms
+        self.begin_value = (
+            b'{"status":"BEGIN","id":%s,"event_count":null,' % _encode(transaction_id)
+            + b'"data_collections":null,"ts_ms":%d}' % ts_ms
+        )
 
     def mark(self, update: Update, transaction_id: str) -> None:
         """``update`` is the transaction's next; ``transaction_id`` as its event names it."""
