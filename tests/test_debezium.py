@@ -228,6 +228,7 @@ def test_kafka_topics_hold_what_debezium_writes_and_subscribers_read_them(
         "topic_prefix": "dbz",
         "topic_naming": "table",
         "envelope": "debezium",
+        "transaction_metadata": True,
         "consumer": FAST_GROUPS,
     }
     pipeline = write_pipeline(
@@ -245,7 +246,28 @@ def test_kafka_topics_hold_what_debezium_writes_and_subscribers_read_them(
             "applications": {"copy": {"sink": {"type": "jsonl", "path": str(out)}}},
         },
     )
-    theirs = [without_schemas(m) for m in read_both(postgres_server, tmp_path, pipeline, {})]
+    properties = {"provide.transaction.metadata": "true"}
+    theirs = [
+        without_schemas(m) for m in read_both(postgres_server, tmp_path, pipeline, {}, properties)
+    ]
+    # BEGIN and END events, but those of Debezium's marker-only transactions.
+    markers = {
+        name.split(":")[0]
+        for name in marker_transactions(
+            [{**m, "value": {"payload": m["value"]}} for m in theirs], MARKER_TABLE
+        )
+    }
+    transactions = [
+        m
+        for m in theirs
+        if m["topic"] == TRANSACTIONS and m["value"]["id"].split(":")[0] not in markers
+    ]
+    assert len(transactions) > 10
+    records = read_topic(tansu.bootstrap, TRANSACTIONS, len(transactions))
+    assert [
+        {"topic": m.topic(), "key": json.loads(m.key()), "value": json.loads(m.value())}
+        for m in records
+    ] == transactions
     for table in TABLES:
         topic = f"dbz.{table}"
         expected = [m for m in theirs if m["topic"] == topic]
@@ -261,7 +283,8 @@ def test_kafka_topics_hold_what_debezium_writes_and_subscribers_read_them(
         compare(ours, expected, False)
     # The application's subscriber read the same events back as updates.
     updates = read_lines(out)
-    assert len(updates) == sum(1 for m in theirs if m["value"] is not None)
+    events = [m for m in theirs if m["value"] is not None and m["topic"] != TRANSACTIONS]
+    assert len(updates) == len(events)
     assert {u["source"]["table"] for u in updates} == set(TABLES)
 
 
