@@ -1311,7 +1311,7 @@ class PostgresSource(DatabaseSource):
                     self.lsn, self.index, self.complete, self.flush = lsn, index, complete, flush
                     self.skip_txn, self.resuming = skip_txn, resuming
                     return None
-                select.select([cursor], [], [], min(remaining, 0.1))
+                select.select([cursor], [], [], min(remaining, 0.1) if remaining > 0 else 0.1)
                 continue
             data = message.payload
             tag = data[0]
