@@ -341,6 +341,37 @@ def test_text_the_mapping_cannot_read_is_written_as_it_is() -> None:
     assert json.loads(message.value or b"")["after"]["at"] == -62_167_219_200_000_000
 
 
+def test_numerics_keep_every_digit() -> None:
+    """Debezium writes a numeric's unscaled value exactly (Java's BigDecimal), whatever its
+    number of digits; Python's default decimal context keeps 28 significant digits."""
+    import base64
+
+    from wormhole.core.update import ColumnType, Update, encode_columns
+    from wormhole.plugins.debezium import DebeziumEncoder, DebeziumFields
+
+    def unscaled(value: str) -> int:
+        return int.from_bytes(base64.b64decode(value), "big", signed=True)
+
+    encoder = DebeziumEncoder(DebeziumFields(envelope="debezium"), "p")
+    fixed = "12345678901234567890123456789.123456789"  # numeric(38,9): 38 digits
+    variable = "-123456789012345678901234567890123456789012345.000000000000000000001"
+    update = Update.create(
+        table="public.n", op="c", key={"id": 1}, after={"id": 1, "f": fixed, "v": variable}
+    )
+    update.columns = encode_columns(
+        [
+            ColumnType("id", "integer", False),
+            ColumnType("f", "numeric(38,9)"),
+            ColumnType("v", "numeric"),
+        ]
+    )
+    (message,) = encoder.messages([update])
+    after = json.loads(message.value or b"")["after"]
+    assert unscaled(after["f"]) == int(fixed.replace(".", ""))
+    assert after["v"]["scale"] == 21
+    assert unscaled(after["v"]["value"]) == int(variable.replace(".", ""))
+
+
 def test_an_update_without_columns_or_details_is_written_untyped() -> None:
     from wormhole.core.update import Update
     from wormhole.plugins.debezium import DebeziumEncoder, DebeziumFields, encode_lines
