@@ -52,7 +52,9 @@ WORKLOAD = [
     f"INSERT INTO a_typed VALUES (3, {ROW})",
     "UPDATE a_typed SET n = -0.5, nv = 'NaN', d = '1969-12-31', ts = '1960-06-01 00:00:00', "
     "tz = '1999-12-31 23:59:59.999999-08', iv = '-1 days -00:00:01', f8 = 'NaN' WHERE id = 3",
-    "UPDATE a_typed SET tx = NULL, ai = '{}' WHERE id = 1",
+    # A numeric of 39 digits: more than Python's default decimal context keeps.
+    "UPDATE a_typed SET tx = NULL, ai = '{}', nv = -123456789012345678901234567890.123456789 "
+    "WHERE id = 1",
     "DELETE FROM a_typed WHERE id = 2",
     "UPDATE b_pairs SET v = 20 WHERE k = 'b'",
     "UPDATE b_pairs SET k = 'z' WHERE k = 'a'",
