@@ -53,7 +53,9 @@ WORKLOAD = [
     f"INSERT INTO a_typed VALUES (3, {ROW})",
     "UPDATE a_typed SET n = -0.5, nv = 'NaN', d = '1969-12-31', ts = '1960-06-01 00:00:00', "
     "tz = '1999-12-31 23:59:59.999999-08', iv = '-1 days -00:00:01', f8 = 'NaN' WHERE id = 3",
-    "UPDATE a_typed SET tx = NULL, ai = '{}' WHERE id = 1",
+    # A numeric of 39 digits: more than Python's default decimal context keeps.
+    "UPDATE a_typed SET tx = NULL, ai = '{}', nv = -123456789012345678901234567890.123456789 "
+    "WHERE id = 1",
     "DELETE FROM a_typed WHERE id = 2",
     "UPDATE b_pairs SET v = 20 WHERE k = 'b'",
     "UPDATE b_pairs SET k = 'z' WHERE k = 'a'",
@@ -487,6 +489,37 @@ def test_text_the_mapping_cannot_read_is_written_as_it_is() -> None:
     (message,) = encoder.messages([update])
     # 1 BC is ISO year 0: 0000-01-01T00:00:00Z is -62167219200 s from the epoch.
     assert json.loads(message.value or b"")["after"]["at"] == -62_167_219_200_000_000
+
+
+def test_numerics_keep_every_digit() -> None:
+    """Debezium writes a numeric's unscaled value exactly (Java's BigDecimal), whatever its
+    number of digits; Python's default decimal context keeps 28 significant digits."""
+    import base64
+
+    from wormhole.core.update import ColumnType, Update, encode_columns
+    from wormhole.plugins.debezium import DebeziumEncoder, DebeziumFields
+
+    def unscaled(value: str) -> int:
+        return int.from_bytes(base64.b64decode(value), "big", signed=True)
+
+    encoder = DebeziumEncoder(DebeziumFields(envelope="debezium"), "p")
+    fixed = "12345678901234567890123456789.123456789"  # numeric(38,9): 38 digits
+    variable = "-123456789012345678901234567890123456789012345.000000000000000000001"
+    update = Update.create(
+        table="public.n", op="c", key={"id": 1}, after={"id": 1, "f": fixed, "v": variable}
+    )
+    update.columns = encode_columns(
+        [
+            ColumnType("id", "integer", False),
+            ColumnType("f", "numeric(38,9)"),
+            ColumnType("v", "numeric"),
+        ]
+    )
+    (message,) = encoder.messages([update])
+    after = json.loads(message.value or b"")["after"]
+    assert unscaled(after["f"]) == int(fixed.replace(".", ""))
+    assert after["v"]["scale"] == 21
+    assert unscaled(after["v"]["value"]) == int(variable.replace(".", ""))
 
 
 def test_an_update_without_columns_or_details_is_written_untyped() -> None:

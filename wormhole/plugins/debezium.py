@@ -21,7 +21,7 @@ import datetime as dt
 import re
 import time
 from dataclasses import dataclass, field
-from decimal import Decimal, InvalidOperation
+from decimal import MAX_EMAX, MAX_PREC, MIN_EMIN, Context, Decimal, InvalidOperation
 from typing import Any, Literal
 
 import msgspec
@@ -118,9 +118,14 @@ def _base(type_name: str) -> tuple[str, int | None, int | None]:
     return base, int(match.group(1)), None if scale is None else int(scale)
 
 
+# Decimal arithmetic without rounding: a numeric may have far more than 28 digits.
+_EXACT = Context(prec=MAX_PREC, Emax=MAX_EMAX, Emin=MIN_EMIN)
+
+
 def _unscaled(value: Decimal, scale: int) -> bytes:
-    """Kafka Connect's Decimal: the unscaled value, big-endian two's complement, minimal."""
-    number = int(value.scaleb(scale).to_integral_value())
+    """Kafka Connect's Decimal: the unscaled value, big-endian two's complement, minimal.
+    Exact at any number of digits (the default context would round to 28)."""
+    number = int(value.scaleb(scale, _EXACT).to_integral_value(context=_EXACT))
     length = (number + (number < 0)).bit_length() // 8 + 1
     return number.to_bytes(length, "big", signed=True)
 
