@@ -23,7 +23,6 @@ from typing import Any
 import msgspec
 from pydantic import Field
 
-from wormhole.core.children import SubscriberProcesses
 from wormhole.core.pipeline import sink_application
 from wormhole.core.update import Update
 from wormhole.plugins.components import (
@@ -33,6 +32,7 @@ from wormhole.plugins.components import (
     SinkContext,
     SubscribeRequest,
 )
+from wormhole.plugins.processes import SubscriberProcesses
 
 log = logging.getLogger("wormhole.outbox")
 
