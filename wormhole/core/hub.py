@@ -15,11 +15,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from wormhole.core.assignment import spread
 from wormhole.core.flows import FlowState
 from wormhole.core.pipeline import Application, Pipeline
 from wormhole.core.publisher_log import LogReader, PublisherLog
 from wormhole.core.update import Update
+from wormhole.plugins.assignment import spread
 from wormhole.plugins.components import Datamarker, DatamarkerStore, Frame, SubscriberSession
 
 log = logging.getLogger("wormhole.hub")
