@@ -7,7 +7,7 @@ template (``user:{id}``), the configured fields indexed by type, and the whole
 row stored as JSON, so that a query returns rows.
 
 Writes are idempotent by key and version: every update's version comes from its
-source positions (:mod:`wormhole.core.versions`), and an update older than what
+source positions (:mod:`wormhole.plugins.versions`), and an update older than what
 the index holds for its document is skipped, so a replay from an older
 datamarker never takes a document back to an older row, nor brings back a
 deleted one.
