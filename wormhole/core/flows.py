@@ -10,22 +10,12 @@ filter.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, NamedTuple
+from typing import Any
 
 from wormhole.core.errors import StartError, StateError
 from wormhole.core.pipeline import Application
 from wormhole.core.publisher_log import PublisherLog, position_at_time
 from wormhole.plugins.components import Datamarker
-
-
-class Flow(NamedTuple):
-    """A flow's identity: one shard of one application (of one datastore, when the
-    dataset has several). Subscriber libraries hand it to ``on_updates`` handlers
-    (``wormhole.Flow``)."""
-
-    application: str
-    shard: int
-    datastore: str = ""
 
 
 @dataclass(slots=True)

@@ -12,10 +12,9 @@ from typing import Any
 
 from wormhole.core.backoff import Backoff
 from wormhole.core.errors import WormholeError
-from wormhole.core.flows import Flow
 from wormhole.core.metrics import timed_sink
 from wormhole.core.update import Update
-from wormhole.plugins.components import Frame, PublisherView, Sink, SinkContext
+from wormhole.plugins.components import Flow, Frame, PublisherView, Sink, SinkContext
 
 log = logging.getLogger("wormhole.subscriber")
 

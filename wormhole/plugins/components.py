@@ -15,7 +15,7 @@ import threading
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal, Protocol, runtime_checkable
+from typing import Any, Literal, NamedTuple, Protocol, runtime_checkable
 
 from pydantic import BaseModel, ConfigDict, ValidationInfo, field_validator
 
@@ -482,6 +482,16 @@ class DatamarkerStore(Protocol):
 
 
 # ------------------------------------------------------------------ transports
+class Flow(NamedTuple):
+    """A flow's identity: one shard of one application (of one datastore, when the
+    dataset has several). Subscriber libraries hand it to ``on_updates`` handlers
+    (``wormhole.Flow``)."""
+
+    application: str
+    shard: int
+    datastore: str = ""
+
+
 @dataclass(slots=True)
 class Frame:
     """What a subscriber session receives: its updates of one publisher-log batch.
