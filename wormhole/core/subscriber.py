@@ -237,6 +237,22 @@ def open_sink(component: Any, pipeline: Any, app: Any, instance: int) -> Sink:
     return sink
 
 
+def local_subscriber(hub: PublisherView, app: Any, index: int, max_frames: int) -> LocalSubscriber:
+    """``app``'s sink opened as its subscriber ``index``, served on a thread of this process
+    under the application's ``on_error`` policy (retries with backoff; then dead letters, or
+    stop). Not started nor attached: the transport does both."""
+    from wormhole.core.dead_letters import guard_sink
+
+    pipeline = hub.pipeline
+    config = app.config
+    sink = open_sink(config.sink, pipeline, config, index)
+    subscriber = LocalSubscriber(hub, app.name, index, sink, max_frames=max_frames)
+    subscriber.sink = guard_sink(sink, config, pipeline.state_dir, subscriber.abort)
+    subscriber.first_backoff = config.on_error.backoff_ms / 1000.0
+    subscriber.max_backoff = config.on_error.max_backoff_ms / 1000.0
+    return subscriber
+
+
 class Handlers:
     """The handler registration of the subscriber libraries (TCP and Kafka)."""
 

@@ -542,6 +542,22 @@ class SubscriberSession(Protocol):
         """
 
 
+class LocalSubscriberSession(SubscriberSession, Protocol):
+    """A subscriber on a thread of the publisher's process (``PublisherView.local_subscriber``)."""
+
+    application: str
+    sink: Sink
+    """Its sink, guarded by the application's ``on_error`` policy; close it once ``thread``
+    has ended."""
+    thread: threading.Thread
+
+    def start(self) -> None: ...
+
+    def stop(self, drain: bool = True, timeout: float = 10.0) -> bool:
+        """Stop after the frames it holds (``drain``) or at once; False if its thread was
+        still running ``timeout`` seconds later."""
+
+
 class LogBatch(Protocol):
     """A batch of the publisher log: updates ``first_seq ..``, and the seq after it."""
 
@@ -579,6 +595,13 @@ class PublisherView(Protocol):
     def attach(self, application: str, session: SubscriberSession) -> None: ...
 
     def detach(self, session: SubscriberSession, reason: str = "") -> None: ...
+
+    def local_subscriber(self, app: Any, index: int, max_frames: int) -> LocalSubscriberSession:
+        """For a transport that runs sinks in the publisher's process (``inprocess``): the
+        sink of ``app`` (one of ``applications``) opened as its subscriber ``index``, served on
+        a thread of its own under the application's ``on_error`` policy, with at most
+        ``max_frames`` frames waiting for it. The transport attaches it, starts it, and stops
+        it (closing its sink once its thread has ended)."""
 
     def revoked(self, application: str, session: SubscriberSession, shards: list[int]) -> None: ...
 
