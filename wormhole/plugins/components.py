@@ -210,12 +210,16 @@ class SubscribeRequest:
     pipeline: Any
     """The validated :class:`wormhole.core.pipeline.Pipeline`."""
     application: str
-    """The application to subscribe as (``--app``); the transport checks that it has a sink
-    (:func:`wormhole.core.pipeline.sink_application`)."""
+    """The application to subscribe as (``--app``); ``sink_application`` finds it."""
     instance: int
     """This subscriber's number, 0 .. subscribers - 1."""
     publishers: list[str]
     """``--publisher HOST:PORT`` values given on the command line (may be empty)."""
+    sink_application: Callable[[str], Any]
+    """``sink_application(library)``: the application to run
+    (:class:`wormhole.core.pipeline.Application`), from the registry when the pipeline's
+    registry holds the applications, else from the file; a ConfigError when it is unknown or
+    has no sink (``library`` names what its subscribers are then, e.g. ``wormhole.Subscriber``)."""
 
 
 # --------------------------------------------------------------------- sources
