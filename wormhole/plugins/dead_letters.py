@@ -31,6 +31,10 @@ off by the next writer. After a crash between recording a dead letter and acknow
 its batch, the batch is delivered again and the same update is recorded at most once: an
 entry identical to a live one (same flow, same update) is not appended again, and
 readers drop any duplicate by that identity.
+
+Part of the plugin contract: a subscriber library guards its sink with :func:`guard_sink`
+(``Handlers.serve_sink`` does), and the commands (``status``, ``top``, ``dead-letters``)
+read the log with the functions below.
 """
 
 from __future__ import annotations

@@ -1,4 +1,11 @@
-"""The subscriber loop: hand frames to a sink, acknowledge once the sink made them durable."""
+"""The subscriber loop: hand frames to a sink, acknowledge once the sink made them durable.
+
+Part of the plugin contract: a transport's subscriber library (the ``tcp`` client, which is
+``wormhole.Subscriber``, and the ``kafka`` consumer) derives from :class:`Handlers` for its
+handler registration, retries and ``serve_sink`` (``wormhole subscribe``: the application's
+sink under its ``on_error`` policy); the publisher runs :class:`LocalSubscriber` for a
+transport that keeps sinks in its own process (``PublisherView.local_subscriber``).
+"""
 
 from __future__ import annotations
 
@@ -241,7 +248,7 @@ def local_subscriber(hub: PublisherView, app: Any, index: int, max_frames: int) 
     """``app``'s sink opened as its subscriber ``index``, served on a thread of this process
     under the application's ``on_error`` policy (retries with backoff; then dead letters, or
     stop). Not started nor attached: the transport does both."""
-    from wormhole.core.dead_letters import guard_sink
+    from wormhole.plugins.dead_letters import guard_sink
 
     pipeline = hub.pipeline
     config = app.config
@@ -331,7 +338,7 @@ class Handlers:
         SIGTERM, close it."""
         import signal
 
-        from wormhole.core.dead_letters import guard_sink
+        from wormhole.plugins.dead_letters import guard_sink
 
         opened = open_sink(sink_component, pipeline, app, instance)
         try:
