@@ -16,10 +16,10 @@ from test_filelog import read_all
 from wormhole.connectors.filelog import FilelogOptions, FilelogSource
 from wormhole.connectors.filelog.rejects import REJECTS_FILE
 from wormhole.core.errors import SourceError
-from wormhole.core.framing import frame
 from wormhole.core.metrics import REJECTED
 from wormhole.plugins.components import SourceContext
-from wormhole.publish import KIND_MESSAGES, LogWriter
+from wormhole.plugins.framing import KIND_MESSAGES, frame
+from wormhole.publish import LogWriter
 
 
 def open_source(path: Path, state: Path, checkpoint: Any = None, **options: Any) -> FilelogSource:

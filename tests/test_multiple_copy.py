@@ -150,7 +150,7 @@ def copies(tmp_path: Path, zookeeper_server: Any, request: pytest.FixtureRequest
 def version(envelope: dict[str, Any]) -> tuple[int, ...]:
     """The envelope's update version (what shared datamarkers are made of)."""
     from wormhole.core.update import Update
-    from wormhole.core.versions import version_of
+    from wormhole.plugins.versions import version_of
 
     source = envelope["source"]
     update = Update(

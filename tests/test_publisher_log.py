@@ -11,12 +11,13 @@ import msgspec
 import pytest
 from conftest import fill_filesystem
 
-from wormhole.core import framing, publisher_log
+from wormhole.core import publisher_log
 from wormhole.core.errors import LogCorruptError, SourceError, StateError
-from wormhole.core.framing import HEADER_SIZE
 from wormhole.core.publisher_log import PublisherLog, inspect_log, read_log_range
 from wormhole.core.shard import shard_of, stable_hash
 from wormhole.core.update import Update
+from wormhole.plugins import framing
+from wormhole.plugins.framing import HEADER_SIZE
 
 
 def updates(start: int, n: int) -> list[Update]:

@@ -24,7 +24,7 @@ import pytest
 import yaml
 from tcp_support import Process, stop_all
 
-from wormhole.core.assignment import spread
+from wormhole.plugins.assignment import spread
 from wormhole.testing import read_envelopes, run_cli, wait_until, write_pipeline
 
 SHARDS = 16

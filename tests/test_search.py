@@ -29,8 +29,8 @@ from wormhole.connectors.search.opensearch import OpenSearchUnavailable
 from wormhole.core.datamarkers import read_datamarkers
 from wormhole.core.errors import SinkError
 from wormhole.core.update import Update
-from wormhole.core.versions import version_number, version_of
 from wormhole.plugins.components import SinkContext
+from wormhole.plugins.versions import version_number, version_of
 from wormhole.publish import LogWriter
 from wormhole.testing import run_cli, wait_until, write_pipeline
 

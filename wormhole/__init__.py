@@ -12,8 +12,8 @@ __version__ = "0.1.0"
 
 if TYPE_CHECKING:
     from wormhole.connectors.tcp.client import Subscriber, SubscriberGaveUp, SubscriberRefused
-    from wormhole.core.flows import Flow
     from wormhole.core.update import Update
+    from wormhole.plugins.components import Flow
     from wormhole.publish import LogWriter
 
 __all__ = [
@@ -34,7 +34,7 @@ def __getattr__(name: str) -> Any:
 
         return getattr(client, name)
     if name == "Flow":
-        from wormhole.core.flows import Flow
+        from wormhole.plugins.components import Flow
 
         return Flow
     if name == "Update":

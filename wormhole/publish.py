@@ -22,7 +22,7 @@ stamped with the publisher id and a sequence number. Readers deliver each
 * two publishers writing the same stream (same publisher id, same sequence
   numbers) to two directories give high availability: either may fail.
 
-Records are length + CRC framed (:mod:`wormhole.core.framing`): a file header
+Records are length + CRC framed (:mod:`wormhole.plugins.framing`): a file header
 record naming the publisher, then message records each holding a batch of
 messages with consecutive sequence numbers.
 """
@@ -37,24 +37,17 @@ from typing import Any
 
 import msgspec
 
-from wormhole.core.framing import (
+from wormhole.core.update import OPS
+from wormhole.plugins.framing import (
+    KIND_FILE_HEADER,
+    KIND_MESSAGES,
+    FileHeader,
     TornTail,
     frame,
     fsync_directory,
     log_file_key,
     read_records,
 )
-from wormhole.core.update import OPS
-
-KIND_FILE_HEADER = 3
-KIND_MESSAGES = 4
-FILE_MAGIC = b"WH"
-
-
-class FileHeader(msgspec.Struct):
-    publisher_id: str
-    session: int
-    roll: int
 
 
 class Message(msgspec.Struct, kw_only=True, omit_defaults=True):

@@ -19,6 +19,7 @@ import sys
 from wormhole.cli.shared import (
     EXIT_OK,
     EXIT_USAGE,
+    CommandLine,
     JsonFormatter,
     errors_as_json,
     report_error,
@@ -77,7 +78,7 @@ def build_parser() -> argparse.ArgumentParser:
     for name in reversed(COMMANDS):
         if pm.get_plugin(name) is None:
             pm.register(importlib.import_module(name), name=name)
-    pm.hook.wormhole_commands(commands=commands)
+    pm.hook.wormhole_commands(commands=commands, cli=CommandLine())
     return parser
 
 

@@ -37,6 +37,14 @@ def load(path: str, reads_state_only: bool = False) -> Pipeline:
     return load_pipeline(path, unused=READ_STATE_UNUSED if reads_state_only else ())
 
 
+class CommandLine:
+    """What a plugin's command may ask of the command line: the ``cli`` argument of the
+    ``wormhole_commands`` hook (:class:`wormhole.plugins.hookspecs.CommandLine`)."""
+
+    def load_pipeline(self, path: str) -> Pipeline:
+        return load(path)
+
+
 class JsonFormatter(logging.Formatter):
     """``--log-format json``: one JSON object a line with ``time`` (UTC, ISO 8601),
     ``level``, ``logger``, ``message`` and, for an exception, ``exception``."""

@@ -11,9 +11,10 @@ from wormhole.cli.shared import EXIT_OK, load, pipeline_command
 from wormhole.core.errors import ConfigError
 from wormhole.core.metrics import parse_listen, serve
 from wormhole.core.publisher import tune_gc
-from wormhole.core.subscriber import catch_stop_signals
+from wormhole.core.registry import subscriber_application
 from wormhole.plugins.components import SubscribeRequest
 from wormhole.plugins.hookspecs import hookimpl
+from wormhole.plugins.subscriber import catch_stop_signals
 
 
 @hookimpl(tryfirst=True)
@@ -58,7 +59,14 @@ def cmd_subscribe(args: argparse.Namespace) -> int:
             f"`wormhole subscribe` needs a transport that has them",
             pipeline.file,
         )
-    subscribe(SubscribeRequest(pipeline, args.app, args.instance, args.publisher or []))
+
+    def sink_application(library: str) -> Any:
+        return subscriber_application(pipeline, args.app, library)
+
+    request = SubscribeRequest(
+        pipeline, args.app, args.instance, args.publisher or [], sink_application
+    )
+    subscribe(request)
     return EXIT_OK
 
 

@@ -12,7 +12,7 @@ import bisect
 from wormhole.core.errors import StateError
 from wormhole.core.publisher_log import PublisherLog
 from wormhole.core.update import Update
-from wormhole.core.versions import version_of
+from wormhole.plugins.versions import version_of
 
 Version = tuple[int, ...]
 

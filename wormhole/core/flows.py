@@ -10,23 +10,12 @@ filter.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, NamedTuple
+from typing import Any
 
 from wormhole.core.errors import StartError, StateError
 from wormhole.core.pipeline import Application
 from wormhole.core.publisher_log import PublisherLog, position_at_time
 from wormhole.plugins.components import Datamarker
-from wormhole.plugins.filters import BatchFilter, compile_filter
-
-
-class Flow(NamedTuple):
-    """A flow's identity: one shard of one application (of one datastore, when the
-    dataset has several). Subscriber libraries hand it to ``on_updates`` handlers
-    (``wormhole.Flow``)."""
-
-    application: str
-    shard: int
-    datastore: str = ""
 
 
 @dataclass(slots=True)
@@ -41,20 +30,6 @@ class FlowState:
     """The datamarker last written to the datamarker store."""
     delivered: int
     """End seq of the last frame handed to a subscriber (>= datamarker)."""
-
-
-def application_filter(config: Application) -> BatchFilter | None:
-    """The application's publisher-side filter: tables, ops, ``where``, columns and plugin
-    filters, in one function over a batch (None when it keeps everything)."""
-    plugins = [component.create() for component in config.filters]
-    return compile_filter(
-        config.tables,
-        config.ops,
-        plugins,
-        where=config.where,
-        columns=config.columns,
-        application=config.name,
-    )
 
 
 class AheadOfLog(StateError):

@@ -15,12 +15,18 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from wormhole.core.assignment import spread
 from wormhole.core.flows import FlowState
 from wormhole.core.pipeline import Application, Pipeline
 from wormhole.core.publisher_log import LogReader, PublisherLog
 from wormhole.core.update import Update
-from wormhole.plugins.components import Datamarker, DatamarkerStore, Frame, SubscriberSession
+from wormhole.plugins.assignment import spread
+from wormhole.plugins.components import (
+    Datamarker,
+    DatamarkerStore,
+    Frame,
+    LocalSubscriberSession,
+    SubscriberSession,
+)
 
 log = logging.getLogger("wormhole.hub")
 
@@ -153,6 +159,14 @@ class Hub:
             self.changed.notify_all()
 
     # ------------------------------------------------------------ sessions
+    def local_subscriber(
+        self, app: ApplicationRuntime, index: int, max_frames: int
+    ) -> LocalSubscriberSession:
+        """A subscriber of ``app`` on a thread of this process (see the PublisherView)."""
+        from wormhole.plugins.subscriber import local_subscriber
+
+        return local_subscriber(self, app, index, max_frames)
+
     def attach(self, application: str, session: SubscriberSession) -> None:
         app = self.applications[application]
         with self.lock:

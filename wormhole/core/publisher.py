@@ -31,7 +31,7 @@ from wormhole.core.errors import (
     WormholeError,
     file_problem,
 )
-from wormhole.core.flows import AheadOfLog, application_filter, start_flows
+from wormhole.core.flows import AheadOfLog, start_flows
 from wormhole.core.hub import ApplicationRuntime, Hub
 from wormhole.core.metrics import REGISTRY, MetricsServer, PublisherCollector, serve
 from wormhole.core.pipeline import Application, Pipeline, load_pipeline
@@ -49,6 +49,7 @@ from wormhole.plugins.components import (
     SourceContext,
     Transport,
 )
+from wormhole.plugins.filters import application_filter
 
 log = logging.getLogger("wormhole.publisher")
 

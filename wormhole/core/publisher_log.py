@@ -41,7 +41,9 @@ import msgspec
 from msgspec import Raw
 
 from wormhole.core.errors import LogCorruptError, SourceError, StateError, file_problem
-from wormhole.core.framing import (
+from wormhole.core.metrics import AppendTimes
+from wormhole.core.update import Update
+from wormhole.plugins.framing import (
     HEADER,
     HEADER_SIZE,
     MAGIC,
@@ -55,9 +57,7 @@ from wormhole.core.framing import (
     read_records,
     scan_headers,
 )
-from wormhole.core.framing import frame as make_frame
-from wormhole.core.metrics import AppendTimes
-from wormhole.core.update import Update
+from wormhole.plugins.framing import frame as make_frame
 
 log = logging.getLogger("wormhole.publisher_log")
 

@@ -20,11 +20,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from wormhole.core.dead_letters import count_dead_letters
 from wormhole.core.lag import Lag, behind, measure, stored_datamarkers
 from wormhole.core.pipeline import Pipeline
 from wormhole.core.publisher_log import inspect_log
 from wormhole.core.status import read_live_status
+from wormhole.plugins.dead_letters import count_dead_letters
 
 SCRAPE_TIMEOUT_S = 2.0
 

@@ -15,7 +15,7 @@ import threading
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal, Protocol, runtime_checkable
+from typing import Any, Literal, NamedTuple, Protocol, runtime_checkable
 
 from pydantic import BaseModel, ConfigDict, ValidationInfo, field_validator
 
@@ -217,12 +217,16 @@ class SubscribeRequest:
     pipeline: Any
     """The validated :class:`wormhole.core.pipeline.Pipeline`."""
     application: str
-    """The application to subscribe as (``--app``); the transport checks that it has a sink
-    (:func:`wormhole.core.pipeline.sink_application`)."""
+    """The application to subscribe as (``--app``); ``sink_application`` finds it."""
     instance: int
     """This subscriber's number, 0 .. subscribers - 1."""
     publishers: list[str]
     """``--publisher HOST:PORT`` values given on the command line (may be empty)."""
+    sink_application: Callable[[str], Any]
+    """``sink_application(library)``: the application to run
+    (:class:`wormhole.core.pipeline.Application`), from the registry when the pipeline's
+    registry holds the applications, else from the file; a ConfigError when it is unknown or
+    has no sink (``library`` names what its subscribers are then, e.g. ``wormhole.Subscriber``)."""
 
 
 # --------------------------------------------------------------------- sources
@@ -508,6 +512,16 @@ class DatamarkerStore(Protocol):
 
 
 # ------------------------------------------------------------------ transports
+class Flow(NamedTuple):
+    """A flow's identity: one shard of one application (of one datastore, when the
+    dataset has several). Subscriber libraries hand it to ``on_updates`` handlers
+    (``wormhole.Flow``)."""
+
+    application: str
+    shard: int
+    datastore: str = ""
+
+
 @dataclass(slots=True)
 class Frame:
     """What a subscriber session receives: its updates of one publisher-log batch.
@@ -558,6 +572,22 @@ class SubscriberSession(Protocol):
         """
 
 
+class LocalSubscriberSession(SubscriberSession, Protocol):
+    """A subscriber on a thread of the publisher's process (``PublisherView.local_subscriber``)."""
+
+    application: str
+    sink: Sink
+    """Its sink, guarded by the application's ``on_error`` policy; close it once ``thread``
+    has ended."""
+    thread: threading.Thread
+
+    def start(self) -> None: ...
+
+    def stop(self, drain: bool = True, timeout: float = 10.0) -> bool:
+        """Stop after the frames it holds (``drain``) or at once; False if its thread was
+        still running ``timeout`` seconds later."""
+
+
 class LogBatch(Protocol):
     """A batch of the publisher log: updates ``first_seq ..``, and the seq after it."""
 
@@ -595,6 +625,13 @@ class PublisherView(Protocol):
     def attach(self, application: str, session: SubscriberSession) -> None: ...
 
     def detach(self, session: SubscriberSession, reason: str = "") -> None: ...
+
+    def local_subscriber(self, app: Any, index: int, max_frames: int) -> LocalSubscriberSession:
+        """For a transport that runs sinks in the publisher's process (``inprocess``): the
+        sink of ``app`` (one of ``applications``) opened as its subscriber ``index``, served on
+        a thread of its own under the application's ``on_error`` policy, with at most
+        ``max_frames`` frames waiting for it. The transport attaches it, starts it, and stops
+        it (closing its sink once its thread has ended)."""
 
     def revoked(self, application: str, session: SubscriberSession, shards: list[int]) -> None: ...
 

@@ -86,6 +86,23 @@ def compile_filter(
     return run
 
 
+def application_filter(config: Any) -> BatchFilter | None:
+    """The publisher-side filter of an application (its validated configuration,
+    :class:`wormhole.core.pipeline.Application`): ``tables``, ``ops``, ``where``, ``columns``
+    and filter plugins, in one function over a batch (None when it keeps everything). The
+    publisher applies it to each caravan batch; a transport whose subscribers read unfiltered
+    data (``kafka``) applies the same filter on the subscriber side."""
+    plugins = [component.create() for component in config.filters]
+    return compile_filter(
+        config.tables,
+        config.ops,
+        plugins,
+        where=config.where,
+        columns=config.columns,
+        application=config.name,
+    )
+
+
 def _per_table(spec: Any) -> Callable[[str], Any]:
     """A lookup of a per-table setting: one value for every table, or a mapping of table
     name (or glob) to value (None where no entry matches)."""

@@ -19,7 +19,7 @@ still load) and ``WORMHOLE_PLUGINS=mod1,mod2`` to load plugin modules by name.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import pluggy
 
@@ -92,17 +92,29 @@ def wormhole_registries() -> list[ComponentSpec]:
     return []
 
 
+class CommandLine(Protocol):
+    """What a plugin's command may ask of the command line (``wormhole_commands``' ``cli``)."""
+
+    def load_pipeline(self, path: str) -> Any:
+        """The pipeline file ``path``, read and validated: the
+        :class:`wormhole.core.pipeline.Pipeline` a run of it would use (``source``,
+        ``transport``, ``applications``, each component's validated ``options``). Raises
+        :class:`wormhole.core.errors.ConfigError` naming every problem."""
+
+
 @hookspec
-def wormhole_commands(commands: Any) -> None:
+def wormhole_commands(commands: Any, cli: CommandLine) -> None:
     """Add subcommands to the ``wormhole`` command line.
 
     Called once when the command line is built. ``commands`` is the argparse
     sub-parsers object: call ``commands.add_parser(NAME, help=...)``, add arguments,
     and ``set_defaults(func=FUNCTION)``; ``FUNCTION(args)`` runs the command and
-    returns its exit code. Raise :class:`wormhole.core.errors.WormholeError` (or
-    ``ConfigError``) for errors the user can fix: the CLI prints them without a
-    traceback. Built-in examples: every command of ``wormhole/cli/`` (a module each), and
-    ``wormhole search`` (the search connector). Return value ignored.
+    returns its exit code. ``cli`` (:class:`CommandLine`, optional in an
+    implementation's arguments) loads a pipeline file as the built-in commands do.
+    Raise :class:`wormhole.core.errors.WormholeError` (or ``ConfigError``) for errors
+    the user can fix: the CLI prints them without a traceback. Built-in examples: every
+    command of ``wormhole/cli/`` (a module each), and ``wormhole search`` (the search
+    connector). Return value ignored.
     """
 
 

@@ -23,8 +23,6 @@ from typing import Any
 import msgspec
 from pydantic import Field
 
-from wormhole.core.children import SubscriberProcesses
-from wormhole.core.pipeline import sink_application
 from wormhole.core.update import Update
 from wormhole.plugins.components import (
     Frame,
@@ -33,6 +31,7 @@ from wormhole.plugins.components import (
     SinkContext,
     SubscribeRequest,
 )
+from wormhole.plugins.processes import SubscriberProcesses
 
 log = logging.getLogger("wormhole.outbox")
 
@@ -158,7 +157,8 @@ class OutboxTransport:
 def subscribe(request: SubscribeRequest) -> None:
     """``wormhole subscribe`` with the outbox transport: frames in order into the sink."""
     pipeline = request.pipeline
-    app, sink_component = sink_application(pipeline, request.application, "the outbox")
+    app = request.sink_application("the outbox")
+    sink_component = app.sink
     directory = Path(pipeline.transport.options.path) / app.name
     directory.mkdir(parents=True, exist_ok=True)
     stop = threading.Event()

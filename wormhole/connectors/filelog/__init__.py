@@ -46,7 +46,6 @@ from wormhole.connectors.filelog.rejects import (
     utf8_or_raise,
 )
 from wormhole.core.errors import LogCorruptError, SourceError
-from wormhole.core.framing import HEADER, HEADER_SIZE, MAGIC, TornTail, read_records
 from wormhole.core.update import NULL, OPS, Update
 from wormhole.plugins.components import (
     ComponentSpec,
@@ -56,8 +55,18 @@ from wormhole.plugins.components import (
     SourceContext,
     Version,
 )
+from wormhole.plugins.framing import (
+    FILE_MAGIC,
+    HEADER,
+    HEADER_SIZE,
+    KIND_FILE_HEADER,
+    KIND_MESSAGES,
+    MAGIC,
+    FileHeader,
+    TornTail,
+    read_records,
+)
 from wormhole.plugins.hookspecs import hookimpl
-from wormhole.publish import FILE_MAGIC, KIND_FILE_HEADER, KIND_MESSAGES, FileHeader
 
 log = logging.getLogger("wormhole.filelog")
 

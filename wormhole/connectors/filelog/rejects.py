@@ -22,8 +22,8 @@ import msgspec
 
 from wormhole.core import metrics
 from wormhole.core.errors import SourceError
-from wormhole.core.framing import fsync_directory
 from wormhole.core.update import Update
+from wormhole.plugins.framing import fsync_directory
 
 log = logging.getLogger("wormhole.filelog")
 

@@ -7,18 +7,18 @@ remote subscribers.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from pydantic import Field
 
 from wormhole.core.errors import ConfigError
-from wormhole.plugins.components import ComponentSpec, Options, PublisherView
+from wormhole.plugins.components import (
+    ComponentSpec,
+    LocalSubscriberSession,
+    Options,
+    PublisherView,
+)
 from wormhole.plugins.hookspecs import hookimpl
-
-if TYPE_CHECKING:
-    # Imported where used: loading the plugin (every process that looks a component up, a
-    # Spark task's included) should not load the subscriber machinery.
-    from wormhole.core.subscriber import LocalSubscriber
 
 
 class InprocessOptions(Options):
@@ -33,7 +33,7 @@ class InprocessOptions(Options):
 class InprocessTransport:
     def __init__(self, options: InprocessOptions) -> None:
         self.options = options
-        self.subscribers: list[LocalSubscriber] = []
+        self.subscribers: list[LocalSubscriberSession] = []
         self.context: dict[str, Any] = {}
         self.hub: PublisherView | None = None
 
@@ -51,24 +51,10 @@ class InprocessTransport:
         """Start an application's subscribers (at start, or added to a running pipeline)."""
         hub = self.hub
         assert hub is not None, "started"
-        pipeline = hub.pipeline
-        n = app.config.subscribers
-        component = app.config.sink
-        assert component is not None, "validation requires a sink with this transport"
-        from wormhole.core.dead_letters import guard_sink
-        from wormhole.core.subscriber import LocalSubscriber, open_sink
-
-        for index in range(n):
-            sink = open_sink(component, pipeline, app.config, index)
-            subscriber = LocalSubscriber(
-                hub, app.name, index, sink, max_frames=self.options.queue_frames
-            )
-            # The application's on_error policy: how long to wait between retries, and
-            # whether to give up on a batch (dead letters, or stop).
-            on_error = app.config.on_error
-            subscriber.sink = guard_sink(sink, app.config, pipeline.state_dir, subscriber.abort)
-            subscriber.first_backoff = on_error.backoff_ms / 1000.0
-            subscriber.max_backoff = on_error.max_backoff_ms / 1000.0
+        assert app.config.sink is not None, "validation requires a sink with this transport"
+        for index in range(app.config.subscribers):
+            # Its sink, under the application's on_error policy (retries; dead letters, or stop).
+            subscriber = hub.local_subscriber(app, index, self.options.queue_frames)
             self.subscribers.append(subscriber)
             hub.attach(app.name, subscriber)
             subscriber.start()

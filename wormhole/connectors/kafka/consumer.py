@@ -26,14 +26,13 @@ from wormhole.connectors.kafka.common import (
     table_pattern,
 )
 from wormhole.connectors.kafka.options import ConfigValue, KafkaOptions
-from wormhole.core.assignment import shards_of
 from wormhole.core.errors import ConfigError, WormholeError
-from wormhole.core.flows import application_filter
 from wormhole.core.pipeline import Pipeline, load_pipeline, sink_application
-from wormhole.core.subscriber import Handlers
 from wormhole.core.update import Update, decode_envelope
+from wormhole.plugins.assignment import shards_of
 from wormhole.plugins.debezium import decode_message
-from wormhole.plugins.filters import BatchFilter
+from wormhole.plugins.filters import BatchFilter, application_filter
+from wormhole.plugins.subscriber import Handlers
 
 log = logging.getLogger("wormhole.subscriber")
 

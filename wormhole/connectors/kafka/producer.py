@@ -34,11 +34,11 @@ from wormhole.connectors.kafka.common import (
 )
 from wormhole.connectors.kafka.lag import log_ends
 from wormhole.connectors.kafka.options import KafkaOptions
-from wormhole.core.children import SubscriberProcesses
 from wormhole.core.errors import ConfigError, WormholeError
 from wormhole.core.update import TRUNCATE, envelope
 from wormhole.plugins.components import Datamarker, LogBatch, PublisherView
 from wormhole.plugins.debezium import DebeziumEncoder
+from wormhole.plugins.processes import SubscriberProcesses
 
 log = logging.getLogger("wormhole.kafka")
 

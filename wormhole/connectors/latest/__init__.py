@@ -14,12 +14,12 @@ from typing import Any
 
 from pydantic import Field
 
-from wormhole.core.datamarkers import connect_durable
 from wormhole.core.errors import SinkError
 from wormhole.core.shard import canonical_key
 from wormhole.core.update import Update
 from wormhole.plugins.components import ComponentSpec, ComponentUse, Options, SinkContext
 from wormhole.plugins.hookspecs import hookimpl
+from wormhole.plugins.sqlite import connect_durable
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS latest (

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+from functools import partial
 from typing import Any
 
 from wormhole.connectors.postgres.options import PostgresOptions
 from wormhole.core.update import Update
 from wormhole.plugins.components import ComponentSpec, NoOptions, Version
-from wormhole.plugins.hookspecs import hookimpl
+from wormhole.plugins.hookspecs import CommandLine, hookimpl
 
 
 def _source(options: PostgresOptions) -> Any:
@@ -74,7 +75,7 @@ def wormhole_position_mappers() -> list[ComponentSpec]:
 
 
 @hookimpl
-def wormhole_commands(commands: Any) -> None:
+def wormhole_commands(commands: Any, cli: CommandLine) -> None:
     trigger = commands.add_parser(
         "postgres-schema-trigger",
         help="install or remove the event trigger that writes schema changes into the WAL",
@@ -84,16 +85,15 @@ def wormhole_commands(commands: Any) -> None:
     trigger.add_argument(
         "--sql", action="store_true", help="print the SQL instead (for a superuser to run)"
     )
-    trigger.set_defaults(func=_schema_trigger_command)
+    trigger.set_defaults(func=partial(_schema_trigger_command, cli))
 
 
-def _schema_trigger_command(args: Any) -> int:
+def _schema_trigger_command(cli: CommandLine, args: Any) -> int:
     """``wormhole postgres-schema-trigger PIPELINE [--remove] [--sql]``."""
     from wormhole.connectors.postgres import schema_trigger
     from wormhole.core.errors import ConfigError, SourceError, first_line
-    from wormhole.core.pipeline import load_pipeline
 
-    pipeline = load_pipeline(args.pipeline)
+    pipeline = cli.load_pipeline(args.pipeline)
     options = pipeline.source.options
     if not isinstance(options, PostgresOptions):
         raise ConfigError(

@@ -7,7 +7,7 @@ template (``user:{id}``), the configured fields indexed by type, and the whole
 row stored as JSON, so that a query returns rows.
 
 Writes are idempotent by key and version: every update's version comes from its
-source positions (:mod:`wormhole.core.versions`), and an update older than what
+source positions (:mod:`wormhole.plugins.versions`), and an update older than what
 the index holds for its document is skipped, so a replay from an older
 datamarker never takes a document back to an older row, nor brings back a
 deleted one.
@@ -21,6 +21,7 @@ through the ``_bulk`` API with external versions. Query with
 from __future__ import annotations
 
 import os
+from functools import partial
 from typing import Any
 
 from wormhole.connectors.search.opensearch import OpenSearchSink
@@ -29,7 +30,7 @@ from wormhole.connectors.search.tantivy_engine import Hit, QueryError, TantivySi
 from wormhole.connectors.search.tantivy_engine import query as _query_tantivy
 from wormhole.core.errors import ConfigError
 from wormhole.plugins.components import ComponentSpec, ComponentUse
-from wormhole.plugins.hookspecs import hookimpl
+from wormhole.plugins.hookspecs import CommandLine, hookimpl
 
 __all__ = [
     "Hit",
@@ -118,7 +119,7 @@ def check_use(options: SearchOptions, use: ComponentUse) -> list[str]:
 
 
 @hookimpl
-def wormhole_commands(commands: Any) -> None:
+def wormhole_commands(commands: Any, cli: CommandLine) -> None:
     search = commands.add_parser("search", help="query the index of an application's search sink")
     search.add_argument("pipeline", help="pipeline file (YAML)")
     search.add_argument("app", help="an application whose sink is search")
@@ -127,16 +128,14 @@ def wormhole_commands(commands: Any) -> None:
     search.add_argument(
         "--json", action="store_true", help="one object per row: id, table, score, row"
     )
-    search.set_defaults(func=_search_command)
+    search.set_defaults(func=partial(_search_command, cli))
 
 
-def _search_command(args: Any) -> int:
+def _search_command(cli: CommandLine, args: Any) -> int:
     """``wormhole search PIPELINE APP QUERY``: the matching rows as JSON lines."""
     import json
 
-    from wormhole.core.pipeline import load_pipeline
-
-    pipeline = load_pipeline(args.pipeline)
+    pipeline = cli.load_pipeline(args.pipeline)
     for hit in query_application(pipeline, args.app, args.query, args.limit):
         if args.json:
             record = {"id": hit.id, "table": hit.table, "score": hit.score, "row": hit.row}

@@ -3,7 +3,7 @@
 Each document's source is the row, plus ``@wormhole: {table, shard, version}``.
 Upserts are ``index`` actions and deletes ``delete`` actions, both with
 ``version_type=external`` and the update's version as one number
-(:func:`wormhole.core.versions.version_number`): the cluster applies an action
+(:func:`wormhole.plugins.versions.version_number`): the cluster applies an action
 only if its version is higher than the document's, so a replayed older update
 gets a 409 version conflict, which counts as done. A truncate deletes the
 documents of its table and shard whose ``@wormhole.version`` is older than it
@@ -32,8 +32,8 @@ from wormhole.connectors.search.options import INDEX_NAME, SearchOptions
 from wormhole.connectors.search.tantivy_engine import Hit, QueryError
 from wormhole.core.errors import SinkError
 from wormhole.core.update import Update
-from wormhole.core.versions import version_number, version_of
 from wormhole.plugins.components import SinkContext
+from wormhole.plugins.versions import version_number, version_of
 
 META = "@wormhole"
 _encode = msgspec.json.Encoder().encode

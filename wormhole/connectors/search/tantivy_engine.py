@@ -36,8 +36,8 @@ from wormhole.connectors.search.documents import DocumentIds, field_values
 from wormhole.connectors.search.options import SearchOptions
 from wormhole.core.errors import SinkError, WormholeError
 from wormhole.core.update import Update
-from wormhole.core.versions import Version, is_older, version_of
 from wormhole.plugins.components import SinkContext
+from wormhole.plugins.versions import Version, is_older, version_of
 
 META_FILE = "wormhole-search.json"
 META_FORMAT = 1

@@ -12,7 +12,7 @@ a temporary name, fsynced and renamed into place before the batch is
 acknowledged: a crash leaves whole files only. The date is the update's
 ``ts_ms`` (UTC), or the day it was written when the source gave none. Columns:
 ``op, key, before, after`` (JSON text), ``shard, position, logical, ts_ms``,
-``version`` (the per-key version, :mod:`wormhole.core.versions`) and
+``version`` (the per-key version, :mod:`wormhole.plugins.versions`) and
 ``arrival`` (when this sink wrote it, for updates without a version).
 
 **Current state.** A refresh folds the change files added since the previous one
@@ -55,8 +55,8 @@ from pydantic import Field
 from wormhole.core.errors import SinkError, first_line
 from wormhole.core.shard import canonical_key
 from wormhole.core.update import Update
-from wormhole.core.versions import version_of
 from wormhole.plugins.components import Options, SinkContext
+from wormhole.plugins.versions import version_of
 
 log = logging.getLogger("wormhole.spark")
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from wormhole.core.datamarkers import SqliteDatamarkerStore
+from wormhole.connectors.sqlite.store import SqliteDatamarkerStore
 from wormhole.plugins.components import ComponentSpec, Options
 from wormhole.plugins.hookspecs import hookimpl
 

@@ -51,9 +51,9 @@ from typing import Any
 from wormhole.connectors.tcp import protocol as p
 from wormhole.core.backoff import Backoff
 from wormhole.core.errors import Stopped, WormholeError
-from wormhole.core.flows import Flow
 from wormhole.core.metrics import reconnecting
-from wormhole.core.subscriber import Handlers, run_handlers
+from wormhole.plugins.components import Flow
+from wormhole.plugins.subscriber import Handlers, run_handlers
 
 log = logging.getLogger("wormhole.subscriber")
 

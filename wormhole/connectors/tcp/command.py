@@ -12,7 +12,6 @@ from wormhole.connectors.tcp.options import TcpOptions
 from wormhole.connectors.tcp.protocol import parse_address
 from wormhole.connectors.tcp.server import read_address
 from wormhole.core.errors import ConfigError
-from wormhole.core.registry import subscriber_application
 from wormhole.plugins.components import SubscribeRequest
 
 
@@ -25,7 +24,7 @@ def subscribe(request: SubscribeRequest) -> None:
         _subscribe_through_registry(request)
         return
     # The registry's application when the registry holds them (else the file's).
-    app = subscriber_application(pipeline, request.application, "wormhole.Subscriber")
+    app = request.sink_application("wormhole.Subscriber")
     assert app.sink is not None
     sink_component = app.sink
     publishers: Any = request.publishers
@@ -70,7 +69,7 @@ def _subscribe_through_registry(request: SubscribeRequest) -> None:
     """Every publisher of the dataset, found through the pipeline's registry."""
     pipeline = request.pipeline
     options = pipeline.transport.options
-    app = subscriber_application(pipeline, request.application, "wormhole.Subscriber")
+    app = request.sink_application("wormhole.Subscriber")
     assert app.sink is not None
     tls = options.tls.client_context() if options.tls is not None else None
     subscriber = Subscriber(

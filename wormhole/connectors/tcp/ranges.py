@@ -31,10 +31,10 @@ from typing import TYPE_CHECKING, Any
 import msgspec
 
 from wormhole.connectors.tcp import protocol as p
-from wormhole.core.publisher_log import Batch
 from wormhole.core.update import ColumnRow, Update, UpdateColumns, columns_of, split_columns
 from wormhole.plugins.components import (
     Datamarker,
+    LogBatch,
     LogPositions,
     RemoteLogError,
     RemoteLogRequest,
@@ -171,7 +171,7 @@ class ReaderSession:
         start: int,
         end: int,
         cache: RangeCache,
-        split: Callable[[Batch], tuple[dict[int, Any], int | None]],
+        split: Callable[[LogBatch], tuple[dict[int, Any], int | None]],
         row_type: type[Any] = Update,
     ) -> Iterator[Any]:
         """The shard's part of every publisher-log batch from ``start`` until ``end``, as
@@ -222,7 +222,7 @@ class ReaderSession:
         application = self.application
         cache = _cache_of(self.server, "range_cache", CACHE_UPDATES)
 
-        def split(batch: Batch) -> tuple[dict[int, Any], int | None]:
+        def split(batch: LogBatch) -> tuple[dict[int, Any], int | None]:
             return _split(batch.first_seq, batch.updates), len(batch.updates)
 
         for part in self._walk(shard, start, end, cache, split):
@@ -251,7 +251,7 @@ class ReaderSession:
         application = self.application
         cache = _cache_of(self.server, "column_cache", int(self.server.options.read_cache))
 
-        def split(batch: Batch) -> tuple[dict[int, Any], int | None]:
+        def split(batch: LogBatch) -> tuple[dict[int, Any], int | None]:
             updates = batch.updates
             if updates and (updates[0].audience or updates[-1].audience):
                 # A backfill's batch, for one application: split for this one, not cached.

@@ -16,9 +16,9 @@ from typing import Any
 
 from wormhole.connectors.tcp import protocol as p
 from wormhole.connectors.tcp.options import TcpOptions
-from wormhole.core.children import SubscriberProcesses
 from wormhole.core.errors import StateError
 from wormhole.plugins.components import Frame, PublisherView
+from wormhole.plugins.processes import SubscriberProcesses
 
 log = logging.getLogger("wormhole.tcp")
 

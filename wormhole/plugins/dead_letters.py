@@ -13,7 +13,7 @@ therefore never sees a newer update of a key before an older one; other keys flo
 
 **The log** is ``<state_dir>/dead-letters/<application>.log``, on the machine where the
 application's sink runs. It is a sequence of length + CRC framed records
-(:mod:`wormhole.core.framing`), each payload one JSON object:
+(:mod:`wormhole.plugins.framing`), each payload one JSON object:
 
 * kind 6, ``ENTRY`` (header ``first`` = the entry's id): ``id``, ``application``,
   ``datastore`` (with a registry), ``shard``, ``table``, ``key``, ``position``,
@@ -31,6 +31,10 @@ off by the next writer. After a crash between recording a dead letter and acknow
 its batch, the batch is delivered again and the same update is recorded at most once: an
 entry identical to a live one (same flow, same update) is not appended again, and
 readers drop any duplicate by that identity.
+
+Part of the plugin contract: a subscriber library guards its sink with :func:`guard_sink`
+(``Handlers.serve_sink`` does), and the commands (``status``, ``top``, ``dead-letters``)
+read the log with the functions below.
 """
 
 from __future__ import annotations
@@ -49,8 +53,8 @@ import msgspec
 
 from wormhole.core.backoff import Backoff
 from wormhole.core.errors import StateError, WormholeError
-from wormhole.core.framing import TornTail, frame, fsync_directory, read_records
 from wormhole.core.update import Update
+from wormhole.plugins.framing import TornTail, frame, fsync_directory, read_records
 
 log = logging.getLogger("wormhole.dead_letters")
 

@@ -15,6 +15,9 @@ has no version: ``None``. Such updates are not comparable, so the last write win
 
 :func:`version_number` packs a version into one integer below 2**63, for stores
 that keep a single number per document (OpenSearch external versions).
+
+Part of the plugin contract: a sink that writes idempotently by key (``search``,
+``spark``, or a third party's) calls :func:`version_of` on each update.
 """
 
 from __future__ import annotations

@@ -1,4 +1,11 @@
-"""The subscriber loop: hand frames to a sink, acknowledge once the sink made them durable."""
+"""The subscriber loop: hand frames to a sink, acknowledge once the sink made them durable.
+
+Part of the plugin contract: a transport's subscriber library (the ``tcp`` client, which is
+``wormhole.Subscriber``, and the ``kafka`` consumer) derives from :class:`Handlers` for its
+handler registration, retries and ``serve_sink`` (``wormhole subscribe``: the application's
+sink under its ``on_error`` policy); the publisher runs :class:`LocalSubscriber` for a
+transport that keeps sinks in its own process (``PublisherView.local_subscriber``).
+"""
 
 from __future__ import annotations
 
@@ -12,10 +19,9 @@ from typing import Any
 
 from wormhole.core.backoff import Backoff
 from wormhole.core.errors import WormholeError
-from wormhole.core.flows import Flow
 from wormhole.core.metrics import timed_sink
 from wormhole.core.update import Update
-from wormhole.plugins.components import Frame, PublisherView, Sink, SinkContext
+from wormhole.plugins.components import Flow, Frame, PublisherView, Sink, SinkContext
 
 log = logging.getLogger("wormhole.subscriber")
 
@@ -238,6 +244,22 @@ def open_sink(component: Any, pipeline: Any, app: Any, instance: int) -> Sink:
     return sink
 
 
+def local_subscriber(hub: PublisherView, app: Any, index: int, max_frames: int) -> LocalSubscriber:
+    """``app``'s sink opened as its subscriber ``index``, served on a thread of this process
+    under the application's ``on_error`` policy (retries with backoff; then dead letters, or
+    stop). Not started nor attached: the transport does both."""
+    from wormhole.plugins.dead_letters import guard_sink
+
+    pipeline = hub.pipeline
+    config = app.config
+    sink = open_sink(config.sink, pipeline, config, index)
+    subscriber = LocalSubscriber(hub, app.name, index, sink, max_frames=max_frames)
+    subscriber.sink = guard_sink(sink, config, pipeline.state_dir, subscriber.abort)
+    subscriber.first_backoff = config.on_error.backoff_ms / 1000.0
+    subscriber.max_backoff = config.on_error.max_backoff_ms / 1000.0
+    return subscriber
+
+
 class Handlers:
     """The handler registration of the subscriber libraries (TCP and Kafka)."""
 
@@ -316,7 +338,7 @@ class Handlers:
         SIGTERM, close it."""
         import signal
 
-        from wormhole.core.dead_letters import guard_sink
+        from wormhole.plugins.dead_letters import guard_sink
 
         opened = open_sink(sink_component, pipeline, app, instance)
         try:

@@ -4,6 +4,10 @@ Pure functions, shared by every transport: flow ``s`` of an application belongs
 to its subscriber ``s % n`` of ``n`` (sessions in joining order with the tcp
 transport, ``--instance`` numbers with kafka). The split is even, and a flow
 moves only when the number of subscribers changes.
+
+Part of the plugin contract: the hub divides flows among the sessions a transport
+attaches with :func:`spread`, and a transport whose subscribers pick their own shards
+(``kafka``: ``--instance N``) must pick them with :func:`shards_of` to agree with it.
 """
 
 from __future__ import annotations

@@ -1,5 +1,10 @@
 """Subscriber processes that ``wormhole run`` starts for applications with a sink.
 
+Part of the plugin contract: a transport whose subscribers are processes (the built-in
+``tcp`` and ``kafka``, or a third party's) creates one :class:`SubscriberProcesses` in
+``start(hub)`` when ``hub.local_subscribers`` is set, calls ``spawn`` for each
+application's instances, and ``stop`` when it stops.
+
 Each is ``wormhole subscribe PIPELINE --app NAME --instance N`` in a session of
 its own (a Ctrl-C in the terminal reaches the publisher, which then stops its
 subscribers in order) that dies with the publisher (``--exit-with-parent``).

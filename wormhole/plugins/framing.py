@@ -16,6 +16,11 @@ Recovery reads records in order and classifies the first bad one: a record that
 runs past the end of the file, or a bad record with nothing valid after it, is a
 *torn tail* (the process died mid-write; truncate it); a bad record with more
 data after it is *corruption* (stop and name the file and offset).
+
+Part of the plugin contract: a plugin that keeps a log of its own (the ``filelog``
+source's reject files) or reads one Wormhole writes (a LogWriter log, whose record
+kinds and file header are defined here, next to the framing they use) frames and
+recovers its records with these functions.
 """
 
 from __future__ import annotations
@@ -27,6 +32,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import BinaryIO
 
+import msgspec
+
 from wormhole.core.errors import LogCorruptError
 
 MAGIC = 0x4857
@@ -35,6 +42,21 @@ HEADER = struct.Struct("<HBBIIQI")
 HEADER_SIZE = HEADER.size  # 24
 _CRC_FIELDS = struct.Struct("<BQI")
 MAX_RECORD = 1 << 30
+
+# The LogWriter file log (``wormhole.publish``, read by the ``filelog`` source): a file
+# header record, then message records. The publisher log's kinds are 1, 2 and 5.
+KIND_FILE_HEADER = 3
+KIND_MESSAGES = 4
+FILE_MAGIC = b"WH"
+"""The first bytes of a LogWriter file (MAGIC, little-endian)."""
+
+
+class FileHeader(msgspec.Struct):
+    """The first record of a LogWriter file: whose messages it holds, and where."""
+
+    publisher_id: str
+    session: int
+    roll: int
 
 
 def frame(kind: int, first: int, count: int, payload: bytes) -> bytes:
