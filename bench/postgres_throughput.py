@@ -23,8 +23,9 @@ whole process of its own, in the same round (their order alternates from round t
   row arrived.
 
 Wormhole also runs, the same way, with a ``jsonl`` sink to /dev/null in its own update
-envelope and in Debezium's (``envelope: debezium``, each with a slot of its own): the cost
-of writing Debezium's events beside the cost of writing Wormhole's.
+envelope and in Debezium's (``envelope: debezium``, without and with
+``transaction_metadata``, each with a slot of its own): the cost of writing Debezium's events
+beside the cost of writing Wormhole's.
 
 Rows/s is over the whole process (start-up included: a Python interpreter's, a JVM's),
 CPU seconds are the process's user + system time (every thread) from ``wait4``; the
@@ -99,6 +100,10 @@ SINKS = {
     "jsonl (update envelope)": "{type: jsonl, path: /dev/null, fsync: false}",
     "jsonl (envelope: debezium)": (
         "{type: jsonl, path: /dev/null, fsync: false, envelope: debezium}"
+    ),
+    "jsonl (debezium, transactions)": (
+        "{type: jsonl, path: /dev/null, fsync: false, envelope: debezium, "
+        "transaction_metadata: true}"
     ),
 }
 """Further Wormhole runs of each round: a sink that writes every event, in each envelope."""
@@ -182,7 +187,7 @@ def main() -> int:
             wall, cpu = (median(measures, k) for k in ("wall", "cpu"))
             versus = f"  ({median(theirs, 'wall') / wall:.2f}x Debezium)" if theirs else ""
             print(
-                f"  Wormhole, {label:<27} {args.rows / wall:>9,.0f} rows/s "
+                f"  Wormhole, {label:<31} {args.rows / wall:>9,.0f} rows/s "
                 f"{cpu:>7.2f} CPU s{versus}"
             )
     finally:

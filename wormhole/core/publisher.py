@@ -258,17 +258,19 @@ class Publisher:
             stop=self.tail_stop,
             log=logging.getLogger(f"wormhole.source.{pipeline.source.type}"),
             progress=self.progress,
-            describe_updates=self._describe_updates(),
+            describe_updates=self._outputs_ask("describes_updates"),
+            transaction_metadata=self._outputs_ask("marks_transactions"),
         )
 
-    def _describe_updates(self) -> bool:
-        """Whether the transport or a sink needs updates that describe themselves."""
+    def _outputs_ask(self, question: str) -> bool:
+        """Whether the transport's or a sink's options answer yes to ``question`` (an
+        :class:`~wormhole.plugins.components.Options` method: ``describes_updates``,
+        ``marks_transactions``)."""
         pipeline = self.pipeline
         uses = [pipeline.transport]
         uses += [app.sink for app in pipeline.applications.values() if app.sink is not None]
         return any(
-            callable(getattr(use.options, "describes_updates", None))
-            and use.options.describes_updates()
+            callable(getattr(use.options, question, None)) and getattr(use.options, question)()
             for use in uses
         )
 

@@ -73,6 +73,14 @@ class Update(msgspec.Struct, kw_only=True, gc=False):
     txId, lsn, xmin, origin, origin_lsn``; MySQL: ``connector, snapshot, db, sequence, ts_us,
     ts_ns, table, server_id, gtid, file, pos, row, thread, query``); ``NULL`` where the
     source gives none."""
+    transaction: Raw = NULL
+    """Debezium's transaction metadata of this change, where the source was asked for it
+    (``SourceContext.transaction_metadata``; see :mod:`wormhole.plugins.transactions`): a
+    raw JSON array ``[block, begin, end]``: ``block`` the event's ``transaction`` block
+    ``{"id", "total_order", "data_collection_order"}`` (null for a truncate), ``begin`` the
+    value of the transaction's BEGIN event on its first update, ``end`` the value of its END
+    event on its last, else null. ``NULL`` where the source gives none. Made before the
+    updates are sharded: the orders and counts are the whole transaction's."""
     audience: str = ""
     """The one application this update is for (a backfill for one application), or empty:
     every application. Updates with an audience travel in publisher-log batches of their

@@ -57,6 +57,13 @@ class Options(BaseModel):
         options or any application's sink options say so at the start of a run."""
         return False
 
+    def marks_transactions(self) -> bool:
+        """Whether this use of the component needs each update marked with its
+        transaction (``Update.transaction``: Debezium's transaction metadata). The
+        publisher asks its source for them (``SourceContext.transaction_metadata``) as for
+        :meth:`describes_updates`."""
+        return False
+
     @field_validator("*")
     @classmethod
     def _duration_fits(cls, value: Any, info: ValidationInfo) -> Any:
@@ -236,6 +243,10 @@ class SourceContext:
     """Fill ``Update.columns`` and ``Update.details`` where the source can: some consumer
     of this run asked for them (see ``Options.describes_updates``). Off, a source skips
     that work and the publisher log stays smaller."""
+    transaction_metadata: bool = False
+    """Mark each update with its transaction (``Update.transaction``) where the source can,
+    with :class:`wormhole.plugins.transactions.TransactionMarker`: some consumer of this
+    run asked for it (see ``Options.marks_transactions``). Off, a source skips that work."""
 
 
 @dataclass

@@ -40,6 +40,7 @@ from wormhole.core.metrics import reconnecting
 from wormhole.core.progress import Progress, ProgressTask
 from wormhole.core.update import NULL, Update
 from wormhole.plugins.components import SourceBatch, SourceContext
+from wormhole.plugins.transactions import TransactionMarker
 
 _encode = msgspec.json.Encoder().encode
 _Raw = msgspec.Raw
@@ -212,6 +213,9 @@ class DatabaseSource(ABC):
         self.describe = False
         """Fill ``Update.columns`` and ``Update.details`` (``SourceContext.describe_updates``,
         set by :meth:`open`)."""
+        self.marker: TransactionMarker | None = None
+        """Numbers each transaction's updates (``SourceContext.transaction_metadata``, set
+        by :meth:`open`); None: not asked."""
         self.snapshot_held: tuple[Update, SnapshotTable, bool, bool] | None = None
         """The last snapshot row read, held back until what follows it is known (its
         ``details`` say whether it is the last of its table, or of the snapshot)."""
@@ -224,6 +228,7 @@ class DatabaseSource(ABC):
     def open(self, context: SourceContext, checkpoint: Any) -> None:
         self.context = context
         self.describe = context.describe_updates
+        self.marker = TransactionMarker() if context.transaction_metadata else None
         self._connect_and_check(context)
         if checkpoint is None or checkpoint.get("phase") == "snapshot":
             self._start(interrupted=checkpoint is not None)

@@ -45,6 +45,9 @@ class DebeziumFields(Options):
     def describes_updates(self) -> bool:
         return self.envelope == "debezium"
 
+    def marks_transactions(self) -> bool:
+        return self.envelope == "debezium" and self.transaction_metadata
+
     envelope: Literal["wormhole", "debezium"] = Field(
         "wormhole",
         description="wormhole: the update envelope; debezium: Debezium's change events "
@@ -73,6 +76,13 @@ class DebeziumFields(Options):
     )
     binary_handling_mode: Literal["bytes", "base64", "base64-url-safe", "hex"] = Field(
         "bytes", description="envelope debezium: as Debezium's binary.handling.mode"
+    )
+    transaction_metadata: bool = Field(
+        False,
+        description="envelope debezium: each event's transaction block and BEGIN/END events "
+        "on <prefix>.transaction, as Debezium's provide.transaction.metadata (see "
+        "docs/debezium.md: with several shards, BEGIN and END come from the flows of the "
+        "transaction's first and last update)",
     )
     truncates: bool = Field(
         False,
@@ -728,6 +738,8 @@ class DebeziumEncoder:
         self.tables: dict[tuple[str, bytes, tuple[str, ...]], _Table] = {}
         self.source_schemas: dict[str, dict[str, Any]] = {}
         self.prefix_json = _encode(self.prefix)
+        self.transactions = options.transaction_metadata
+        self.transaction_topic = f"{self.prefix}.transaction"
 
     def topic(self, table: str) -> str:
         """``<prefix>.<schema>.<table>``."""
@@ -737,20 +749,40 @@ class DebeziumEncoder:
         """The messages of ``updates``, in order (a delete is followed by its tombstone)."""
         out: list[Message] = []
         now_ns = time.time_ns()
+        transactions = self.transactions
         for update in updates:
+            block = end = b"null"
+            if transactions and update.transaction != NULL:
+                block, begin, end = _decode_marks(update.transaction)
+                if begin != b"null" and (update.op != TRUNCATE or update.shard == 0):
+                    out.append(self._transaction_message(begin))
             if update.op == TRUNCATE:
                 # Off by default, as Debezium's skipped.operations=t. The publisher gives
                 # every shard a copy: the one of shard 0 is written.
-                if self.options.truncates and update.shard == 0:
-                    table = self._table(update)
-                    out.append(Message(table.topic, None, self._value(table, update, now_ns)))
+                if update.shard == 0:
+                    if self.options.truncates:
+                        table = self._table(update)
+                        value = self._value(table, update, now_ns, block)
+                        out.append(Message(table.topic, None, value))
+                    if end != b"null":
+                        out.append(self._transaction_message(end))
                 continue
             table = self._table(update)
             key = self._key(table, update)
-            out.append(Message(table.topic, key, self._value(table, update, now_ns)))
+            out.append(Message(table.topic, key, self._value(table, update, now_ns, block)))
             if update.op == "d" and self.options.tombstones:
                 out.append(Message(table.topic, key, None))
+            if end != b"null":
+                out.append(self._transaction_message(end))
         return out
+
+    def _transaction_message(self, value: bytes) -> Message:
+        """A BEGIN or END event (``value`` as :attr:`Update.transaction` holds it)."""
+        key = b'{"id":%s}' % _encode(_decode_transaction_id.decode(value).id)
+        if self.options.schemas:
+            key = b'{"schema":%s,"payload":%s}' % (_TRANSACTION_KEY_SCHEMA, key)
+            value = b'{"schema":%s,"payload":%s}' % (_TRANSACTION_VALUE_SCHEMA, value)
+        return Message(self.transaction_topic, key, value)
 
     # ------------------------------------------------------------- pieces
     def _table(self, update: Update) -> _Table:
@@ -875,9 +907,9 @@ class DebeziumEncoder:
         )
         return block, details[14 : end - 1].decode()
 
-    def _value(self, table: _Table, update: Update, now_ns: int) -> bytes:
+    def _value(self, table: _Table, update: Update, now_ns: int, block: bytes = b"null") -> bytes:
         if update.details != NULL and update.before == NULL:
-            fast = self._fast_value(table, update, now_ns)
+            fast = self._fast_value(table, update, now_ns, block)
             if fast is not None:
                 return fast
         before = update.before_row()
@@ -902,7 +934,7 @@ class DebeziumEncoder:
                 "before": self._row(table, before),
                 "after": self._row(table, update.after_row()),
                 "source": source,
-                "transaction": None,
+                "transaction": msgspec.Raw(block),
                 "op": update.op,
                 "ts_ms": now_ns // 1_000_000,
                 "ts_us": now_ns // 1000,
@@ -914,7 +946,7 @@ class DebeziumEncoder:
         schema = self._schema_json(table, connector, source)
         return b'{"schema":%s,"payload":%s}' % (schema, payload)
 
-    def _fast_value(self, table: _Table, update: Update, now_ns: int) -> bytes | None:
+    def _fast_value(self, table: _Table, update: Update, now_ns: int, block: bytes) -> bytes | None:
         """The value of an update without a ``before`` whose ``details`` a source wrote,
         put together from raw JSON (no row or block is parsed); None when it cannot be."""
         spliced = self._fast_source(update)
@@ -924,8 +956,8 @@ class DebeziumEncoder:
         payload = b'{"before":null,"after":%s,"source":%s,%s}' % (
             self._after(table, update),
             source,
-            b'"transaction":null,"op":"%s","ts_ms":%d,"ts_us":%d,"ts_ns":%d'
-            % (update.op.encode(), now_ns // 1_000_000, now_ns // 1000, now_ns),
+            b'"transaction":%s,"op":"%s","ts_ms":%d,"ts_us":%d,"ts_ns":%d'
+            % (block, update.op.encode(), now_ns // 1_000_000, now_ns // 1000, now_ns),
         )
         if table.value_schema is None:
             return payload
@@ -1005,6 +1037,60 @@ _TRANSACTION_SCHEMA = {
     "version": 1,
     "field": "transaction",
 }
+
+
+class _TransactionId(msgspec.Struct):
+    id: str
+
+
+_decode_transaction_id = msgspec.json.Decoder(_TransactionId)
+_decode_marks_raw = msgspec.json.Decoder(tuple[msgspec.Raw, msgspec.Raw, msgspec.Raw])
+
+
+def _decode_marks(raw: msgspec.Raw) -> tuple[bytes, bytes, bytes]:
+    """:attr:`Update.transaction` as (block, begin, end), each raw JSON."""
+    block, begin, end = _decode_marks_raw.decode(raw)
+    return bytes(block), bytes(begin), bytes(end)
+
+
+_TRANSACTION_KEY_SCHEMA = _encode(
+    {
+        "type": "struct",
+        "fields": [{"type": "string", "optional": False, "field": "id"}],
+        "optional": False,
+        "name": "io.debezium.connector.common.TransactionMetadataKey",
+        "version": 1,
+    }
+)
+_TRANSACTION_VALUE_SCHEMA = _encode(
+    {
+        "type": "struct",
+        "fields": [
+            {"type": "string", "optional": False, "field": "status"},
+            {"type": "string", "optional": False, "field": "id"},
+            {"type": "int64", "optional": True, "field": "event_count"},
+            {
+                "type": "array",
+                "items": {
+                    "type": "struct",
+                    "fields": [
+                        {"type": "string", "optional": False, "field": "data_collection"},
+                        {"type": "int64", "optional": False, "field": "event_count"},
+                    ],
+                    "optional": True,
+                    "name": "event.collection",
+                    "version": 1,
+                },
+                "optional": True,
+                "field": "data_collections",
+            },
+            {"type": "int64", "optional": False, "field": "ts_ms"},
+        ],
+        "optional": False,
+        "name": "io.debezium.connector.common.TransactionMetadataValue",
+        "version": 1,
+    }
+)
 
 _FIELD_ORDER = (
     "type",

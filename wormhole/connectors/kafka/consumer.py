@@ -65,6 +65,7 @@ class KafkaSubscriber(Handlers):
         max_backoff: float = 30.0,
         shards: list[int] | None = None,
         envelope: str = "wormhole",
+        skip_topics: frozenset[str] = frozenset(),
     ) -> None:
         if not topics:
             raise ValueError("topics: give at least one topic (or one ^pattern)")
@@ -74,6 +75,9 @@ class KafkaSubscriber(Handlers):
             raise ValueError("envelope: wormhole or debezium (what the topics hold)")
         self.envelope = envelope
         """What the topics' values are: the update envelope, or Debezium's change events."""
+        self.skip_topics = skip_topics
+        """Topics read past, not as updates: Debezium's ``<prefix>.transaction`` (its BEGIN
+        and END events), which the topics' pattern also matches."""
         self.app = app
         self.bootstrap_servers = bootstrap_servers
         self.topics = list(topics)
@@ -166,6 +170,10 @@ class KafkaSubscriber(Handlers):
             batch_updates=options.batch_updates,
             envelope=options.envelope,
             shards=shards,
+            # (No table's topic has that name: theirs are <prefix>.<schema>.<table>.)
+            skip_topics=frozenset({f"{options.topic_prefix}.transaction"})
+            if options.envelope == "debezium"
+            else frozenset(),
         )
 
     # --------------------------------------------------------------- run
@@ -230,6 +238,7 @@ class KafkaSubscriber(Handlers):
         append = updates.append
         decode = decode_envelope
         debezium = self.envelope == "debezium"
+        skip = self.skip_topics
         owned = self._owned
         offsets: dict[tuple[str, int], int] = {}
         for m in messages:
@@ -239,8 +248,9 @@ class KafkaSubscriber(Handlers):
             key = (m.topic(), m.partition())
             if key not in owned:
                 continue
-            if m.value() is None:
-                offsets[key] = m.offset() + 1  # a tombstone after a delete (for compaction)
+            if m.value() is None or key[0] in skip:
+                # A tombstone after a delete (for compaction), or a BEGIN or END event.
+                offsets[key] = m.offset() + 1
                 continue
             headers = m.headers()
             if headers is not None and len(headers) > 3 and self._not_ours(headers):

@@ -402,9 +402,17 @@ class KafkaTransport:
             marker = markers.get(i)
             if debezium is not None:
                 messages = debezium.messages([u])
+                # The datamarker rides on the update's last message to its own topic (the
+                # partition of the updates before it), not on a BEGIN or END event.
+                transactions = debezium.transaction_topic
+                ours = [n for n, m in enumerate(messages) if m.topic != transactions]
+                carrier = ours[-1] if ours else len(messages) - 1
                 for n, message in enumerate(messages):
-                    last_one = n == len(messages) - 1
-                    record = (topic, message.value, message.key, u.shard)
+                    last_one = n == carrier
+                    out = topic
+                    if message.topic == transactions:
+                        out = self._transaction_topic(message.topic)
+                    record = (out, message.value, message.key, u.shard)
                     if not self._produce_when_room(
                         record, marker if last_one else None, headers, first + i, u
                     ):
@@ -458,6 +466,13 @@ class KafkaTransport:
                 self.producer.poll(0.1)
                 if self.abort.is_set():
                     return False
+
+    def _transaction_topic(self, topic: str) -> str:
+        """Debezium's ``<prefix>.transaction`` (BEGIN and END events), created as others."""
+        assert self.topics is not None
+        if topic not in self.topics.known:
+            self.topics.ensure(topic)
+        return topic
 
     def _table_topic(self, table: str) -> str:
         topic = table_topic(self.options, table)

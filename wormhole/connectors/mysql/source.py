@@ -220,6 +220,10 @@ class MySQLSource(DatabaseSource):
         self.by_gtid = False
         # The transaction being read.
         self.txn_gtid = ""
+        self.txn_name = ""
+        """Debezium's id of the transaction being read (with transaction metadata)."""
+        self.held_event: Any = None
+        """A rows event read when a batch was full (transaction metadata): read first next."""
         self.txn_domain = -1
         self.txn_seq = 0
         self.txn_began = False
@@ -887,6 +891,7 @@ class MySQLSource(DatabaseSource):
 
     def _open_stream(self) -> None:
         """(Re)start the binlog stream after the emitted state."""
+        self.held_event = None
         self.skip_gtid, self.skip_index = self.partial_gtid, self.partial_index
         self.seen_seq = {
             d: int(g.rsplit("-", 1)[1]) for d, g in self.gtid_state.items() if "-" in g
@@ -989,12 +994,24 @@ class MySQLSource(DatabaseSource):
         stream = self.stream
         fetch = stream.fetchone
         append = updates.append
+        # With transaction metadata, a batch that is full inside a transaction ends before
+        # the next rows event of it (held for the next call), not right after the last one
+        # read: the last change of a transaction must be known as such (its END).
+        marker = self.marker
+        full = False
+        held, self.held_event = self.held_event, None
         while True:
-            event = fetch()
+            if held is None:
+                event = fetch()
+            else:
+                event, held = held, None
             if event is None:  # the stream ended (not blocking): reconnect
                 raise EOFError("the server closed the binlog stream")
             kind = type(event)
             if kind in (WriteRowsEvent, UpdateRowsEvent, DeleteRowsEvent):
+                if full:
+                    self.held_event = event
+                    return SourceBatch(updates, self._checkpoint())
                 if self.skip_txn or not self._wanted(event.schema, event.table):
                     if (
                         event.table == self.signal[1]
@@ -1009,6 +1026,7 @@ class MySQLSource(DatabaseSource):
                 op = "c" if kind is WriteRowsEvent else "u" if kind is UpdateRowsEvent else "d"
                 details = self._rows_details(event) if self.describe else None
                 first_index = self.txn_index + 1
+                first_update = len(updates)
                 for row in self._rows(event, layout, table, op == "u"):
                     self.txn_index += 1
                     if details is not None:
@@ -1036,9 +1054,14 @@ class MySQLSource(DatabaseSource):
                         else:
                             append(self._update("d", table, key, values, None))
                     self.partial_gtid, self.partial_index = self.txn_gtid, self.txn_index
+                if marker is not None:
+                    for update in updates[first_update:]:
+                        marker.mark(update, self.txn_name)
                 if len(updates) >= limit:
                     # A large transaction goes out in chunks: memory stays bounded.
-                    return SourceBatch(updates, self._checkpoint())
+                    if marker is None:
+                        return SourceBatch(updates, self._checkpoint())
+                    full = True
             elif kind is TableMapEvent:
                 self._table_map(event)
             elif kind is XidEvent:
@@ -1072,6 +1095,8 @@ class MySQLSource(DatabaseSource):
                     truncate = self._truncate(event, query)
                     if truncate is not None:
                         append(truncate)
+                        if marker is not None:
+                            marker.mark(truncate, self.txn_name)
                     if self.in_txn:
                         self._commit()
                 if not updates and not self.in_txn:
@@ -1146,6 +1171,14 @@ class MySQLSource(DatabaseSource):
         self.txn_index = -1
         self.in_txn = True
         self.pending_watermark = None
+        if self.marker is not None:
+            # Debezium's transaction id: the GTID (MariaDB's as Debezium's MariaDB connector
+            # writes it), or where the transaction starts.
+            self.txn_name = (
+                self.txn_gtid
+                or f"file={self.stream.log_file},pos={packet.log_pos - packet.event_size}"
+            )
+            self.marker.begin(self.txn_name, self.txn_ts)
         # After a reconnect by GTID the server may send transactions already emitted.
         self.skip_txn = (
             self.by_gtid
@@ -1163,6 +1196,8 @@ class MySQLSource(DatabaseSource):
             self.skip_txn = False
             self.pending_watermark = None
             return
+        if self.marker is not None:
+            self.marker.commit(self.txn_name)
         if self.txn_gtid:
             if self.mariadb:
                 self.gtid_state[self.txn_domain] = self.txn_gtid

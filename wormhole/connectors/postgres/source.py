@@ -122,6 +122,8 @@ class PostgresSource(DatabaseSource):
         self.repl: Any = None  # replication connection
         self.cursor: Any = None
         self.relations: dict[int, pg.Relation] = {}
+        self.held_message: Any = None
+        """A change read when a batch was full (transaction metadata): read first next."""
         self.base_types: dict[int, int] = {}
         self.history: SchemaHistory | None = None
         self.server_version = 0
@@ -730,6 +732,7 @@ class PostgresSource(DatabaseSource):
             self.in_txn = False
             self.skip_txn = self.resuming = False
             self.pending_watermark = None
+            self.held_message = None
             # Only what was returned counts as seen (for --once).
             self.seen_lsn = self.flush
             self.relations.clear()
@@ -780,6 +783,12 @@ class PostgresSource(DatabaseSource):
         skip_txn, resuming = self.skip_txn, self.resuming
         read_message = cursor.read_message
         describe = self.describe
+        # With transaction metadata, a batch that is full inside a transaction ends before
+        # the next change of it (held for the next call), not right after the last one
+        # read: the last change of a transaction must be known as such (its END).
+        marker = self.marker
+        full = False
+        held, self.held_message = self.held_message, None
 
         def batch() -> SourceBatch:
             self.lsn, self.index, self.complete, self.flush = lsn, index, complete, flush
@@ -791,7 +800,10 @@ class PostgresSource(DatabaseSource):
             cursor.send_feedback(flush_lsn=self.confirmed)
         self._heartbeat()
         while True:
-            message = read_message()
+            if held is None:
+                message = read_message()
+            else:
+                message, held = held, None
             if message is None:
                 if self.confirmed:
                     cursor.send_feedback(flush_lsn=self.confirmed)
@@ -809,22 +821,27 @@ class PostgresSource(DatabaseSource):
                             self.history.save()
                         self.confirmed = max(self.confirmed, cursor.wal_end)
                 remaining = deadline - time.monotonic()
-                if remaining <= 0:
+                if remaining <= 0 and (marker is None or not self.in_txn):
+                    # (With transaction metadata, not inside a transaction: see ``full``.
+                    # The server sends a decoded transaction's messages without a pause.)
                     if updates:
                         return batch()
                     # Transactions that held nothing for us still move the position.
                     self.lsn, self.index, self.complete, self.flush = lsn, index, complete, flush
                     self.skip_txn, self.resuming = skip_txn, resuming
                     return None
-                select.select([cursor], [], [], min(remaining, 0.1))
+                select.select([cursor], [], [], min(remaining, 0.1) if remaining > 0 else 0.1)
                 continue
             data = message.payload
             tag = data[0]
+            if full and (tag == 73 or tag == 85 or tag == 68 or tag == 84 or tag == 77):
+                self.held_message = message
+                return batch()
             if tag == 73 or tag == 85 or tag == 68:  # I U D
                 self.txn_index += 1
                 if skip_txn or (resuming and self.txn_index <= self.resume_index):
                     continue
-                op, relation, before, after, unchanged, full = parse_change(data, relations, bad)
+                op, relation, before, after, unchanged, whole = parse_change(data, relations, bad)
                 if bad:
                     self._undecodable(relation, bad)
                 if heartbeat_tables and relation.table in heartbeat_tables:
@@ -833,12 +850,20 @@ class PostgresSource(DatabaseSource):
                     self._describe_change(relation, message.data_start)
                 if op == "c":
                     append(make_insert(relation, after))
+                    if marker is not None:
+                        marker.mark(updates[-1], f"{self.txn_id}:{message.data_start}")
                 else:
-                    updates.extend(make_change(op, relation, before, after, unchanged, full))
+                    made = make_change(op, relation, before, after, unchanged, whole)
+                    updates.extend(made)
+                    if marker is not None:
+                        for update in made:
+                            marker.mark(update, f"{self.txn_id}:{message.data_start}")
                 lsn, index, complete = self.txn_lsn, self.txn_index, False
                 if len(updates) >= limit:
                     # A large transaction goes out in chunks: memory stays bounded.
-                    return batch()
+                    if marker is None:
+                        return batch()
+                    full = True
             elif tag == 66:  # B
                 self.txn_lsn, self.txn_ts, self.txn_id = pg.parse_begin(data)
                 self.streamed_txids.append(self.txn_id)
@@ -849,6 +874,8 @@ class PostgresSource(DatabaseSource):
                 self.txn_origin = None
                 self.pending_watermark = None
                 self.in_txn = True
+                if marker is not None:
+                    marker.begin(f"{self.txn_id}:{message.data_start}", self.txn_ts)
                 resuming = self.txn_lsn == self.resume_lsn
                 skip_txn = self.txn_lsn < self.resume_lsn or (resuming and self.resume_complete)
             elif tag == 67:  # C
@@ -861,6 +888,8 @@ class PostgresSource(DatabaseSource):
                     continue
                 lsn, index, complete = self.txn_lsn, self.txn_index, True
                 flush = end_lsn
+                if marker is not None:
+                    marker.commit(f"{self.txn_id}:{message.data_start}")
                 if self.pending_watermark is not None:
                     # A backfill watermark: the batch ends here (see SourceBatch.watermark).
                     token, self.pending_watermark = self.pending_watermark, None
@@ -886,6 +915,8 @@ class PostgresSource(DatabaseSource):
                         if describe:
                             self._describe_change(relation, message.data_start)
                         append(self._truncate(relation))
+                        if marker is not None:
+                            marker.mark(updates[-1], f"{self.txn_id}:{message.data_start}")
                 lsn, index, complete = self.txn_lsn, self.txn_index, False
             elif tag == 77:  # M
                 transactional, prefix, content = pg.parse_message(data)
