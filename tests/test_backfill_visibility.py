@@ -20,8 +20,8 @@ from typing import Any
 
 import psycopg2
 
-from wormhole.connectors.postgres.options import PostgresOptions
 from wormhole.connectors.postgres.backfill import Invisible
+from wormhole.connectors.postgres.options import PostgresOptions
 from wormhole.connectors.postgres.source import PostgresSource
 from wormhole.core.backfill import Backfiller, BackfillStore
 from wormhole.core.progress import Progress
