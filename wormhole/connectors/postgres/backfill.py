@@ -143,7 +143,7 @@ class PostgresBackfill:
                 f"backfill each partition (--table <partition>), or set publish_via_partition_root "
                 f"= true on the publication"
             )
-        catalog = source._catalog_tables([oid])[oid]
+        catalog = source.catalog.tables([oid])[oid]
         key_set = set(catalog.identity_index if catalog.identity == "i" else catalog.primary_key)
         if not key_set:
             raise BackfillError(
@@ -172,9 +172,9 @@ class PostgresBackfill:
             catalog.identity,
             [pg.Column(n, t, False, 0, mod) for n, t, mod in catalog.columns],
         )
-        source._resolve_types(relation)
+        source.catalog.resolve_types(relation)
         columns = [
-            (c.name, c.kind, source.base_types.get(c.type_oid, c.type_oid))
+            (c.name, c.kind, source.catalog.base_types.get(c.type_oid, c.type_oid))
             for c in relation.columns
             if published_columns is None or c.name in published_columns
         ]
@@ -182,7 +182,7 @@ class PostgresBackfill:
         if source.describe:
             names = {n for n, _, _ in columns}
             chunk_columns = [c for c in relation.columns if c.name in names]
-            described = source._column_description(
+            described = source.catalog.column_description(
                 pg.Relation(oid, schema, name, catalog.identity, chunk_columns)
             )
         estimate: int | None = int(reltuples) if reltuples is not None and reltuples >= 0 else None

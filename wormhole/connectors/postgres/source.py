@@ -24,19 +24,19 @@ import logging
 import select
 import threading
 import time
-from typing import Any, NamedTuple
+from typing import Any
 
 import msgspec
 
 from wormhole.connectors.postgres import pgoutput as pg
 from wormhole.connectors.postgres import schema_trigger
 from wormhole.connectors.postgres.backfill import PostgresBackfill
+from wormhole.connectors.postgres.catalog import Catalog, signature
 from wormhole.connectors.postgres.decode_errors import DecodeErrors
 from wormhole.connectors.postgres.options import PostgresOptions
-from wormhole.connectors.postgres.schema_history import Columns, Entry, SchemaHistory
+from wormhole.connectors.postgres.schema_history import SchemaHistory
 from wormhole.connectors.postgres.sql import (
     ROW_ESTIMATE,
-    constant,
     identifier,
     json_row_select,
     key_value,
@@ -46,7 +46,7 @@ from wormhole.connectors.postgres.sql import (
     unused_name,
 )
 from wormhole.core.errors import SourceError, first_line
-from wormhole.core.update import NULL, ColumnType, Update, encode_columns
+from wormhole.core.update import NULL, Update
 from wormhole.plugins.components import (
     BackfillPlan,
     SourceBatch,
@@ -80,34 +80,6 @@ PAGES_PER_PART = 128
 this many pages (1 MiB of 8 kB pages): a small table is read whole, by one reader."""
 
 
-# The first minor release of each major version that writes an unchanged TOASTed
-# replica identity value to the WAL (as part of the old key) when an update leaves it
-# alone; before it, such an update carries no value of the key at all.
-_LOGS_UNCHANGED_TOASTED_KEYS = {10: 21, 11: 16, 12: 11, 13: 7, 14: 3}
-
-
-def logs_unchanged_toasted_keys(server_version_num: int) -> bool:
-    """Whether a server of this version writes an update's unchanged TOASTed key to the WAL."""
-    major, minor = divmod(server_version_num, 10000)
-    if major >= 15:
-        return True
-    return minor >= _LOGS_UNCHANGED_TOASTED_KEYS.get(major, 10**4)
-
-
-def _signature(relation: pg.Relation) -> Columns:
-    return [(c.name, c.type_oid, c.typmod) for c in relation.columns]
-
-
-class CatalogTable(NamedTuple):
-    """A table as the catalog describes it (now, or in the snapshot being read)."""
-
-    identity: str
-    columns: Columns
-    primary_key: list[str]
-    identity_index: list[str]
-    """The columns of the REPLICA IDENTITY USING INDEX index."""
-
-
 class PostgresSource(DatabaseSource):
     connector = "postgres"
     logger = log
@@ -124,7 +96,7 @@ class PostgresSource(DatabaseSource):
         self.relations: dict[int, pg.Relation] = {}
         self.held_message: Any = None
         """A change read when a batch was full (transaction metadata): read first next."""
-        self.base_types: dict[int, int] = {}
+        self.catalog = Catalog(self)
         self.history: SchemaHistory | None = None
         self.server_version = 0
         self.snapshot_lsn = 0
@@ -157,10 +129,8 @@ class PostgresSource(DatabaseSource):
         self.decode_errors = DecodeErrors(options.on_decode_error == "stop")
         self.raw_text = False
         """A SQL_ASCII database: the snapshot reads text as bytes and decodes it here."""
-        # What typed envelopes need (Update.columns and Update.details): per relation oid
-        # its columns and the details' "schema"/"table" part; per transaction the rest.
-        self.relation_columns: dict[int, msgspec.Raw] = {}
-        self.relation_details: dict[int, str] = {}
+        # What typed envelopes need (Update.columns and Update.details) per transaction;
+        # per relation, the catalog keeps its part.
         self.database_json = '""'
         self.txn_details_head = ""
         self.last_commit_lsn = "null"
@@ -200,13 +170,13 @@ class PostgresSource(DatabaseSource):
             )
             self._drop_slot()
         self._ensure_publication(first_run=True)
-        self._warn_about_out_of_line_keys()
+        self.catalog.warn_about_out_of_line_keys()
         self._ensure_schema_trigger()
         self._create_slot_and_snapshot()
 
     def _resume(self, checkpoint: Any) -> None:
         self._ensure_publication(first_run=False)
-        self._warn_about_out_of_line_keys()
+        self.catalog.warn_about_out_of_line_keys()
         self._ensure_schema_trigger()
         self._require_slot()
         self.resume_lsn = pg.parse_lsn(checkpoint["lsn"])
@@ -392,7 +362,7 @@ class PostgresSource(DatabaseSource):
             self.snapshot_conns = [
                 self._snapshot_reader(snapshot_name) for _ in range(self.options.snapshot_readers)
             ]
-        self._record_published_tables()
+        self.catalog.record_published_tables()
         if self.options.snapshot == "initial":
             self.phase = "snapshot"
             self.snapshot_tables = self._published_tables()
@@ -494,220 +464,6 @@ class PostgresSource(DatabaseSource):
         return self.backfills.unseen(update)
 
     # ------------------------------------------------------------ catalog
-    def _resolve_types(self, relation: pg.Relation) -> None:
-        """Resolve domain types to their base types, for the columns' JSON kinds."""
-        unknown = [c.type_oid for c in relation.columns if c.type_oid not in self.base_types]
-        if unknown:
-            rows = self._catalog(
-                "WITH RECURSIVE t(oid, base) AS (SELECT oid, CASE WHEN typtype = 'd' THEN "
-                "typbasetype ELSE oid END FROM pg_type WHERE oid = ANY(%s) UNION ALL "
-                "SELECT t.oid, p.typbasetype FROM t JOIN pg_type p ON p.oid = t.base "
-                "WHERE p.typtype = 'd') SELECT oid, base FROM t",
-                (unknown,),
-            )
-            for oid, base in rows:
-                self.base_types[oid] = base
-        for column in relation.columns:
-            column.kind = pg.value_kind(self.base_types.get(column.type_oid, column.type_oid))
-        relation.refresh()
-
-    def _describe(self, relation: pg.Relation) -> None:
-        """A Relation message: its columns' kinds, and its key at this point of the WAL."""
-        self._resolve_types(relation)
-        relation.key_columns = self._stream_key(relation)
-        self._describe_columns(relation)
-
-    def _describe_columns(self, relation: pg.Relation) -> None:
-        """The relation's ``columns`` and its part of ``details`` (see Update)."""
-        if not self.describe:
-            return
-        columns, part = self._column_description(relation)
-        self.relation_columns[relation.oid] = columns
-        self.relation_details[relation.oid] = part
-
-    def _column_description(self, relation: pg.Relation) -> tuple[msgspec.Raw, str]:
-        """``Update.columns`` of the relation's columns, and the "schema"/"table" part of
-        its ``details``."""
-        oids = [self.base_types.get(c.type_oid, c.type_oid) for c in relation.columns]
-        mods = [c.typmod for c in relation.columns]
-        types = self._catalog(
-            "SELECT format_type(t.oid, NULLIF(t.mod, -1)) FROM unnest(%s::oid[], %s::int4[]) "
-            "WITH ORDINALITY AS t(oid, mod, n) ORDER BY t.n",
-            (oids, mods),
-        )
-        catalog = {
-            name: (not_null, constant(default))
-            for name, not_null, default in self._catalog(
-                "SELECT a.attname::text, a.attnotnull, pg_get_expr(d.adbin, d.adrelid) FROM "
-                "pg_attribute a LEFT JOIN pg_attrdef d ON d.adrelid = a.attrelid AND d.adnum = "
-                "a.attnum WHERE a.attrelid = %s AND a.attnum > 0 AND NOT a.attisdropped",
-                (relation.oid,),
-            )
-        }
-        described = []
-        for column, (type_name,) in zip(relation.columns, types, strict=True):
-            not_null, default = catalog.get(column.name, (False, None))
-            described.append(ColumnType(column.name, type_name, not not_null, default))
-        part = f'"schema":{json.dumps(relation.schema)},"table":{json.dumps(relation.name)},'
-        return encode_columns(described), part
-
-    def _stream_key(self, relation: pg.Relation) -> list[str]:
-        # One rule for snapshot and stream, so a row always lands in the same shard: the
-        # replica identity index (USING INDEX), else the primary key, else every column.
-        # The Relation message flags the identity columns as they were when the change
-        # was made, so DEFAULT and USING INDEX need no catalog (which may have moved on).
-        names = [c.name for c in relation.columns]
-        identity = relation.replica_identity
-        if identity in ("f", "n"):
-            return self._recorded_primary_key(relation) or names
-        flagged = [c.name for c in relation.columns if c.key]
-        if identity == "d":
-            assert self.history is not None
-            self.history.record(
-                relation.oid, Entry(self.txn_lsn, identity, _signature(relation), flagged)
-            )
-        # DEFAULT without flags: no primary key. USING INDEX without flags: the index
-        # was dropped, which PostgreSQL treats as NOTHING.
-        return flagged or names
-
-    def _recorded_primary_key(self, relation: pg.Relation) -> list[str]:
-        """The primary key of a FULL or NOTHING table as it was when its change was made.
-
-        The Relation message does not say it: the catalog does while it still describes
-        the table the message describes, and the schema history keeps what was known.
-        """
-        history = self.history
-        assert history is not None
-        oid, lsn = relation.oid, self.txn_lsn
-        signature = _signature(relation)
-        names = [c.name for c in relation.columns]
-        written = history.in_band_at(oid, lsn, self.txn_index + 1)
-        if (
-            written is not None
-            and written.identity == relation.replica_identity
-            and set(signature) <= set(written.columns)
-        ):
-            # The schema trigger wrote the table's version into the WAL: exact.
-            return [n for n in names if n in written.primary_key]
-        table = self._catalog_tables([oid]).get(oid)
-        if (
-            table is not None
-            and table.identity == relation.replica_identity
-            and table.columns == signature
-        ):
-            key = table.primary_key
-        else:
-            entry = history.with_columns(oid, lsn, signature)
-            if entry is not None:
-                key = entry.primary_key
-            else:
-                key, how = self._guess_primary_key(relation, table, set(names))
-                log.warning(
-                    "the primary key of %s at %s is not known: the table was altered or "
-                    "dropped before this part of the WAL was decoded, and the schema history "
-                    "holds no version of it with these columns; keying its changes by %s (%s)",
-                    relation.table,
-                    pg.lsn_text(lsn),
-                    how,
-                    ", ".join(key or names),
-                )
-        key = [n for n in names if n in key]  # in column order, as for DEFAULT tables
-        history.record(oid, Entry(lsn, relation.replica_identity, signature, key))
-        return key
-
-    def _guess_primary_key(
-        self, relation: pg.Relation, table: CatalogTable | None, names: set[str]
-    ) -> tuple[list[str], str]:
-        assert self.history is not None
-        for entry in self.history.nearest(relation.oid, self.txn_lsn):
-            if set(entry.primary_key) <= names:
-                return entry.primary_key, f"the primary key recorded at {pg.lsn_text(entry.lsn)}"
-        if table is not None and table.primary_key and set(table.primary_key) <= names:
-            return table.primary_key, "the current primary key"
-        return [], "every column"
-
-    def _catalog_tables(self, oids: list[int] | None = None) -> dict[int, CatalogTable]:
-        """The catalog's description of tables: of ``oids``, or of the publication's."""
-        generated = " AND a.attgenerated = ''" if self.server_version >= 120000 else ""
-        columns = (
-            "FROM pg_attribute a WHERE a.attrelid = c.oid AND a.attnum > 0 AND NOT "
-            f"a.attisdropped{generated} ORDER BY a.attnum"
-        )
-        index = (
-            "FROM pg_index i JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = "
-            "ANY(i.indkey) WHERE i.indrelid = c.oid AND i.{} ORDER BY a.attnum"
-        )
-        if oids is None:
-            where = (
-                "c.oid IN (SELECT (quote_ident(schemaname) || '.' || quote_ident(tablename))"
-                "::regclass FROM pg_publication_tables WHERE pubname = %s)"
-            )
-            args: tuple[Any, ...] = (self.publication,)
-        else:
-            where, args = "c.oid = ANY(%s::oid[])", (oids,)
-        rows = self._catalog(
-            f"SELECT c.oid::int8, c.relreplident::text, "
-            f"ARRAY(SELECT a.attname::text {columns}), ARRAY(SELECT a.atttypid::int8 {columns}), "
-            f"ARRAY(SELECT a.atttypmod {columns}), "
-            f"ARRAY(SELECT a.attname::text {index.format('indisprimary')}), "
-            f"ARRAY(SELECT a.attname::text {index.format('indisreplident')}) "
-            f"FROM pg_class c WHERE {where}",
-            args,
-        )
-        return {
-            oid: CatalogTable(
-                identity,
-                list(zip(names, types, typmods, strict=True)),
-                primary_key,
-                identity_index,
-            )
-            for oid, identity, names, types, typmods, primary_key, identity_index in rows
-        }
-
-    def _record_published_tables(self) -> None:
-        """The schema history starts with the publication's tables at the slot's start."""
-        assert self.history is not None
-        self.history.reset(
-            {
-                oid: Entry(self.snapshot_lsn, table.identity, table.columns, table.primary_key)
-                for oid, table in self._catalog_tables().items()
-            }
-        )
-        self.history.save()
-
-    def _warn_about_out_of_line_keys(self) -> None:
-        if logs_unchanged_toasted_keys(self.server_version):
-            return
-        tables = self._out_of_line_key_tables()
-        if tables:
-            log.warning(
-                "PostgreSQL %s does not write a key value stored out of line (TOAST) "
-                "to the WAL when an update leaves it unchanged, and such an update stops the "
-                "pipeline (its key is unknown). The key columns of these tables can be stored "
-                "out of line: %s. Set ALTER TABLE <table> REPLICA IDENTITY FULL on them, or "
-                "upgrade to a minor release that writes the value (10.21, 11.16, 12.11, 13.7, "
-                "14.3 or later)",
-                self.server_version,
-                ", ".join(tables),
-            )
-
-    def _out_of_line_key_tables(self) -> list[str]:
-        """Published tables keyed by their replica identity whose key can be TOASTed."""
-        rows = self._query(
-            "SELECT DISTINCT t.schemaname, t.tablename FROM pg_publication_tables t "
-            "JOIN pg_namespace n ON n.nspname = t.schemaname JOIN pg_class c ON "
-            "c.relnamespace = n.oid AND c.relname = t.tablename JOIN pg_index i ON "
-            "i.indrelid = c.oid AND CASE c.relreplident WHEN 'd' THEN i.indisprimary "
-            "WHEN 'i' THEN i.indisreplident ELSE false END JOIN pg_attribute a ON "
-            "a.attrelid = c.oid AND a.attnum = ANY(i.indkey) WHERE t.pubname = %s AND "
-            "a.attstorage <> 'p' ORDER BY 1, 2",
-            (self.publication,),
-        )
-        return [f"{schema}.{name}" for schema, name in rows]
-
-    def _catalog(self, sql: str, args: Any) -> list[tuple[Any, ...]]:
-        # The snapshot transaction (if any) is read-only and fine for catalog reads.
-        return self._query(sql, args)
 
     # ------------------------------------------------------------- reconnect
     def _lost(self, exc: Exception) -> str:
@@ -900,7 +656,7 @@ class PostgresSource(DatabaseSource):
                     return batch()
             elif tag == 82:  # R
                 relation = pg.parse_relation(data)
-                self._describe(relation)
+                self.catalog.describe(relation)
                 relations[relation.oid] = relation
             elif tag == 79:  # O
                 self.txn_origin, _name = pg.parse_origin(data)
@@ -940,10 +696,10 @@ class PostgresSource(DatabaseSource):
     def _describe_change(self, relation: pg.Relation, lsn: int) -> None:
         """``columns`` and ``details`` of the change at ``lsn`` (the message's own WAL
         position), for :meth:`_update` and :meth:`_insert`."""
-        self.change_columns = self.relation_columns.get(relation.oid, NULL)
+        self.change_columns = self.catalog.relation_columns.get(relation.oid, NULL)
         self.change_details = _Raw(
             f"{self.txn_details_head}{lsn}{self.txn_details_mid}"
-            f"{self.relation_details.get(relation.oid, '')}{self.txn_details_tail}"
+            f"{self.catalog.relation_details.get(relation.oid, '')}{self.txn_details_tail}"
             f'{lsn},"xmin":null,"origin":null,"origin_lsn":null}}'.encode()
         )
 
@@ -985,11 +741,11 @@ class PostgresSource(DatabaseSource):
             relation is not None
             and relation.replica_identity in ("f", "n")
             and entry.identity == relation.replica_identity
-            and entry.columns == _signature(relation)
+            and entry.columns == signature(relation)
         ):
             # Its primary key changed and nothing the Relation message says did: the next
             # change is keyed by the new one whether or not a Relation message comes first.
-            relation.key_columns = self._stream_key(relation)
+            relation.key_columns = self.catalog.stream_key(relation)
         if not (emit and published and self.options.schema_events):
             return None
         if message.table in self.options.heartbeat_tables:
@@ -1098,7 +854,7 @@ class PostgresSource(DatabaseSource):
             "WHERE n.nspname = %s AND c.relname = %s",
             (schema, name),
         )[0]
-        table_now = self._catalog_tables([oid])[oid]
+        table_now = self.catalog.tables([oid])[oid]
         relation = pg.Relation(
             oid,
             schema,
@@ -1106,14 +862,15 @@ class PostgresSource(DatabaseSource):
             table_now.identity,
             [pg.Column(n, t, False, 0, mod) for n, t, mod in rows],
         )
-        self._resolve_types(relation)
+        self.catalog.resolve_types(relation)
         # The rule of _stream_key, from the catalog in the snapshot (the slot's start).
         key = table_now.identity_index if table_now.identity == "i" else table_now.primary_key
         relation.key_columns = keys = key or [c.name for c in relation.columns]
-        self._describe_columns(relation)
+        self.catalog.describe_columns(relation)
         # Read as backfill chunks are: PostgreSQL writes each row's JSON.
         columns = [
-            (c.name, c.kind, self.base_types.get(c.type_oid, c.type_oid)) for c in relation.columns
+            (c.name, c.kind, self.catalog.base_types.get(c.type_oid, c.type_oid))
+            for c in relation.columns
         ]
         alias = unused_name("wormhole_row", {c.name for c in relation.columns})
         select = f"SELECT {json_row_select(columns, keys, alias)} FROM {qualified(table)} t"
@@ -1162,8 +919,8 @@ class PostgresSource(DatabaseSource):
             keys,
             cursor,
             keyed,
-            self.relation_columns.pop(oid, NULL),
-            self.relation_details.pop(oid, ""),
+            self.catalog.relation_columns.pop(oid, NULL),
+            self.catalog.relation_details.pop(oid, ""),
             encoded=True,
         )
 
