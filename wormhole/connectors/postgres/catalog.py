@@ -281,7 +281,3 @@ class Catalog:
             (source.publication,),
         )
         return [f"{schema}.{name}" for schema, name in rows]
-
-    def _query(self, sql: str, args: Any) -> list[tuple[Any, ...]]:
-        # The snapshot transaction (if any) is read-only and fine for catalog reads.
-        return self.source._query(sql, args)
