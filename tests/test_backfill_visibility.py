@@ -20,8 +20,9 @@ from typing import Any
 
 import psycopg2
 
+from wormhole.connectors.postgres.backfill import Invisible
 from wormhole.connectors.postgres.options import PostgresOptions
-from wormhole.connectors.postgres.source import Invisible, PostgresSource
+from wormhole.connectors.postgres.source import PostgresSource
 from wormhole.core.backfill import Backfiller, BackfillStore
 from wormhole.core.progress import Progress
 from wormhole.core.update import Update

@@ -714,9 +714,10 @@ def test_an_unchanged_toasted_key_missing_from_the_wal_stops_with_the_fix_named(
     import pytest
 
     from wormhole.connectors.postgres import pgoutput as pg
+    from wormhole.connectors.postgres.catalog import logs_unchanged_toasted_keys
     from wormhole.connectors.postgres.options import PostgresOptions
     from wormhole.connectors.postgres.schema_history import SchemaHistory
-    from wormhole.connectors.postgres.source import PostgresSource, logs_unchanged_toasted_keys
+    from wormhole.connectors.postgres.source import PostgresSource
     from wormhole.core.errors import SourceError
 
     assert not logs_unchanged_toasted_keys(140002) and logs_unchanged_toasted_keys(140003)
@@ -738,7 +739,7 @@ def test_an_unchanged_toasted_key_missing_from_the_wal_stops_with_the_fix_named(
             source.server_version = version
             caplog.clear()
             with caplog.at_level(logging.WARNING, "wormhole.postgres"):
-                source._warn_about_out_of_line_keys()
+                source.catalog.warn_about_out_of_line_keys()
             listed = "can be stored out of line: public.b1. Set ALTER TABLE" in caplog.text
             assert listed is warned, caplog.text
             assert "REPLICA IDENTITY FULL" in caplog.text or not warned
@@ -752,7 +753,7 @@ def test_an_unchanged_toasted_key_missing_from_the_wal_stops_with_the_fix_named(
             + (b"\x01k\0" + struct.pack("!Ii", 25, -1))  # flags 1: an identity column
             + (b"\x00v\0" + struct.pack("!Ii", 23, -1))
         )
-        source._describe(relation)
+        source.catalog.describe(relation)
         assert relation.key_columns == ["k"]
         # New tuple only: k unchanged TOAST ('u'), v = '2' ('t').
         message = b"U" + struct.pack("!I", 7) + b"N" + struct.pack("!H", 2) + b"ut"

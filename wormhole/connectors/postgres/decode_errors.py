@@ -10,10 +10,12 @@ column, position and fix, and ``wormhole_source_undecoded_values`` counts it; wi
 
 from __future__ import annotations
 
+import json
 import logging
 from typing import Any
 
 from wormhole.connectors.postgres.pgoutput import undecoded
+from wormhole.connectors.postgres.sql import escaped, is_utf8
 from wormhole.core import metrics
 from wormhole.core.errors import SourceError
 
@@ -50,6 +52,23 @@ class DecodeErrors:
         metrics.undecoded_value(table, column)
         self._warn(table, column, f"cannot decode {where}: not valid UTF-8", raw)
         return undecoded(raw)
+
+    def chunk_row(self, table: str, row: Any, n_keys: int, at: str) -> Any:
+        """A row (key values, then its JSON) of a SQL_ASCII database read by the snapshot or
+        a backfill: each text value (key or column) that is not UTF-8 as :func:`undecoded`
+        (a column's through :meth:`value`)."""
+        document = row[n_keys]
+        if document.isascii() or is_utf8(document):
+            return row
+        values = json.loads(document.decode("utf-8", "surrogateescape"))
+        for column, value in values.items():
+            if isinstance(value, str) and not is_utf8(raw := escaped(value)):
+                values[column] = self.value(table, column, raw, at, "table")
+        # A key value is also in the row: counted and logged there.
+        keys = [
+            undecoded(k) if isinstance(k, bytes) and not is_utf8(k) else k for k in row[:n_keys]
+        ]
+        return (*keys, json.dumps(values, ensure_ascii=False).encode())
 
     def message(self, prefix: str, raw: bytes, at: str) -> None:
         """A transactional logical message under the source's watermark prefix whose

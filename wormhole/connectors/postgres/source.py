@@ -21,23 +21,32 @@ import contextlib
 import itertools
 import json
 import logging
-import re
 import select
 import threading
 import time
-from collections.abc import Iterable
-from dataclasses import dataclass, replace
-from typing import Any, NamedTuple
+from typing import Any
 
 import msgspec
 
 from wormhole.connectors.postgres import pgoutput as pg
 from wormhole.connectors.postgres import schema_trigger
+from wormhole.connectors.postgres.backfill import PostgresBackfill
+from wormhole.connectors.postgres.catalog import Catalog, signature
 from wormhole.connectors.postgres.decode_errors import DecodeErrors
 from wormhole.connectors.postgres.options import PostgresOptions
-from wormhole.connectors.postgres.schema_history import Columns, Entry, SchemaHistory
-from wormhole.core.errors import BackfillError, SourceError, first_line
-from wormhole.core.update import NULL, ColumnType, Update, encode_columns
+from wormhole.connectors.postgres.schema_history import SchemaHistory
+from wormhole.connectors.postgres.sql import (
+    ROW_ESTIMATE,
+    identifier,
+    json_row_select,
+    key_value,
+    native_key,
+    qualified,
+    quote,
+    unused_name,
+)
+from wormhole.core.errors import SourceError, first_line
+from wormhole.core.update import NULL, Update
 from wormhole.plugins.components import (
     BackfillPlan,
     SourceBatch,
@@ -53,10 +62,6 @@ from wormhole.plugins.database_source import (
 
 log = logging.getLogger("wormhole.postgres")
 
-ROW_ESTIMATE = "GREATEST(c.reltuples, COALESCE(s.n_live_tup, 0), -1)"
-"""A table's row count, estimated without counting (the alias ``c`` is its ``pg_class`` row,
-``s`` its ``pg_stat_user_tables`` row): the planner's count from the last ANALYZE (-1 when
-never analyzed) or the statistics' live rows, which follow inserts, whichever is larger."""
 
 try:  # optional dependency: the `postgres` extra
     import psycopg2
@@ -75,235 +80,6 @@ PAGES_PER_PART = 128
 this many pages (1 MiB of 8 kB pages): a small table is read whole, by one reader."""
 
 
-def _identifier(name: str) -> str:
-    return re.sub(r"[^a-z0-9_]", "_", name.lower())[:60]
-
-
-def _quote(name: str) -> str:
-    return '"' + name.replace('"', '""') + '"'
-
-
-def _qualified(table: str) -> str:
-    schema, _, name = table.rpartition(".")
-    return f"{_quote(schema or 'public')}.{_quote(name)}"
-
-
-# The first minor release of each major version that writes an unchanged TOASTed
-# replica identity value to the WAL (as part of the old key) when an update leaves it
-# alone; before it, such an update carries no value of the key at all.
-_LOGS_UNCHANGED_TOASTED_KEYS = {10: 21, 11: 16, 12: 11, 13: 7, 14: 3}
-
-
-def logs_unchanged_toasted_keys(server_version_num: int) -> bool:
-    """Whether a server of this version writes an update's unchanged TOASTed key to the WAL."""
-    major, minor = divmod(server_version_num, 10000)
-    if major >= 15:
-        return True
-    return minor >= _LOGS_UNCHANGED_TOASTED_KEYS.get(major, 10**4)
-
-
-def _signature(relation: pg.Relation) -> Columns:
-    return [(c.name, c.type_oid, c.typmod) for c in relation.columns]
-
-
-_NATIVE_INTS = frozenset({20, 21, 23})  # int8 int2 int4: the driver gives Python ints
-_PADDED_OR_SHOWN = frozenset({1042, 869, 650, 142, 18})
-"""bpchar, inet, cidr, xml, "char": their cast to text differs from their output (it trims
-the padding, shows the netmask, keeps the XML declaration, and before PostgreSQL 15 gives a
-byte over 127 raw where the output escapes it as ``\\ooo``), so their text is taken from the
-output function, as pgoutput sends it."""
-
-
-def text_of(expr: str, base: int) -> str:
-    """SQL for a value's text as pgoutput sends it (the type's output function)."""
-    if base == pg.BOOL_TYPE:
-        return f"CASE WHEN {expr} THEN 't' WHEN NOT {expr} THEN 'f' END"
-    if base in _PADDED_OR_SHOWN:
-        return f"CASE WHEN num_nulls({expr}) = 1 THEN NULL ELSE concat({expr}) END"
-    return f"{expr}::text"
-
-
-def _json_value(expr: str, kind: int, base: int) -> str:
-    """SQL for a column in a backfilled row's JSON: the stream's value rules (numbers and
-    booleans as JSON values, every other type as its text)."""
-    if kind == 1:
-        return expr if base in _NATIVE_INTS else f"{expr}::text::numeric"
-    if kind == 3:
-        # As the stream's: a finite float is a JSON number with a fraction or an exponent
-        # (row_to_json writes -0 as "-0", which JSON readers take for the integer 0), a
-        # non-finite one its text.
-        return (
-            f"CASE WHEN {expr}::text ~ '^-?[0-9]+$' THEN ({expr}::text || '.0')::json "
-            f"ELSE to_json({expr}) END"
-        )
-    if kind == 2:
-        return expr  # row_to_json writes booleans
-    return text_of(expr, base)
-
-
-def _native_key(kind: int, base: int) -> bool:
-    return (kind == 1 and base in _NATIVE_INTS) or kind == 2
-
-
-def _key_value_sql(expr: str, kind: int, base: int) -> str:
-    return expr if _native_key(kind, base) else text_of(expr, base)
-
-
-def _key_value(kind: int, base: int, value: Any) -> Any:
-    """A key value a backfill selected (text as bytes) as the stream gives it."""
-    if value is None or _native_key(kind, base) or not isinstance(value, bytes):
-        return value  # a native key, or one rendered already (undecoded)
-    return pg.convert(kind, value.decode())
-
-
-def _is_utf8(data: bytes) -> bool:
-    try:
-        data.decode()
-    except UnicodeDecodeError:
-        return False
-    return True
-
-
-def _escaped(text: str) -> bytes:
-    """The bytes of a string decoded with ``surrogateescape``."""
-    return text.encode("utf-8", "surrogateescape")
-
-
-def _unused_name(name: str, taken: set[str]) -> str:
-    while name in taken:
-        name += "_"
-    return name
-
-
-_DOLLAR_TAG = re.compile(r"\$(?:[A-Za-z_][A-Za-z0-9_]*)?\$")
-
-
-def _statement_separators(sql: str) -> list[int]:
-    """Where ``sql`` has a ``;`` outside string literals, quoted identifiers, dollar quotes
-    and comments (it would end the statement)."""
-    found: list[int] = []
-    i, n = 0, len(sql)
-    while i < n:
-        c = sql[i]
-        if c == ";":
-            found.append(i)
-            i += 1
-        elif c == "'":
-            backslashes = i > 0 and sql[i - 1] in "eE"
-            i += 1
-            while i < n:
-                if backslashes and sql[i] == "\\":
-                    i += 2
-                    continue
-                if sql[i] == "'":
-                    if i + 1 < n and sql[i + 1] == "'":
-                        i += 2
-                        continue
-                    break
-                i += 1
-            i += 1
-        elif c == '"':
-            end = sql.find('"', i + 1)
-            i = n if end < 0 else end + 1
-        elif sql.startswith("--", i):
-            end = sql.find("\n", i)
-            i = n if end < 0 else end + 1
-        elif sql.startswith("/*", i):
-            depth, i = 1, i + 2
-            while i < n and depth:
-                if sql.startswith("/*", i):
-                    depth, i = depth + 1, i + 2
-                elif sql.startswith("*/", i):
-                    depth, i = depth - 1, i + 2
-                else:
-                    i += 1
-        elif c == "$" and (match := _DOLLAR_TAG.match(sql, i)):
-            end = sql.find(match.group(), match.end())
-            i = n if end < 0 else end + len(match.group())
-        else:
-            i += 1
-    return found
-
-
-def _json_row_select(columns: list[tuple[str, int, int]], keys: list[str], alias: str) -> str:
-    """The select list of a row read as the stream gives it: the key columns' values, then
-    the row's JSON object (PostgreSQL's ``row_to_json``, with the stream's value rules) as
-    text, of table alias ``t``. Backfill chunks and the initial snapshot read rows so."""
-    kinds = {n: (kind, base) for n, kind, base in columns}
-    row_list = ", ".join(
-        f"{_json_value(f't.{_quote(n)}', kind, base)} AS {_quote(n)}" for n, kind, base in columns
-    )
-    document = (
-        f"(SELECT row_to_json({alias})::text FROM (SELECT {row_list}) {alias})"
-        if columns
-        else "'{}'::text"
-    )
-    key_list = [_key_value_sql(f"t.{_quote(k)}", *kinds[k]) for k in keys]
-    return ", ".join([*key_list, document])
-
-
-@dataclass(frozen=True)
-class _ChunkSql:
-    """What a backfill plan keeps for reading chunks."""
-
-    columns: list[tuple[str, int, int]]
-    """(name, value kind, base type oid) of the published columns."""
-    only: str
-    """``ONLY `` for a plain table (not its inheritance children), empty for a partitioned
-    table published through its root."""
-    row_filter: str | None
-    described: tuple[msgspec.Raw, str] | None = None
-    """With ``describe``: the chunks' ``columns`` and their table's part of ``details``."""
-
-
-_QUOTED_CONSTANT = re.compile(r"^'((?:[^']|'')*)'(?:::[\w .\[\]\"(),]+)?$")
-_NUMBER_CONSTANT = re.compile(r"^\(?(-?\d+(?:\.\d+)?)\)?(?:::[\w ]+)?$")
-
-
-def _constant(expression: str | None) -> str | None:
-    """A column default that is a constant (``0``, ``'abc'::text``, ``true``) as the text
-    its values are written in; None for an expression (``now()``, ``nextval(...)``)."""
-    if expression is None:
-        return None
-    quoted = _QUOTED_CONSTANT.match(expression)
-    if quoted:
-        return quoted.group(1).replace("''", "'")
-    number = _NUMBER_CONSTANT.match(expression)
-    if number:
-        return number.group(1)
-    if expression in ("true", "false"):
-        return expression
-    return None
-
-
-class CatalogTable(NamedTuple):
-    """A table as the catalog describes it (now, or in the snapshot being read)."""
-
-    identity: str
-    columns: Columns
-    primary_key: list[str]
-    identity_index: list[str]
-    """The columns of the REPLICA IDENTITY USING INDEX index."""
-
-
-class Invisible:
-    """The transactions a snapshot does not see, as the stream names them (pgoutput's
-    32-bit transaction ids): those it lists as running, and every one from its ``xmax``
-    on (a transaction running when the snapshot was taken, but with an id at or above
-    the newest completed one, is not listed). Transactions below ``xmin`` that the stream
-    returns committed, so the snapshot sees them."""
-
-    __slots__ = ("running", "xmax")
-
-    def __init__(self, xmax: int, running: Iterable[int]) -> None:
-        self.xmax = xmax & 0xFFFFFFFF
-        self.running = frozenset(x & 0xFFFFFFFF for x in running)
-
-    def __contains__(self, xid: int) -> bool:
-        # At or after xmax in the 32-bit circle of transaction ids.
-        return xid in self.running or ((xid - self.xmax) & 0xFFFFFFFF) < 0x80000000
-
-
 class PostgresSource(DatabaseSource):
     connector = "postgres"
     logger = log
@@ -320,7 +96,7 @@ class PostgresSource(DatabaseSource):
         self.relations: dict[int, pg.Relation] = {}
         self.held_message: Any = None
         """A change read when a batch was full (transaction metadata): read first next."""
-        self.base_types: dict[int, int] = {}
+        self.catalog = Catalog(self)
         self.history: SchemaHistory | None = None
         self.server_version = 0
         self.snapshot_lsn = 0
@@ -344,21 +120,17 @@ class PostgresSource(DatabaseSource):
         self.heartbeat_conn: Any = None
         self.lag_conn: Any = None
         self.lag_lock = threading.Lock()
-        # Backfills: the watermarks of this slot's pipeline, and the chunks' connection.
+        # Backfills: the watermarks of this slot's pipeline, and their queries.
         self.watermark_prefix = ""
         self.pending_watermark: str | None = None
-        self.chunk_unseen: Invisible | None = None
-        """The transactions the last chunk's snapshot did not see."""
         self.streamed_txids: collections.deque[int] = collections.deque(maxlen=4096)
         """The last transactions the stream read (their commit records are written)."""
-        self.backfill_conn: Any = None
+        self.backfills = PostgresBackfill(self)
         self.decode_errors = DecodeErrors(options.on_decode_error == "stop")
         self.raw_text = False
         """A SQL_ASCII database: the snapshot reads text as bytes and decodes it here."""
-        # What typed envelopes need (Update.columns and Update.details): per relation oid
-        # its columns and the details' "schema"/"table" part; per transaction the rest.
-        self.relation_columns: dict[int, msgspec.Raw] = {}
-        self.relation_details: dict[int, str] = {}
+        # What typed envelopes need (Update.columns and Update.details) per transaction;
+        # per relation, the catalog keeps its part.
         self.database_json = '""'
         self.txn_details_head = ""
         self.last_commit_lsn = "null"
@@ -380,8 +152,8 @@ class PostgresSource(DatabaseSource):
                 "'wormhole-cdc[postgres]'"
             )
         options = self.options
-        self.slot = options.slot or f"wormhole_{_identifier(context.pipeline)}"
-        self.publication = options.publication or f"wormhole_{_identifier(context.pipeline)}"
+        self.slot = options.slot or f"wormhole_{identifier(context.pipeline)}"
+        self.publication = options.publication or f"wormhole_{identifier(context.pipeline)}"
         self.watermark_prefix = f"wormhole.watermark.{self.slot}"
         self.conn = self._connect()
         self._check_server()
@@ -398,13 +170,13 @@ class PostgresSource(DatabaseSource):
             )
             self._drop_slot()
         self._ensure_publication(first_run=True)
-        self._warn_about_out_of_line_keys()
+        self.catalog.warn_about_out_of_line_keys()
         self._ensure_schema_trigger()
         self._create_slot_and_snapshot()
 
     def _resume(self, checkpoint: Any) -> None:
         self._ensure_publication(first_run=False)
-        self._warn_about_out_of_line_keys()
+        self.catalog.warn_about_out_of_line_keys()
         self._ensure_schema_trigger()
         self._require_slot()
         self.resume_lsn = pg.parse_lsn(checkpoint["lsn"])
@@ -473,11 +245,11 @@ class PostgresSource(DatabaseSource):
             )
         tables = self.options.tables
         if tables:
-            target = "FOR TABLE " + ", ".join(_qualified(t) for t in tables)
+            target = "FOR TABLE " + ", ".join(qualified(t) for t in tables)
         else:
             target = "FOR ALL TABLES"
         try:
-            self._query(f"CREATE PUBLICATION {_quote(self.publication)} {target}")
+            self._query(f"CREATE PUBLICATION {quote(self.publication)} {target}")
         except psycopg2.Error as exc:
             raise SourceError(
                 f"source.tables: cannot create publication {self.publication!r} "
@@ -556,7 +328,7 @@ class PostgresSource(DatabaseSource):
         # The exported snapshot shows the catalog exactly as it is at the slot's start,
         # for the schema history, even when no rows are read from it.
         self.cursor.execute(
-            f"CREATE_REPLICATION_SLOT {_quote(self.slot)} LOGICAL pgoutput EXPORT_SNAPSHOT"
+            f"CREATE_REPLICATION_SLOT {quote(self.slot)} LOGICAL pgoutput EXPORT_SNAPSHOT"
         )
         _slot, consistent_point, snapshot_name, _plugin = self.cursor.fetchone()
         log.info("created replication slot %s at %s", self.slot, consistent_point)
@@ -590,7 +362,7 @@ class PostgresSource(DatabaseSource):
             self.snapshot_conns = [
                 self._snapshot_reader(snapshot_name) for _ in range(self.options.snapshot_readers)
             ]
-        self._record_published_tables()
+        self.catalog.record_published_tables()
         if self.options.snapshot == "initial":
             self.phase = "snapshot"
             self.snapshot_tables = self._published_tables()
@@ -676,560 +448,22 @@ class PostgresSource(DatabaseSource):
         return options
 
     # ------------------------------------------------------------ backfills
+    # SourceBackfill, answered by the source's PostgresBackfill (backfill.py).
     def backfill_plan(self, pipeline: str, table: str, where: str | None) -> BackfillPlan:
-        """Check ``table`` and ``where`` against the catalog (see SourceBackfill)."""
-        if self.conn is None:
-            self.conn = self._connect()
-            (version,) = self._query("SHOW server_version_num")[0]
-            self.server_version = int(version)
-        if not self.slot:
-            self.slot = self.options.slot or f"wormhole_{_identifier(pipeline)}"
-            self.publication = self.options.publication or f"wormhole_{_identifier(pipeline)}"
-        if self.server_version < 140000:
-            raise BackfillError(
-                f"--table {table}: backfills need PostgreSQL 14 or later (their watermarks "
-                f"are logical decoding messages, which pgoutput sends from 14 on); this server "
-                f"is {self.server_version}"
-            )
-        schema, _, name = table.rpartition(".")
-        schema = schema or "public"
-        qualified = f"{schema}.{name}"
-        found = self._query(
-            f"SELECT c.oid::int8, {ROW_ESTIMATE}, c.relkind::text FROM pg_class c JOIN "
-            "pg_namespace n ON n.oid = c.relnamespace LEFT JOIN pg_stat_user_tables s ON "
-            "s.relid = c.oid WHERE n.nspname = %s AND c.relname = %s AND c.relkind IN ('r', 'p')",
-            (schema, name),
-        )
-        if not found:
-            raise BackfillError(
-                f"--table {table}: there is no table {qualified} in the database (name it as "
-                f"schema.table)"
-            )
-        oid, reltuples, relkind = found[0]
-        extra = ", attnames::text[], rowfilter" if self.server_version >= 150000 else ""
-        published = self._query(
-            f"SELECT p.pubviaroot{extra} FROM pg_publication_tables t JOIN pg_publication p ON "
-            f"p.pubname = t.pubname WHERE t.pubname = %s AND t.schemaname = %s AND "
-            f"t.tablename = %s",
-            (self.publication, schema, name),
-        )
-        if not published or qualified in self.options.heartbeat_tables:
-            raise BackfillError(
-                f"--table {table}: {qualified} is not in publication {self.publication}, so "
-                f"the stream does not capture it and a backfill could not be kept in order "
-                f"with its changes; add it (ALTER PUBLICATION {_quote(self.publication)} ADD "
-                f"TABLE {_qualified(qualified)}), then backfill it"
-            )
-        via_root = bool(published[0][0])
-        published_columns = published[0][1] if len(published[0]) > 1 else None
-        row_filter = published[0][2] if len(published[0]) > 2 else None
-        if relkind == "p" and not via_root:
-            raise BackfillError(
-                f"--table {table}: {qualified} is partitioned, and publication "
-                f"{self.publication} streams its changes under its partitions' names; "
-                f"backfill each partition (--table <partition>), or set publish_via_partition_root "
-                f"= true on the publication"
-            )
-        catalog = self._catalog_tables([oid])[oid]
-        key_set = set(catalog.identity_index if catalog.identity == "i" else catalog.primary_key)
-        if not key_set:
-            raise BackfillError(
-                f"--table {table}: {qualified} has no primary key (nor a replica identity "
-                f"index); a backfill reads a table in key order, chunk by chunk, and matches "
-                f"rows to the stream's changes by key. Add a primary key (ALTER TABLE "
-                f"{_qualified(qualified)} ADD PRIMARY KEY (...))"
-            )
-        # In the index's column order, so that each chunk is one index range scan.
-        index = "indisreplident" if catalog.identity == "i" else "indisprimary"
-        ordered = [
-            row[0]
-            for row in self._query(
-                f"SELECT a.attname::text FROM pg_index i CROSS JOIN LATERAL unnest(i.indkey) "
-                f"WITH ORDINALITY AS k(attnum, n) JOIN pg_attribute a ON a.attrelid = "
-                f"i.indrelid AND a.attnum = k.attnum WHERE i.indrelid = %s AND i.{index} "
-                f"ORDER BY k.n",
-                (oid,),
-            )
-        ]
-        keys = [k for k in ordered if k in key_set] or sorted(key_set)
-        relation = pg.Relation(
-            oid,
-            schema,
-            name,
-            catalog.identity,
-            [pg.Column(n, t, False, 0, mod) for n, t, mod in catalog.columns],
-        )
-        self._resolve_types(relation)
-        columns = [
-            (c.name, c.kind, self.base_types.get(c.type_oid, c.type_oid))
-            for c in relation.columns
-            if published_columns is None or c.name in published_columns
-        ]
-        described = None
-        if self.describe:
-            names = {n for n, _, _ in columns}
-            chunk_columns = [c for c in relation.columns if c.name in names]
-            described = self._column_description(
-                pg.Relation(oid, schema, name, catalog.identity, chunk_columns)
-            )
-        estimate: int | None = int(reltuples) if reltuples is not None and reltuples >= 0 else None
-        if where is not None:
-            estimate = self._check_condition(qualified, where)
-        detail = _ChunkSql(
-            columns,
-            "" if relkind == "p" else "ONLY ",
-            # The publication's row filter: the stream sends only the rows that pass it.
-            None if row_filter is None else str(row_filter),
-            described,
-        )
-        return BackfillPlan(qualified, keys, where, estimate, detail)
-
-    def _check_condition(self, table: str, where: str) -> int | None:
-        """Parse ``where`` on ``table`` (EXPLAIN, on the read-only connection, rolled back):
-        BackfillError if PostgreSQL cannot use it; the planner's row estimate if it can."""
-        if not where.strip():
-            raise BackfillError("--where: the condition is empty; leave --where out for every row")
-        statements = _statement_separators(where)
-        if statements:
-            raise BackfillError(
-                f"--where {where!r}: a condition cannot end a statement (';' at character "
-                f"{statements[0] + 1}); give one SQL condition on the table's columns"
-            )
-        conn = self._backfill_connection()
-        try:
-            with conn.cursor() as cur:
-                cur.execute("BEGIN READ ONLY")
-                try:
-                    cur.execute(
-                        f"EXPLAIN (FORMAT JSON) SELECT 1 FROM {_qualified(table)} WHERE ({where}\n)"
-                    )
-                    plan = cur.fetchone()[0]
-                finally:
-                    cur.execute("ROLLBACK")
-        except psycopg2.Error as exc:
-            if isinstance(exc, psycopg2.OperationalError | psycopg2.InterfaceError):
-                self._drop_backfill_connection()
-                raise
-            raise BackfillError(
-                f"--where {where!r}: PostgreSQL cannot use it as a condition on {table}: "
-                f"{first_line(exc)}"
-            ) from exc
-        try:
-            return int(plan[0]["Plan"]["Plan Rows"])
-        except (KeyError, IndexError, TypeError, ValueError):
-            return None
-
-    def _backfill_connection(self) -> Any:
-        """The chunks' connection: read-only, so that a condition cannot write; text as
-        bytes, so that each row's JSON goes into its update as it came."""
-        if self.backfill_conn is None:
-            conn = psycopg2.connect(self.options.dsn)
-            conn.autocommit = True
-            with conn.cursor() as cur:
-                cur.execute("SET default_transaction_read_only = on")
-            psycopg2.extensions.register_type(psycopg2.extensions.BYTES, conn)
-            self.backfill_conn = conn
-        return self.backfill_conn
-
-    def _drop_backfill_connection(self) -> None:
-        close_quietly(self.backfill_conn)
-        self.backfill_conn = None
+        return self.backfills.plan(pipeline, table, where)
 
     def backfill_watermark(self, token: str) -> None:
-        """A transactional logical decoding message: it reaches the stream at its commit."""
-        if self.conn is None:
-            self.conn = self._connect()
-        # Flushed at its commit even where synchronous_commit is off: the stream only sees
-        # flushed WAL, and the backfill waits for the watermark to come round.
-        statement = "SET synchronous_commit TO on; SELECT pg_logical_emit_message(true, %s, %s)"
-        try:
-            self._query(statement, (self.watermark_prefix, token))
-        except (psycopg2.OperationalError, psycopg2.InterfaceError):
-            # This connection alone may have gone (the stream's has its own): once more.
-            close_quietly(self.conn)
-            self.conn = self._connect()
-            self._query(statement, (self.watermark_prefix, token))
+        self.backfills.watermark(token)
 
     def backfill_chunk(
         self, plan: BackfillPlan, after: list[Any] | None, limit: int
     ) -> list[Update]:
-        """One chunk in key order, PostgreSQL writing each row's JSON with the stream's
-        value rules, read in a snapshot that sees every transaction committed before it
-        (see :meth:`_visible_snapshot`)."""
-        sql_parts: _ChunkSql = plan.detail
-        columns = sql_parts.columns
-        kinds = {n: (kind, base) for n, kind, base in columns}
-        keys = plan.keys
-        alias = _unused_name("wormhole_row", {n for n, _, _ in columns})
-        order = ", ".join(f"t.{_quote(k)}" for k in keys)
-        conditions = []
-        if plan.where is not None:
-            # On lines of its own: a trailing -- comment ends with its line.
-            conditions.append(f"(\n{plan.where.replace('%', '%%')}\n)")
-        if sql_parts.row_filter is not None:
-            conditions.append(f"({sql_parts.row_filter.replace('%', '%%')})")
-        if after is not None:
-            # Key values as text: the server reads each as its column's type (a real key
-            # compared with a double would find itself greater than itself).
-            conditions.append(f"({order}) > ({', '.join(['%s'] * len(keys))})")
-        where = f" WHERE {' AND '.join(conditions)}" if conditions else ""
-        sql = (
-            f"SELECT {_json_row_select(columns, keys, alias)} FROM {sql_parts.only}"
-            f"{_qualified(plan.table)} t{where} ORDER BY {order} LIMIT {int(limit)}"
-        )
-        params = None if after is None else [v if isinstance(v, str) else str(v) for v in after]
-        conn = self._backfill_connection()
-        try:
-            with conn.cursor() as cur:
-                self._visible_snapshot(cur)
-                try:
-                    cur.execute(sql, params)
-                    fetched = cur.fetchall()
-                finally:
-                    cur.execute("COMMIT")
-        except psycopg2.Error as exc:
-            if isinstance(exc, psycopg2.OperationalError | psycopg2.InterfaceError):
-                self._drop_backfill_connection()
-                raise  # the server or the link: tried again
-            raise BackfillError(
-                f"backfill of {plan.table}: a chunk cannot be read ({first_line(exc)}); if the "
-                f"table changed, backfill it again"
-            ) from exc
-        if self.raw_text:
-            at = "a backfill chunk"
-            fetched = [self._utf8_chunk_row(plan.table, row, len(keys), at) for row in fetched]
-        return self._chunk_updates(plan, kinds, fetched)
+        return self.backfills.chunk(plan, after, limit)
 
     def backfill_unseen(self, update: Update) -> bool:
-        """A change of a transaction the last chunk's snapshot did not see: if the
-        stream returns it before that chunk's low watermark, its commit record was written
-        before the watermark but the transaction was not visible yet when the chunk was
-        read (see :meth:`_visible_snapshot`)."""
-        unseen = self.chunk_unseen
-        return unseen is not None and update.txid is not None and update.txid in unseen
-
-    def _utf8_chunk_row(self, table: str, row: Any, n_keys: int, at: str) -> Any:
-        """A row (key values, then its JSON) of a SQL_ASCII database whose JSON holds bytes
-        that are not UTF-8: each such text value (key or column) as :func:`pg.undecoded`."""
-        document = row[n_keys]
-        if document.isascii() or _is_utf8(document):
-            return row
-        values = json.loads(document.decode("utf-8", "surrogateescape"))
-        for column, value in values.items():
-            if isinstance(value, str) and not _is_utf8(raw := _escaped(value)):
-                values[column] = self.decode_errors.value(table, column, raw, at, "table")
-        # A key value is also in the row: counted and logged there.
-        keys = [
-            pg.undecoded(k) if isinstance(k, bytes) and not _is_utf8(k) else k for k in row[:n_keys]
-        ]
-        return (*keys, json.dumps(values, ensure_ascii=False).encode())
-
-    def _visible_snapshot(self, cur: Any) -> None:
-        """Begin a read-only REPEATABLE READ transaction whose snapshot sees every
-        transaction committed so far. A transaction writes its commit record (and so comes
-        before the low watermark in the stream) a moment before it becomes visible, longer
-        under synchronous replication, where it waits for a standby: a snapshot that does
-        not see a transaction already marked committed, or one the stream already read, is
-        dropped and taken again. One still in the moment between its commit record and that
-        mark cannot be told from a running one here: the snapshot's invisible transactions
-        are kept, and the stream names their changes before the low watermark
-        (:meth:`backfill_unseen`)."""
-        deadline = time.monotonic() + 30.0
-        pause = 0.001
-        while True:
-            cur.execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
-            cur.execute(
-                "SELECT pg_snapshot_xmax(s)::text::bigint, "
-                "array(SELECT x::text::bigint FROM pg_snapshot_xip(s) x), "
-                "EXISTS(SELECT FROM pg_snapshot_xip(s) x WHERE pg_xact_status(x) = 'committed') "
-                "FROM pg_current_snapshot() s"
-            )
-            xmax, running, committed = cur.fetchone()
-            unseen = Invisible(xmax, running)
-            if not committed and not any(t in unseen for t in self.streamed_txids):
-                self.chunk_unseen = unseen
-                return
-            cur.execute("ROLLBACK")
-            if time.monotonic() > deadline:
-                raise TimeoutError(
-                    "transactions committed before the low watermark did not become visible "
-                    "within 30 s"
-                )
-            time.sleep(pause)
-            pause = min(pause * 2, 0.1)
-
-    def _chunk_updates(
-        self, plan: BackfillPlan, kinds: dict[str, tuple[int, int]], fetched: list[Any]
-    ) -> list[Update]:
-        table = plan.table
-        keys = plan.keys
-        now_ms = int(time.time() * 1000)
-        raw = _Raw
-        described: tuple[msgspec.Raw, str] | None = plan.detail.described
-        if described is not None:
-            return [
-                self._incremental(update, *described, now_ms)
-                for update in self._chunk_updates(
-                    replace(plan, detail=replace(plan.detail, described=None)), kinds, fetched
-                )
-            ]
-        if len(keys) == 1 and _native_key(*kinds[keys[0]]):
-            (name,) = keys
-            return [
-                Update(
-                    op="r",
-                    key={name: key},
-                    after=raw(row),
-                    table=table,
-                    connector="postgres",
-                    ts_ms=now_ms,
-                )
-                for key, row in fetched
-            ]
-        key_kinds = [(k, *kinds[k]) for k in keys]
-        n_keys = len(keys)
-        return [
-            Update(
-                op="r",
-                key={
-                    k: _key_value(kind, base, v)
-                    for (k, kind, base), v in zip(key_kinds, row, strict=False)
-                },
-                after=raw(row[n_keys]),
-                table=table,
-                connector="postgres",
-                ts_ms=now_ms,
-            )
-            for row in fetched
-        ]
-
-    def _incremental(
-        self, update: Update, columns: msgspec.Raw, table_part: str, now_ms: int
-    ) -> Update:
-        """A backfill row described as Debezium describes an incremental snapshot's."""
-        update.columns = columns
-        update.details = _Raw(
-            f'{{"connector":"postgresql","snapshot":"incremental","db":{self.database_json},'
-            f'"sequence":null,"ts_us":{now_ms * 1000},"ts_ns":{now_ms * 1_000_000},{table_part}'
-            f'"txId":null,"lsn":null,"xmin":null,"origin":null,"origin_lsn":null}}'.encode()
-        )
-        return update
+        return self.backfills.unseen(update)
 
     # ------------------------------------------------------------ catalog
-    def _resolve_types(self, relation: pg.Relation) -> None:
-        """Resolve domain types to their base types, for the columns' JSON kinds."""
-        unknown = [c.type_oid for c in relation.columns if c.type_oid not in self.base_types]
-        if unknown:
-            rows = self._catalog(
-                "WITH RECURSIVE t(oid, base) AS (SELECT oid, CASE WHEN typtype = 'd' THEN "
-                "typbasetype ELSE oid END FROM pg_type WHERE oid = ANY(%s) UNION ALL "
-                "SELECT t.oid, p.typbasetype FROM t JOIN pg_type p ON p.oid = t.base "
-                "WHERE p.typtype = 'd') SELECT oid, base FROM t",
-                (unknown,),
-            )
-            for oid, base in rows:
-                self.base_types[oid] = base
-        for column in relation.columns:
-            column.kind = pg.value_kind(self.base_types.get(column.type_oid, column.type_oid))
-        relation.refresh()
-
-    def _describe(self, relation: pg.Relation) -> None:
-        """A Relation message: its columns' kinds, and its key at this point of the WAL."""
-        self._resolve_types(relation)
-        relation.key_columns = self._stream_key(relation)
-        self._describe_columns(relation)
-
-    def _describe_columns(self, relation: pg.Relation) -> None:
-        """The relation's ``columns`` and its part of ``details`` (see Update)."""
-        if not self.describe:
-            return
-        columns, part = self._column_description(relation)
-        self.relation_columns[relation.oid] = columns
-        self.relation_details[relation.oid] = part
-
-    def _column_description(self, relation: pg.Relation) -> tuple[msgspec.Raw, str]:
-        """``Update.columns`` of the relation's columns, and the "schema"/"table" part of
-        its ``details``."""
-        oids = [self.base_types.get(c.type_oid, c.type_oid) for c in relation.columns]
-        mods = [c.typmod for c in relation.columns]
-        types = self._catalog(
-            "SELECT format_type(t.oid, NULLIF(t.mod, -1)) FROM unnest(%s::oid[], %s::int4[]) "
-            "WITH ORDINALITY AS t(oid, mod, n) ORDER BY t.n",
-            (oids, mods),
-        )
-        catalog = {
-            name: (not_null, _constant(default))
-            for name, not_null, default in self._catalog(
-                "SELECT a.attname::text, a.attnotnull, pg_get_expr(d.adbin, d.adrelid) FROM "
-                "pg_attribute a LEFT JOIN pg_attrdef d ON d.adrelid = a.attrelid AND d.adnum = "
-                "a.attnum WHERE a.attrelid = %s AND a.attnum > 0 AND NOT a.attisdropped",
-                (relation.oid,),
-            )
-        }
-        described = []
-        for column, (type_name,) in zip(relation.columns, types, strict=True):
-            not_null, default = catalog.get(column.name, (False, None))
-            described.append(ColumnType(column.name, type_name, not not_null, default))
-        part = f'"schema":{json.dumps(relation.schema)},"table":{json.dumps(relation.name)},'
-        return encode_columns(described), part
-
-    def _stream_key(self, relation: pg.Relation) -> list[str]:
-        # One rule for snapshot and stream, so a row always lands in the same shard: the
-        # replica identity index (USING INDEX), else the primary key, else every column.
-        # The Relation message flags the identity columns as they were when the change
-        # was made, so DEFAULT and USING INDEX need no catalog (which may have moved on).
-        names = [c.name for c in relation.columns]
-        identity = relation.replica_identity
-        if identity in ("f", "n"):
-            return self._recorded_primary_key(relation) or names
-        flagged = [c.name for c in relation.columns if c.key]
-        if identity == "d":
-            assert self.history is not None
-            self.history.record(
-                relation.oid, Entry(self.txn_lsn, identity, _signature(relation), flagged)
-            )
-        # DEFAULT without flags: no primary key. USING INDEX without flags: the index
-        # was dropped, which PostgreSQL treats as NOTHING.
-        return flagged or names
-
-    def _recorded_primary_key(self, relation: pg.Relation) -> list[str]:
-        """The primary key of a FULL or NOTHING table as it was when its change was made.
-
-        The Relation message does not say it: the catalog does while it still describes
-        the table the message describes, and the schema history keeps what was known.
-        """
-        history = self.history
-        assert history is not None
-        oid, lsn = relation.oid, self.txn_lsn
-        signature = _signature(relation)
-        names = [c.name for c in relation.columns]
-        written = history.in_band_at(oid, lsn, self.txn_index + 1)
-        if (
-            written is not None
-            and written.identity == relation.replica_identity
-            and set(signature) <= set(written.columns)
-        ):
-            # The schema trigger wrote the table's version into the WAL: exact.
-            return [n for n in names if n in written.primary_key]
-        table = self._catalog_tables([oid]).get(oid)
-        if (
-            table is not None
-            and table.identity == relation.replica_identity
-            and table.columns == signature
-        ):
-            key = table.primary_key
-        else:
-            entry = history.with_columns(oid, lsn, signature)
-            if entry is not None:
-                key = entry.primary_key
-            else:
-                key, how = self._guess_primary_key(relation, table, set(names))
-                log.warning(
-                    "the primary key of %s at %s is not known: the table was altered or "
-                    "dropped before this part of the WAL was decoded, and the schema history "
-                    "holds no version of it with these columns; keying its changes by %s (%s)",
-                    relation.table,
-                    pg.lsn_text(lsn),
-                    how,
-                    ", ".join(key or names),
-                )
-        key = [n for n in names if n in key]  # in column order, as for DEFAULT tables
-        history.record(oid, Entry(lsn, relation.replica_identity, signature, key))
-        return key
-
-    def _guess_primary_key(
-        self, relation: pg.Relation, table: CatalogTable | None, names: set[str]
-    ) -> tuple[list[str], str]:
-        assert self.history is not None
-        for entry in self.history.nearest(relation.oid, self.txn_lsn):
-            if set(entry.primary_key) <= names:
-                return entry.primary_key, f"the primary key recorded at {pg.lsn_text(entry.lsn)}"
-        if table is not None and table.primary_key and set(table.primary_key) <= names:
-            return table.primary_key, "the current primary key"
-        return [], "every column"
-
-    def _catalog_tables(self, oids: list[int] | None = None) -> dict[int, CatalogTable]:
-        """The catalog's description of tables: of ``oids``, or of the publication's."""
-        generated = " AND a.attgenerated = ''" if self.server_version >= 120000 else ""
-        columns = (
-            "FROM pg_attribute a WHERE a.attrelid = c.oid AND a.attnum > 0 AND NOT "
-            f"a.attisdropped{generated} ORDER BY a.attnum"
-        )
-        index = (
-            "FROM pg_index i JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = "
-            "ANY(i.indkey) WHERE i.indrelid = c.oid AND i.{} ORDER BY a.attnum"
-        )
-        if oids is None:
-            where = (
-                "c.oid IN (SELECT (quote_ident(schemaname) || '.' || quote_ident(tablename))"
-                "::regclass FROM pg_publication_tables WHERE pubname = %s)"
-            )
-            args: tuple[Any, ...] = (self.publication,)
-        else:
-            where, args = "c.oid = ANY(%s::oid[])", (oids,)
-        rows = self._catalog(
-            f"SELECT c.oid::int8, c.relreplident::text, "
-            f"ARRAY(SELECT a.attname::text {columns}), ARRAY(SELECT a.atttypid::int8 {columns}), "
-            f"ARRAY(SELECT a.atttypmod {columns}), "
-            f"ARRAY(SELECT a.attname::text {index.format('indisprimary')}), "
-            f"ARRAY(SELECT a.attname::text {index.format('indisreplident')}) "
-            f"FROM pg_class c WHERE {where}",
-            args,
-        )
-        return {
-            oid: CatalogTable(
-                identity,
-                list(zip(names, types, typmods, strict=True)),
-                primary_key,
-                identity_index,
-            )
-            for oid, identity, names, types, typmods, primary_key, identity_index in rows
-        }
-
-    def _record_published_tables(self) -> None:
-        """The schema history starts with the publication's tables at the slot's start."""
-        assert self.history is not None
-        self.history.reset(
-            {
-                oid: Entry(self.snapshot_lsn, table.identity, table.columns, table.primary_key)
-                for oid, table in self._catalog_tables().items()
-            }
-        )
-        self.history.save()
-
-    def _warn_about_out_of_line_keys(self) -> None:
-        if logs_unchanged_toasted_keys(self.server_version):
-            return
-        tables = self._out_of_line_key_tables()
-        if tables:
-            log.warning(
-                "PostgreSQL %s does not write a key value stored out of line (TOAST) "
-                "to the WAL when an update leaves it unchanged, and such an update stops the "
-                "pipeline (its key is unknown). The key columns of these tables can be stored "
-                "out of line: %s. Set ALTER TABLE <table> REPLICA IDENTITY FULL on them, or "
-                "upgrade to a minor release that writes the value (10.21, 11.16, 12.11, 13.7, "
-                "14.3 or later)",
-                self.server_version,
-                ", ".join(tables),
-            )
-
-    def _out_of_line_key_tables(self) -> list[str]:
-        """Published tables keyed by their replica identity whose key can be TOASTed."""
-        rows = self._query(
-            "SELECT DISTINCT t.schemaname, t.tablename FROM pg_publication_tables t "
-            "JOIN pg_namespace n ON n.nspname = t.schemaname JOIN pg_class c ON "
-            "c.relnamespace = n.oid AND c.relname = t.tablename JOIN pg_index i ON "
-            "i.indrelid = c.oid AND CASE c.relreplident WHEN 'd' THEN i.indisprimary "
-            "WHEN 'i' THEN i.indisreplident ELSE false END JOIN pg_attribute a ON "
-            "a.attrelid = c.oid AND a.attnum = ANY(i.indkey) WHERE t.pubname = %s AND "
-            "a.attstorage <> 'p' ORDER BY 1, 2",
-            (self.publication,),
-        )
-        return [f"{schema}.{name}" for schema, name in rows]
-
-    def _catalog(self, sql: str, args: Any) -> list[tuple[Any, ...]]:
-        # The snapshot transaction (if any) is read-only and fine for catalog reads.
-        return self._query(sql, args)
 
     # ------------------------------------------------------------- reconnect
     def _lost(self, exc: Exception) -> str:
@@ -1422,7 +656,7 @@ class PostgresSource(DatabaseSource):
                     return batch()
             elif tag == 82:  # R
                 relation = pg.parse_relation(data)
-                self._describe(relation)
+                self.catalog.describe(relation)
                 relations[relation.oid] = relation
             elif tag == 79:  # O
                 self.txn_origin, _name = pg.parse_origin(data)
@@ -1462,10 +696,10 @@ class PostgresSource(DatabaseSource):
     def _describe_change(self, relation: pg.Relation, lsn: int) -> None:
         """``columns`` and ``details`` of the change at ``lsn`` (the message's own WAL
         position), for :meth:`_update` and :meth:`_insert`."""
-        self.change_columns = self.relation_columns.get(relation.oid, NULL)
+        self.change_columns = self.catalog.relation_columns.get(relation.oid, NULL)
         self.change_details = _Raw(
             f"{self.txn_details_head}{lsn}{self.txn_details_mid}"
-            f"{self.relation_details.get(relation.oid, '')}{self.txn_details_tail}"
+            f"{self.catalog.relation_details.get(relation.oid, '')}{self.txn_details_tail}"
             f'{lsn},"xmin":null,"origin":null,"origin_lsn":null}}'.encode()
         )
 
@@ -1507,11 +741,11 @@ class PostgresSource(DatabaseSource):
             relation is not None
             and relation.replica_identity in ("f", "n")
             and entry.identity == relation.replica_identity
-            and entry.columns == _signature(relation)
+            and entry.columns == signature(relation)
         ):
             # Its primary key changed and nothing the Relation message says did: the next
             # change is keyed by the new one whether or not a Relation message comes first.
-            relation.key_columns = self._stream_key(relation)
+            relation.key_columns = self.catalog.stream_key(relation)
         if not (emit and published and self.options.schema_events):
             return None
         if message.table in self.options.heartbeat_tables:
@@ -1597,7 +831,7 @@ class PostgresSource(DatabaseSource):
             f"left its key column(s) {', '.join(columns)} unchanged and stored out of line "
             f"(TOAST), and this server did not write their value to the WAL, so the key of "
             f"the change is unknown and it cannot be delivered. Set REPLICA IDENTITY FULL on "
-            f"the table (ALTER TABLE {_qualified(relation.table)} REPLICA IDENTITY FULL) or "
+            f"the table (ALTER TABLE {qualified(relation.table)} REPLICA IDENTITY FULL) or "
             f"upgrade PostgreSQL to a minor release that writes the value (10.21, 11.16, "
             f"12.11, 13.7, 14.3 or later), then remove the state_dir to start over with a new "
             f"initial snapshot: this change stays in the slot's WAL"
@@ -1620,7 +854,7 @@ class PostgresSource(DatabaseSource):
             "WHERE n.nspname = %s AND c.relname = %s",
             (schema, name),
         )[0]
-        table_now = self._catalog_tables([oid])[oid]
+        table_now = self.catalog.tables([oid])[oid]
         relation = pg.Relation(
             oid,
             schema,
@@ -1628,17 +862,18 @@ class PostgresSource(DatabaseSource):
             table_now.identity,
             [pg.Column(n, t, False, 0, mod) for n, t, mod in rows],
         )
-        self._resolve_types(relation)
+        self.catalog.resolve_types(relation)
         # The rule of _stream_key, from the catalog in the snapshot (the slot's start).
         key = table_now.identity_index if table_now.identity == "i" else table_now.primary_key
         relation.key_columns = keys = key or [c.name for c in relation.columns]
-        self._describe_columns(relation)
+        self.catalog.describe_columns(relation)
         # Read as backfill chunks are: PostgreSQL writes each row's JSON.
         columns = [
-            (c.name, c.kind, self.base_types.get(c.type_oid, c.type_oid)) for c in relation.columns
+            (c.name, c.kind, self.catalog.base_types.get(c.type_oid, c.type_oid))
+            for c in relation.columns
         ]
-        alias = _unused_name("wormhole_row", {c.name for c in relation.columns})
-        select = f"SELECT {_json_row_select(columns, keys, alias)} FROM {_qualified(table)} t"
+        alias = unused_name("wormhole_row", {c.name for c in relation.columns})
+        select = f"SELECT {json_row_select(columns, keys, alias)} FROM {qualified(table)} t"
         parts = self._snapshot_parts(oid)
         batch = self.options.batch_updates
         cursors = self.snapshot_cursors
@@ -1653,10 +888,10 @@ class PostgresSource(DatabaseSource):
         kinds = {n: (kind, base) for n, kind, base in columns}
         n_keys = len(keys)
         at = f"the snapshot at {pg.lsn_text(self.snapshot_lsn)}"
-        utf8_row = self._utf8_chunk_row
+        utf8_row = self.decode_errors.chunk_row
         raw_text = self.raw_text
 
-        if n_keys == 1 and _native_key(*kinds[keys[0]]) and not raw_text:
+        if n_keys == 1 and native_key(*kinds[keys[0]]) and not raw_text:
             (name,) = keys
 
             def keyed(fetched: list[Any]) -> list[Any]:
@@ -1671,7 +906,7 @@ class PostgresSource(DatabaseSource):
                 return [
                     (
                         {
-                            k: _key_value(kind, base, v)
+                            k: key_value(kind, base, v)
                             for (k, kind, base), v in zip(key_kinds, row, strict=False)
                         },
                         row[n_keys],
@@ -1684,8 +919,8 @@ class PostgresSource(DatabaseSource):
             keys,
             cursor,
             keyed,
-            self.relation_columns.pop(oid, NULL),
-            self.relation_details.pop(oid, ""),
+            self.catalog.relation_columns.pop(oid, NULL),
+            self.catalog.relation_details.pop(oid, ""),
             encoded=True,
         )
 
@@ -1855,11 +1090,11 @@ class PostgresSource(DatabaseSource):
                 self.heartbeat_conn.autocommit = True
             with self.heartbeat_conn.cursor() as cur:
                 cur.execute(
-                    f"CREATE TABLE IF NOT EXISTS {_qualified(heartbeat.table)} "
+                    f"CREATE TABLE IF NOT EXISTS {qualified(heartbeat.table)} "
                     f"(id int PRIMARY KEY, ts timestamptz NOT NULL)"
                 )
                 cur.execute(
-                    f"INSERT INTO {_qualified(heartbeat.table)} VALUES (1, now()) "
+                    f"INSERT INTO {qualified(heartbeat.table)} VALUES (1, now()) "
                     f"ON CONFLICT (id) DO UPDATE SET ts = excluded.ts"
                 )
         except psycopg2.Error as exc:
@@ -1876,7 +1111,6 @@ class PostgresSource(DatabaseSource):
                 self.cursor.send_feedback(flush_lsn=self.confirmed, force=True)
         self._close_snapshot_readers()
         with self.lag_lock:
-            close_quietly(
-                self.repl, self.conn, self.heartbeat_conn, self.lag_conn, self.backfill_conn
-            )
-            self.lag_conn = self.backfill_conn = None
+            close_quietly(self.repl, self.conn, self.heartbeat_conn, self.lag_conn)
+            self.lag_conn = None
+            self.backfills.close()
