@@ -1,195 +1,338 @@
-"""Backfill chunks of a MariaDB / MySQL table: key-order SQL, and key values back to SQL.
-
-A chunk is ``SELECT <the snapshot's columns> FROM t WHERE (<--where>) AND <key after the
-last chunk's last key> ORDER BY <primary key> LIMIT n``. The "after" condition is written
-out as ``k1 > a1 OR (k1 = a1 AND k2 > a2) OR ...``: MariaDB reads that as a range of the
-primary key, where a row constructor ``(k1, k2) > (a1, a2)`` makes it scan the index from
-its start for every chunk.
-
-The last key comes back as the stream's JSON values (``values.py``): text for DECIMAL,
-temporal, BIT, binary, ENUM and SET columns. Each is turned back into what compares as the
-column does in ``ORDER BY``: an ENUM by its member's number and a SET by its bit mask (they
-sort by those, not by their text), bytes for binary strings, a FLOAT through ``CAST(... AS
-FLOAT)`` (a single-precision value is not the double its shortest text reads as), a DECIMAL
-through ``CAST(... AS DECIMAL(p, s))`` (a string would be compared as a double).
-"""
+"""Backfills of the ``mysql`` source (:class:`~wormhole.plugins.components.SourceBackfill`):
+a plan from ``information_schema``, watermarks written into the signal table (the stream
+meets them at their transaction's commit), and chunks read in key order on a read-only
+connection, converted as the snapshot converts rows (SQL in ``chunks.py``)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass
-from typing import Any
+import time
+from typing import TYPE_CHECKING, Any
 
-from wormhole.connectors.mysql.values import Layout, schema_layout
+import msgspec
 
-AS_TEXT = frozenset({"decimal", "datetime", "timestamp", "date", "time", "year"})
-"""Types whose values the chunks' connection leaves as the server's text (see
-:func:`chunk_layout`)."""
-BINARY_TYPES = frozenset({"binary", "varbinary", "tinyblob", "blob", "mediumblob", "longblob"})
+from wormhole.connectors.mysql.chunks import Chunks, chunk_layout, chunks, qualified
+from wormhole.connectors.mysql.server import (
+    CHUNK_FATAL,
+    DESCRIBE_COLUMNS,
+    SIGNAL_FATAL,
+    SYSTEM_SCHEMAS,
+    TEXT_FIELDS,
+    TRANSIENT,
+    json_text,
+    quote_name,
+    server_error,
+)
+from wormhole.core.errors import BackfillError, SourceError
+from wormhole.core.update import Update, snapshot_read
+from wormhole.plugins.components import BackfillPlan
+from wormhole.plugins.database_source import close_quietly
 
+if TYPE_CHECKING:
+    from wormhole.connectors.mysql.source import MySQLSource
 
-def quote(name: str) -> str:
-    return "`" + name.replace("`", "``") + "`"
+try:  # optional dependency: the `mysql` extra
+    import pymysql
+    import pymysql.converters
 
-
-def qualified(schema: str, table: str) -> str:
-    return f"{quote(schema)}.{quote(table)}"
-
-
-def select_list(columns: list[tuple[Any, ...]], as_bytes: set[str] | None = None) -> str:
-    """The SELECT list of a table's columns ``(name, data_type, ...)``, as the snapshot
-    reads them: FLOAT as text has about 6 digits; as a double it has the stored value,
-    which the layout renders exactly as the binlog's. The columns of ``as_bytes`` are read
-    as their bytes (text the layout decodes by its character set)."""
-    as_bytes = as_bytes or set()
-    return ", ".join(
-        f"({quote(c[0])} + 0e0)"
-        if str(c[1]).lower() == "float"
-        else f"CAST({quote(c[0])} AS BINARY)"
-        if c[0] in as_bytes
-        else quote(c[0])
-        for c in columns
-    )
+    HAVE_DRIVER = True
+except ImportError:  # pragma: no cover - reported at open()
+    HAVE_DRIVER = False
 
 
-def chunk_layout(columns: list[tuple[Any, ...]], keys: list[str]) -> Layout:
-    """The snapshot's layout of a table, less the conversions of the :data:`AS_TEXT` types:
-    the chunks' connection does not parse those into Python values, and the text the
-    server sends (with ``time_zone = '+00:00'``) is what the layout would render them as.
-    ``columns`` as for :func:`chunks`."""
-    layout = schema_layout([c[:4] for c in columns], keys)
-    text = {c[0] for c in columns if str(c[1]).lower() in AS_TEXT}
-    special = [(n, f) for n, f in layout.special if n not in text]
-    return Layout(layout.columns, layout.key, special)
+class MySQLBackfill:
+    """The backfill queries of one :class:`MySQLSource`, which keeps the signal table's
+    name and this pipeline's row in it (the stream reports the watermarks it meets there);
+    watermarks are written on a connection of their own, chunks read on another."""
 
+    def __init__(self, source: MySQLSource) -> None:
+        self.source = source
+        self.conn: Any = None
+        """The read-only connection of catalogs and chunks."""
+        self.signal_conn: Any = None
+        """The connection that writes watermarks."""
+        self.signal_ready = False
+        """The signal table exists (made on the first watermark's connection)."""
 
-def members(column_type: str) -> list[str]:
-    """The members of ``enum('a','b''c')`` or ``set(...)``, in definition order."""
-    text = column_type[column_type.index("(") + 1 : column_type.rindex(")")]
-    out: list[str] = []
-    i, n = 0, len(text)
-    while i < n:
-        if text[i] != "'":
-            i += 1
-            continue
-        i += 1
-        chars: list[str] = []
-        while i < n:
-            if text[i] == "'" and i + 1 < n and text[i + 1] == "'":
-                chars.append("'")
-                i += 2
-            elif text[i] == "\\" and i + 1 < n:
-                chars.append(text[i + 1])
-                i += 2
-            elif text[i] == "'":
-                i += 1
-                break
-            else:
-                chars.append(text[i])
-                i += 1
-        out.append("".join(chars))
-    return out
+    def close(self) -> None:
+        close_quietly(self.conn, self.signal_conn)
+        self.conn = self.signal_conn = None
 
+    def _reader(self, check: bool = False) -> Any:
+        """The read-only connection of catalogs and chunks, in UTC as the snapshot's is.
+        ``check``: ping it first, and replace it if it is broken (a chunk that fails drops
+        it instead, and is read again a moment later)."""
+        source = self.source
+        conn = self.conn
+        if conn is not None and not check:
+            return conn
+        if conn is not None:
+            try:
+                conn.ping(reconnect=False)
+                return conn
+            except Exception:
+                close_quietly(conn)
+                self.conn = None
+        # DECIMAL, temporal and YEAR values stay the server's text (see chunk_layout).
+        conv = dict(pymysql.converters.conversions)
+        for field_type in TEXT_FIELDS:
+            conv.pop(field_type, None)
+        conn = source._connect(conv=conv)
+        try:
+            with conn.cursor() as cur:
+                cur.execute("SET SESSION time_zone = '+00:00'")
+                # Every statement of the session is a read-only transaction of its own: a
+                # --where condition cannot write, whatever it calls, and each chunk reads
+                # the table as of now.
+                cur.execute("SET SESSION TRANSACTION READ ONLY")
+        except BaseException:
+            close_quietly(conn)
+            raise
+        self.conn = conn
+        return conn
 
-def _identity(value: Any) -> Any:
-    return value
+    def _signal_table(self) -> str:
+        source = self.source
+        return qualified(*source.signal)
 
+    def _signal_writer(self) -> Any:
+        """The connection that writes watermarks; the signal table exists once it is made."""
+        source = self.source
+        conn = self.signal_conn
+        if conn is None:
+            conn = source._connect()
+            self.signal_conn = conn
+        if not self.signal_ready:
+            self._ensure_signal_table(conn)
+        return conn
 
-def _bits(value: Any) -> Any:
-    return int(value, 2) if isinstance(value, str) else value
+    def _ensure_signal_table(self, conn: Any) -> None:
+        source = self.source
+        schema, table = source.signal
+        try:
+            with conn.cursor() as cur:
+                cur.execute(
+                    "SELECT 1 FROM information_schema.TABLES WHERE TABLE_SCHEMA = %s AND "
+                    "TABLE_NAME = %s",
+                    (schema, table),
+                )
+                if not cur.fetchall():
+                    cur.execute(f"CREATE DATABASE IF NOT EXISTS {quote_name(schema)}")
+                    cur.execute(
+                        f"CREATE TABLE IF NOT EXISTS {self._signal_table()} ("
+                        "id VARCHAR(191) NOT NULL PRIMARY KEY, token VARCHAR(191) NOT NULL, "
+                        "at TIMESTAMP(6) NOT NULL DEFAULT CURRENT_TIMESTAMP(6)"
+                        ") ENGINE=InnoDB DEFAULT CHARSET=utf8mb4"
+                    )
+        except pymysql.err.Error as exc:
+            code, message = server_error(exc)
+            if code in TRANSIENT or not code:
+                raise
+            raise BackfillError(
+                f"source.signal_table {source.options.signal_table}: the table where backfills "
+                f"write their watermarks cannot be created ({message}); create it (CREATE "
+                f"TABLE {self._signal_table()} (id VARCHAR(191) PRIMARY KEY, token "
+                f"VARCHAR(191) NOT NULL, at TIMESTAMP(6) NOT NULL DEFAULT "
+                f"CURRENT_TIMESTAMP(6))) and grant the source's user INSERT and UPDATE on it, "
+                f"or set signal_table to one it may create"
+            ) from exc
+        self.signal_ready = True
 
+    def plan(self, pipeline: str, table: str, where: str | None) -> BackfillPlan:
+        """Check ``table`` and ``where`` against the catalog (see SourceBackfill)."""
+        source = self.source
+        if not HAVE_DRIVER:
+            raise SourceError(
+                "source.type: mysql needs mysql-replication; install the extra: pip install "
+                "'wormhole-cdc[mysql]'"
+            )
+        if not source.signal_id:
+            source.signal_id = source._signal_id(pipeline)
+        schema, dot, name = table.partition(".")
+        if not dot or not schema or not name:
+            raise BackfillError(
+                f"--table {table}: name the table with its database, as database.table "
+                f"(shop.orders)"
+            )
+        conn = self._reader(check=True)
 
-def _bytes(value: Any) -> Any:
-    if isinstance(value, str) and value.startswith("\\x"):
-        return bytes.fromhex(value[2:])
-    return value
+        def query(sql: str, args: Any = None) -> list[tuple[Any, ...]]:
+            with conn.cursor() as cur:
+                cur.execute(sql, args)
+                return list(cur.fetchall())
 
+        server = f"{source.settings['host']}:{source.settings['port']}"
+        ordered = query("SHOW GLOBAL VARIABLES LIKE 'binlog_order_commits'")
+        if ordered and str(ordered[0][1]).upper() in ("OFF", "0"):
+            # A chunk read after its low watermark committed must see every transaction
+            # before the watermark in the binlog: the server commits in binlog order only
+            # with binlog_order_commits on.
+            raise BackfillError(
+                f"--table {table}: the server at {server} has binlog_order_commits = OFF, so a "
+                f"transaction before a backfill's watermark in the binlog may still be invisible "
+                f"to the chunk read after it; set binlog_order_commits = ON (the default)"
+            )
+        found = query(
+            "SELECT TABLE_SCHEMA, TABLE_NAME, TABLE_ROWS FROM information_schema.TABLES WHERE "
+            "TABLE_SCHEMA = %s AND TABLE_NAME = %s AND TABLE_TYPE = 'BASE TABLE'",
+            (schema, name),
+        )
+        if not found:
+            raise BackfillError(
+                f"--table {table}: there is no table {name} in database {schema} on the "
+                f"server at {server} (name it as database.table)"
+            )
+        schema, name, table_rows = str(found[0][0]), str(found[0][1]), found[0][2]
+        shown = f"{schema}.{name}"
+        if (schema, name) == source.signal:
+            raise BackfillError(
+                f"--table {table}: that is the source's signal table (signal_table), which "
+                f"holds backfill watermarks and is never emitted"
+            )
+        if not source._wanted(schema, name):
+            why = (
+                f"{schema} is a system schema, which the source never reads"
+                if schema in SYSTEM_SCHEMAS
+                else "its tables and exclude_tables options leave it out"
+            )
+            raise BackfillError(
+                f"--table {table}: the source does not capture {shown} ({why}), so the "
+                f"stream has none of its changes and a backfill could not be kept in order "
+                f"with them; add it to the source's tables (and keep it out of "
+                f"exclude_tables), then backfill it"
+            )
+        columns = query(
+            "SELECT COLUMN_NAME, DATA_TYPE, DATETIME_PRECISION, NUMERIC_PRECISION, "
+            "NUMERIC_SCALE, COLUMN_TYPE FROM information_schema.COLUMNS WHERE TABLE_SCHEMA = "
+            "%s AND TABLE_NAME = %s ORDER BY ORDINAL_POSITION",
+            (schema, name),
+        )
+        # The primary key, in its index's order (the order chunks are read in). The stream
+        # keys the table's rows by the same columns (the table map's primary key).
+        keys = [
+            str(r[0])
+            for r in query(
+                "SELECT COLUMN_NAME FROM information_schema.STATISTICS WHERE TABLE_SCHEMA = %s "
+                "AND TABLE_NAME = %s AND INDEX_NAME = 'PRIMARY' ORDER BY SEQ_IN_INDEX",
+                (schema, name),
+            )
+        ]
+        if not keys:
+            raise BackfillError(
+                f"--table {table}: {shown} has no primary key; a backfill reads a table in "
+                f"key order, chunk by chunk, and matches rows to the stream's changes by key. "
+                f"Add a primary key (ALTER TABLE {qualified(schema, name)} ADD PRIMARY KEY "
+                f"(...))"
+            )
+        estimate: int | None = int(table_rows) if table_rows is not None else None
+        if where is not None:
+            if not where.strip():
+                raise BackfillError(
+                    "--where: the condition is empty; leave --where out for every row"
+                )
+            try:
+                with conn.cursor() as cur:
+                    cur.execute(f"EXPLAIN SELECT 1 FROM {qualified(schema, name)} WHERE ({where})")
+                    names = [d[0].lower() for d in cur.description]
+                    explained = cur.fetchall()
+            except pymysql.err.Error as exc:
+                code, message = server_error(exc)
+                if code in TRANSIENT or not code:
+                    raise
+                raise BackfillError(
+                    f"--where {where!r}: the server cannot use it as a condition on {shown}: "
+                    f"{message.strip().splitlines()[0] if message.strip() else exc!r}"
+                ) from exc
+            estimate = None
+            if explained and "rows" in names:
+                rows = explained[0][names.index("rows")]
+                estimate = int(rows) if rows is not None else 0
+        # Created now, so that a problem with it shows when the backfill is asked for.
+        self._signal_writer()
+        detail = chunks(schema, name, columns, keys, where, chunk_layout(columns, keys))
+        return BackfillPlan(shown, keys, where, estimate, detail)
 
-def key_argument(
-    data_type: str, column_type: str, precision: Any, scale: Any
-) -> tuple[str, Callable[[Any], Any]]:
-    """How a key column's JSON value goes back into SQL: the placeholder expression, and
-    the value to bind to it."""
-    t = data_type.lower()
-    if t == "float":
-        return "CAST(%s AS FLOAT)", _identity
-    if t == "decimal":
-        return f"CAST(%s AS DECIMAL({int(precision or 10)}, {int(scale or 0)}))", _identity
-    if t == "bit":
-        return "%s", _bits
-    if t == "enum":
-        number = {m: i + 1 for i, m in enumerate(members(column_type))}
-        return "%s", lambda v: number.get(v, 0) if isinstance(v, str) else v
-    if t == "set":
-        bit = {m: 1 << i for i, m in enumerate(members(column_type))}
+    def watermark(self, token: str) -> None:
+        """One autocommit transaction that writes ``token`` into this pipeline's row of the
+        signal table; the stream reports it at that transaction's commit."""
+        source = self.source
+        if not source.signal_id:
+            raise BackfillError("backfill_watermark: backfill_plan was never called")
+        try:
+            conn = self._signal_writer()
+            with conn.cursor() as cur:
+                cur.execute(
+                    f"INSERT INTO {self._signal_table()} (id, token, at) VALUES (%s, %s, "
+                    f"NOW(6)) ON DUPLICATE KEY UPDATE token = VALUES(token), at = VALUES(at)",
+                    (source.signal_id, token),
+                )
+        except pymysql.err.Error as exc:
+            close_quietly(self.signal_conn)
+            self.signal_conn = None
+            code, message = server_error(exc)
+            if code == 1146:  # dropped meanwhile: made again on the next try
+                self.signal_ready = False
+            if code in SIGNAL_FATAL:
+                raise BackfillError(
+                    f"source.signal_table {source.options.signal_table}: a backfill watermark "
+                    f"cannot be written ({message}); the server must accept writes to it "
+                    f"(not read_only) from the source's user, with INSERT and UPDATE on it"
+                ) from exc
+            raise
 
-        def mask(value: Any) -> Any:
-            if not isinstance(value, str):
-                return value
-            return sum(bit.get(m, 0) for m in value.split(",") if m)
+    def chunk(self, plan: BackfillPlan, after: list[Any] | None, limit: int) -> list[Update]:
+        """Up to ``limit`` rows after ``after`` in key order, read as the snapshot reads
+        them (the same columns, the same conversions)."""
+        source = self.source
+        detail: Chunks = plan.detail
+        if after is None:
+            sql, args = detail.first, None
+        else:
+            sql, args = detail.following, detail.arguments(after)
+        try:
+            conn = self._reader()
+            with conn.cursor() as cur:
+                cur.execute(f"{sql} LIMIT {int(limit)}", args)
+                fetched = cur.fetchall()
+        except pymysql.err.Error as exc:
+            close_quietly(self.conn)
+            self.conn = None
+            code, message = server_error(exc)
+            if code in CHUNK_FATAL:
+                raise BackfillError(
+                    f"--table {plan.table}: a chunk cannot be read ({message}); was the table "
+                    f"changed? Backfill it again"
+                ) from exc
+            raise
+        layout = detail.layout
+        names, keys, table = layout.columns, plan.keys, plan.table
+        rows = [dict(zip(names, values)) for values in fetched]  # noqa: B905 - one per column
+        if layout.special:
+            convert = layout.convert
+            rows = [convert(row) for row in rows]
+        now_ms = int(time.time() * 1000)
+        read = snapshot_read
+        updates = [
+            read(row, keys, table=table, connector="mysql", position="", logical="", ts_ms=now_ms)
+            for row in rows
+        ]
+        if source.describe and updates:
+            self._describe_chunk(conn, table, updates, now_ms)
+        return updates
 
-        return "%s", mask
-    if t in BINARY_TYPES:
-        return "%s", _bytes
-    return "%s", _identity
-
-
-@dataclass(frozen=True)
-class Chunks:
-    """How the chunks of one backfill are read (``BackfillPlan.detail``)."""
-
-    first: str
-    """The first chunk's SQL, without its LIMIT."""
-    following: str
-    """The next chunks' SQL (the key after ``%s`` arguments), without its LIMIT."""
-    order: list[int]
-    """For each ``%s`` of ``following``, the index of its key value."""
-    convert: list[Callable[[Any], Any]]
-    """For each key, its JSON value -> the value to bind."""
-    layout: Layout
-
-    def arguments(self, after: list[Any]) -> list[Any]:
-        values = [c(v) for c, v in zip(self.convert, after, strict=True)]
-        return [values[i] for i in self.order]
-
-
-def chunks(
-    schema: str,
-    table: str,
-    columns: list[tuple[Any, ...]],
-    keys: list[str],
-    where: str | None,
-    layout: Layout,
-) -> Chunks:
-    """The chunk SQL of a table: ``columns`` are information_schema rows of (name,
-    data_type, datetime_precision, numeric_precision, numeric_scale, column_type)."""
-    by_name = {c[0]: c for c in columns}
-    expressions: list[str] = []
-    convert: list[Callable[[Any], Any]] = []
-    for k in keys:
-        _name, data_type, _dt, precision, scale, column_type = by_name[k]
-        expression, to_sql = key_argument(str(data_type), str(column_type), precision, scale)
-        expressions.append(expression)
-        convert.append(to_sql)
-    quoted = [quote(k) for k in keys]
-    alternatives: list[str] = []
-    order: list[int] = []
-    for i in range(len(keys)):
-        parts = []
-        for j in range(i):
-            parts.append(f"{quoted[j]} = {expressions[j]}")
-            order.append(j)
-        parts.append(f"{quoted[i]} > {expressions[i]}")
-        order.append(i)
-        alternatives.append(" AND ".join(parts))
-    after = " OR ".join(f"({a})" if len(keys) > 1 else a for a in alternatives)
-    head = f"SELECT {select_list(columns)} FROM {qualified(schema, table)}"
-    tail = f" ORDER BY {', '.join(quoted)}"
-    if where is None:
-        first = head + tail
-        following = f"{head} WHERE {after}{tail}"
-    else:
-        first = f"{head} WHERE ({where}){tail}"
-        # The arguments are formatted in with %: a literal % of the condition stays one.
-        following = f"{head} WHERE ({where.replace('%', '%%')}) AND ({after}){tail}"
-    return Chunks(first, following, order, convert, layout)
+    def _describe_chunk(self, conn: Any, table: str, updates: list[Update], now_ms: int) -> None:
+        """A backfill chunk's rows described as Debezium describes an incremental
+        snapshot's (read on the backfill's own connection)."""
+        source = self.source
+        schema, _, name = table.partition(".")
+        with conn.cursor() as cur:
+            cur.execute(DESCRIBE_COLUMNS, (schema, name))
+            columns, db, table_name = source._described_rows(list(cur.fetchall()), schema, name)
+        details = msgspec.Raw(
+            f'{{"connector":"mysql","snapshot":"incremental","db":{db},"sequence":null,'
+            f'"ts_us":{now_ms * 1000},"ts_ns":{now_ms * 1_000_000},"table":{table_name},'
+            f'"server_id":0,"gtid":null,"file":{json_text(source.file)},"pos":{source.pos},'
+            f'"row":0,"thread":null,"query":null}}'.encode()
+        )
+        for update in updates:
+            update.columns = columns
+            update.details = details

@@ -34,14 +34,12 @@ from typing import Any
 
 import msgspec
 
-from wormhole.connectors.mysql.backfill import (
-    Chunks,
+from wormhole.connectors.mysql.backfill import MySQLBackfill
+from wormhole.connectors.mysql.charsets import Charsets, keep_member_bytes
+from wormhole.connectors.mysql.chunks import (
     chunk_layout,
-    chunks,
-    qualified,
     select_list,
 )
-from wormhole.connectors.mysql.charsets import Charsets, keep_member_bytes
 from wormhole.connectors.mysql.options import MySQLOptions
 from wormhole.connectors.mysql.rowimage import (
     OLD_TEMPORALS,
@@ -52,10 +50,19 @@ from wormhole.connectors.mysql.rowimage import (
     signature,
     undecoded,
 )
+from wormhole.connectors.mysql.server import (
+    DESCRIBE_COLUMNS,
+    SYSTEM_SCHEMAS,
+    TEXT_FIELDS,
+    TRANSIENT,
+    json_text,
+    quote_name,
+    server_error,
+)
 from wormhole.connectors.mysql.values import Layout
 from wormhole.core import metrics
-from wormhole.core.errors import BackfillError, SourceError
-from wormhole.core.update import NULL, ColumnType, Update, encode_columns, snapshot_read
+from wormhole.core.errors import SourceError
+from wormhole.core.update import NULL, ColumnType, Update, encode_columns
 from wormhole.plugins.components import BackfillPlan, SourceBatch, SourceContext, Watermark
 from wormhole.plugins.database_source import DatabaseSource, SnapshotTable, close_quietly
 
@@ -93,29 +100,15 @@ try:  # optional dependency: the `mysql` extra
 except ImportError:  # pragma: no cover - reported at open()
     HAVE_DRIVER = False
 
-SYSTEM_SCHEMAS = frozenset({"mysql", "information_schema", "performance_schema", "sys"})
 _TRUNCATE = re.compile(r"^\s*TRUNCATE\s+(?:TABLE\s+)?(`?[\w$]+`?(?:\s*\.\s*`?[\w$]+`?)?)", re.I)
-# Errors that mean "the server went away": reconnect with backoff.
-_TRANSIENT = frozenset({2003, 2006, 2013, 2055, 1053, 1927})
 _FATAL_HINTS = {
     1045: "the user name or password is wrong",
     1227: "the user lacks a privilege: it needs REPLICATION SLAVE and BINLOG MONITOR "
     "(MariaDB; REPLICATION CLIENT on MySQL) and SELECT on the tables",
     1236: "the server cannot send the binlog from the saved position",
 }
-# Column types whose values a backfill's chunks keep as the server's text.
-_TEXT_FIELDS = (0, 246, 7, 10, 11, 12, 13, 14)  # DECIMAL, NEWDECIMAL, TIMESTAMP, DATE, TIME,
-# DATETIME, YEAR, NEWDATE
 _TEXT_TYPES = frozenset({"char", "varchar", "tinytext", "text", "mediumtext", "longtext"})
 _UTF8 = frozenset({None, "utf8mb3", "utf8mb4", "utf8", "binary"})
-# Errors of a backfill's chunk that reading it again cannot fix: the request fails.
-_CHUNK_FATAL = frozenset({1054, 1064, 1142, 1143, 1146, 1305, 1792})
-# Errors writing the signal table that trying again cannot fix (privileges).
-_SIGNAL_FATAL = frozenset({1044, 1142, 1143, 1290, 1792})
-
-
-def _quote(name: str) -> str:
-    return "`" + name.replace("`", "``") + "`"
 
 
 def _reader_id(options: MySQLOptions, pipeline: str) -> int:
@@ -137,13 +130,6 @@ def _parse_gtid_state(text: str) -> dict[int, str]:
     for part in filter(None, (p.strip() for p in (text or "").split(","))):
         state[int(part.split("-")[0])] = part
     return state
-
-
-def _server_error(exc: BaseException) -> tuple[int, str]:
-    args: tuple[Any, ...] = tuple(getattr(exc, "args", ()))
-    if len(args) >= 2 and isinstance(args[0], int):
-        return args[0], str(args[1])
-    return 0, str(exc)
 
 
 _INT_WIDTH = re.compile(r"^(tinyint|smallint|mediumint|int|bigint)\(\d+\)")
@@ -175,16 +161,6 @@ def _default_text(default: Any) -> str | None:
         return text
     return None
 
-
-def _json_text(text: str) -> str:
-    return msgspec.json.encode(text).decode()
-
-
-_DESCRIBE_COLUMNS = (
-    "SELECT COLUMN_NAME, COLUMN_TYPE, DATA_TYPE, DATETIME_PRECISION, IS_NULLABLE, "
-    "COLUMN_DEFAULT FROM information_schema.COLUMNS WHERE TABLE_SCHEMA = %s AND "
-    "TABLE_NAME = %s ORDER BY ORDINAL_POSITION"
-)
 
 _DETAILS_END = b',"thread":null,"query":null}'
 
@@ -256,15 +232,12 @@ class MySQLSource(DatabaseSource):
         self.lag_conn: Any = None
         self.lag_lock = threading.Lock()
         # Backfills: the signal table where watermarks are written, this pipeline's row in
-        # it, the watermark met in the transaction being read, and two connections: one
-        # that writes watermarks, one read-only for catalogs and chunks.
+        # it, the watermark met in the transaction being read, and the backfill's queries.
         schema, _, table = options.signal_table.partition(".")
         self.signal = (schema, table)
         self.signal_id = ""
-        self.signal_ready = False
         self.pending_watermark: str | None = None
-        self.signal_conn: Any = None
-        self.backfill_conn: Any = None
+        self.backfills = MySQLBackfill(self)
 
     # ------------------------------------------------------------------ open
     def _connect_and_check(self, context: SourceContext) -> None:
@@ -303,7 +276,7 @@ class MySQLSource(DatabaseSource):
         try:
             return pymysql.connect(**self.settings, charset="utf8mb4", autocommit=True, **extra)
         except pymysql.err.OperationalError as exc:
-            code, message = _server_error(exc)
+            code, message = server_error(exc)
             hint = _FATAL_HINTS.get(code, "check the DSN and that the server is up")
             raise SourceError(
                 f"source.dsn: cannot connect to {self.settings['host']}:{self.settings['port']} "
@@ -357,7 +330,7 @@ class MySQLSource(DatabaseSource):
         try:
             self._binlog_end()
         except pymysql.err.Error as exc:
-            code, message = _server_error(exc)
+            code, message = server_error(exc)
             raise SourceError(
                 f"source.dsn: cannot read the binlog position ({message}); "
                 f"{_FATAL_HINTS.get(code, '')}"
@@ -405,7 +378,7 @@ class MySQLSource(DatabaseSource):
         # take them (see chunk_layout): parsing them into Python values only to render
         # them back as that text was most of the driver's work.
         conv = dict(pymysql.converters.conversions)
-        for field_type in _TEXT_FIELDS:
+        for field_type in TEXT_FIELDS:
             conv.pop(field_type, None)
         conn = self._connect(cursorclass=pymysql.cursors.SSCursor, conv=conv)
         with conn.cursor() as cur:
@@ -522,7 +495,7 @@ class MySQLSource(DatabaseSource):
     def _open_snapshot_table(self, table: tuple[str, str, Layout, str]) -> SnapshotTable:
         schema, name, layout, select = table
         cursor = self.snapshot_conn.cursor()
-        cursor.execute(f"SELECT {select} FROM {_quote(schema)}.{_quote(name)}")
+        cursor.execute(f"SELECT {select} FROM {quote_name(schema)}.{quote_name(name)}")
         names, convert = layout.columns, layout.convert
 
         def as_dicts(fetched: list[Any]) -> list[dict[str, Any]]:
@@ -546,7 +519,7 @@ class MySQLSource(DatabaseSource):
             return NULL
         return msgspec.Raw(
             f'{{"connector":"mysql","snapshot":"{flag}",{table.details}"server_id":0,'
-            f'"gtid":null,"file":{_json_text(self.file)},"pos":{self.pos},"row":0,'
+            f'"gtid":null,"file":{json_text(self.file)},"pos":{self.pos},"row":0,'
             f'"thread":null,"query":null}}'.encode()
         )
 
@@ -590,279 +563,17 @@ class MySQLSource(DatabaseSource):
             Watermark(token, self.txn_position, self.txn_logical),
         )
 
-    def _backfill_reader(self, check: bool = False) -> Any:
-        """The read-only connection of catalogs and chunks, in UTC as the snapshot's is.
-        ``check``: ping it first, and replace it if it is broken (a chunk that fails drops
-        it instead, and is read again a moment later)."""
-        conn = self.backfill_conn
-        if conn is not None and not check:
-            return conn
-        if conn is not None:
-            try:
-                conn.ping(reconnect=False)
-                return conn
-            except Exception:
-                close_quietly(conn)
-                self.backfill_conn = None
-        # DECIMAL, temporal and YEAR values stay the server's text (see chunk_layout).
-        conv = dict(pymysql.converters.conversions)
-        for field_type in _TEXT_FIELDS:
-            conv.pop(field_type, None)
-        conn = self._connect(conv=conv)
-        try:
-            with conn.cursor() as cur:
-                cur.execute("SET SESSION time_zone = '+00:00'")
-                # Every statement of the session is a read-only transaction of its own: a
-                # --where condition cannot write, whatever it calls, and each chunk reads
-                # the table as of now.
-                cur.execute("SET SESSION TRANSACTION READ ONLY")
-        except BaseException:
-            close_quietly(conn)
-            raise
-        self.backfill_conn = conn
-        return conn
-
-    def _signal_table(self) -> str:
-        return qualified(*self.signal)
-
-    def _signal_writer(self) -> Any:
-        """The connection that writes watermarks; the signal table exists once it is made."""
-        conn = self.signal_conn
-        if conn is None:
-            conn = self._connect()
-            self.signal_conn = conn
-        if not self.signal_ready:
-            self._ensure_signal_table(conn)
-        return conn
-
-    def _ensure_signal_table(self, conn: Any) -> None:
-        schema, table = self.signal
-        try:
-            with conn.cursor() as cur:
-                cur.execute(
-                    "SELECT 1 FROM information_schema.TABLES WHERE TABLE_SCHEMA = %s AND "
-                    "TABLE_NAME = %s",
-                    (schema, table),
-                )
-                if not cur.fetchall():
-                    cur.execute(f"CREATE DATABASE IF NOT EXISTS {_quote(schema)}")
-                    cur.execute(
-                        f"CREATE TABLE IF NOT EXISTS {self._signal_table()} ("
-                        "id VARCHAR(191) NOT NULL PRIMARY KEY, token VARCHAR(191) NOT NULL, "
-                        "at TIMESTAMP(6) NOT NULL DEFAULT CURRENT_TIMESTAMP(6)"
-                        ") ENGINE=InnoDB DEFAULT CHARSET=utf8mb4"
-                    )
-        except pymysql.err.Error as exc:
-            code, message = _server_error(exc)
-            if code in _TRANSIENT or not code:
-                raise
-            raise BackfillError(
-                f"source.signal_table {self.options.signal_table}: the table where backfills "
-                f"write their watermarks cannot be created ({message}); create it (CREATE "
-                f"TABLE {self._signal_table()} (id VARCHAR(191) PRIMARY KEY, token "
-                f"VARCHAR(191) NOT NULL, at TIMESTAMP(6) NOT NULL DEFAULT "
-                f"CURRENT_TIMESTAMP(6))) and grant the source's user INSERT and UPDATE on it, "
-                f"or set signal_table to one it may create"
-            ) from exc
-        self.signal_ready = True
-
+    # SourceBackfill, answered by the source's MySQLBackfill (backfill.py).
     def backfill_plan(self, pipeline: str, table: str, where: str | None) -> BackfillPlan:
-        """Check ``table`` and ``where`` against the catalog (see SourceBackfill)."""
-        if not HAVE_DRIVER:
-            raise SourceError(
-                "source.type: mysql needs mysql-replication; install the extra: pip install "
-                "'wormhole-cdc[mysql]'"
-            )
-        if not self.signal_id:
-            self.signal_id = self._signal_id(pipeline)
-        schema, dot, name = table.partition(".")
-        if not dot or not schema or not name:
-            raise BackfillError(
-                f"--table {table}: name the table with its database, as database.table "
-                f"(shop.orders)"
-            )
-        conn = self._backfill_reader(check=True)
-
-        def query(sql: str, args: Any = None) -> list[tuple[Any, ...]]:
-            with conn.cursor() as cur:
-                cur.execute(sql, args)
-                return list(cur.fetchall())
-
-        server = f"{self.settings['host']}:{self.settings['port']}"
-        ordered = query("SHOW GLOBAL VARIABLES LIKE 'binlog_order_commits'")
-        if ordered and str(ordered[0][1]).upper() in ("OFF", "0"):
-            # A chunk read after its low watermark committed must see every transaction
-            # before the watermark in the binlog: the server commits in binlog order only
-            # with binlog_order_commits on.
-            raise BackfillError(
-                f"--table {table}: the server at {server} has binlog_order_commits = OFF, so a "
-                f"transaction before a backfill's watermark in the binlog may still be invisible "
-                f"to the chunk read after it; set binlog_order_commits = ON (the default)"
-            )
-        found = query(
-            "SELECT TABLE_SCHEMA, TABLE_NAME, TABLE_ROWS FROM information_schema.TABLES WHERE "
-            "TABLE_SCHEMA = %s AND TABLE_NAME = %s AND TABLE_TYPE = 'BASE TABLE'",
-            (schema, name),
-        )
-        if not found:
-            raise BackfillError(
-                f"--table {table}: there is no table {name} in database {schema} on the "
-                f"server at {server} (name it as database.table)"
-            )
-        schema, name, table_rows = str(found[0][0]), str(found[0][1]), found[0][2]
-        shown = f"{schema}.{name}"
-        if (schema, name) == self.signal:
-            raise BackfillError(
-                f"--table {table}: that is the source's signal table (signal_table), which "
-                f"holds backfill watermarks and is never emitted"
-            )
-        if not self._wanted(schema, name):
-            why = (
-                f"{schema} is a system schema, which the source never reads"
-                if schema in SYSTEM_SCHEMAS
-                else "its tables and exclude_tables options leave it out"
-            )
-            raise BackfillError(
-                f"--table {table}: the source does not capture {shown} ({why}), so the "
-                f"stream has none of its changes and a backfill could not be kept in order "
-                f"with them; add it to the source's tables (and keep it out of "
-                f"exclude_tables), then backfill it"
-            )
-        columns = query(
-            "SELECT COLUMN_NAME, DATA_TYPE, DATETIME_PRECISION, NUMERIC_PRECISION, "
-            "NUMERIC_SCALE, COLUMN_TYPE FROM information_schema.COLUMNS WHERE TABLE_SCHEMA = "
-            "%s AND TABLE_NAME = %s ORDER BY ORDINAL_POSITION",
-            (schema, name),
-        )
-        # The primary key, in its index's order (the order chunks are read in). The stream
-        # keys the table's rows by the same columns (the table map's primary key).
-        keys = [
-            str(r[0])
-            for r in query(
-                "SELECT COLUMN_NAME FROM information_schema.STATISTICS WHERE TABLE_SCHEMA = %s "
-                "AND TABLE_NAME = %s AND INDEX_NAME = 'PRIMARY' ORDER BY SEQ_IN_INDEX",
-                (schema, name),
-            )
-        ]
-        if not keys:
-            raise BackfillError(
-                f"--table {table}: {shown} has no primary key; a backfill reads a table in "
-                f"key order, chunk by chunk, and matches rows to the stream's changes by key. "
-                f"Add a primary key (ALTER TABLE {qualified(schema, name)} ADD PRIMARY KEY "
-                f"(...))"
-            )
-        estimate: int | None = int(table_rows) if table_rows is not None else None
-        if where is not None:
-            if not where.strip():
-                raise BackfillError(
-                    "--where: the condition is empty; leave --where out for every row"
-                )
-            try:
-                with conn.cursor() as cur:
-                    cur.execute(f"EXPLAIN SELECT 1 FROM {qualified(schema, name)} WHERE ({where})")
-                    names = [d[0].lower() for d in cur.description]
-                    explained = cur.fetchall()
-            except pymysql.err.Error as exc:
-                code, message = _server_error(exc)
-                if code in _TRANSIENT or not code:
-                    raise
-                raise BackfillError(
-                    f"--where {where!r}: the server cannot use it as a condition on {shown}: "
-                    f"{message.strip().splitlines()[0] if message.strip() else exc!r}"
-                ) from exc
-            estimate = None
-            if explained and "rows" in names:
-                rows = explained[0][names.index("rows")]
-                estimate = int(rows) if rows is not None else 0
-        # Created now, so that a problem with it shows when the backfill is asked for.
-        self._signal_writer()
-        detail = chunks(schema, name, columns, keys, where, chunk_layout(columns, keys))
-        return BackfillPlan(shown, keys, where, estimate, detail)
+        return self.backfills.plan(pipeline, table, where)
 
     def backfill_watermark(self, token: str) -> None:
-        """One autocommit transaction that writes ``token`` into this pipeline's row of the
-        signal table; the stream reports it at that transaction's commit."""
-        if not self.signal_id:
-            raise BackfillError("backfill_watermark: backfill_plan was never called")
-        try:
-            conn = self._signal_writer()
-            with conn.cursor() as cur:
-                cur.execute(
-                    f"INSERT INTO {self._signal_table()} (id, token, at) VALUES (%s, %s, "
-                    f"NOW(6)) ON DUPLICATE KEY UPDATE token = VALUES(token), at = VALUES(at)",
-                    (self.signal_id, token),
-                )
-        except pymysql.err.Error as exc:
-            close_quietly(self.signal_conn)
-            self.signal_conn = None
-            code, message = _server_error(exc)
-            if code == 1146:  # dropped meanwhile: made again on the next try
-                self.signal_ready = False
-            if code in _SIGNAL_FATAL:
-                raise BackfillError(
-                    f"source.signal_table {self.options.signal_table}: a backfill watermark "
-                    f"cannot be written ({message}); the server must accept writes to it "
-                    f"(not read_only) from the source's user, with INSERT and UPDATE on it"
-                ) from exc
-            raise
+        self.backfills.watermark(token)
 
     def backfill_chunk(
         self, plan: BackfillPlan, after: list[Any] | None, limit: int
     ) -> list[Update]:
-        """Up to ``limit`` rows after ``after`` in key order, read as the snapshot reads
-        them (the same columns, the same conversions)."""
-        detail: Chunks = plan.detail
-        if after is None:
-            sql, args = detail.first, None
-        else:
-            sql, args = detail.following, detail.arguments(after)
-        try:
-            conn = self._backfill_reader()
-            with conn.cursor() as cur:
-                cur.execute(f"{sql} LIMIT {int(limit)}", args)
-                fetched = cur.fetchall()
-        except pymysql.err.Error as exc:
-            close_quietly(self.backfill_conn)
-            self.backfill_conn = None
-            code, message = _server_error(exc)
-            if code in _CHUNK_FATAL:
-                raise BackfillError(
-                    f"--table {plan.table}: a chunk cannot be read ({message}); was the table "
-                    f"changed? Backfill it again"
-                ) from exc
-            raise
-        layout = detail.layout
-        names, keys, table = layout.columns, plan.keys, plan.table
-        rows = [dict(zip(names, values)) for values in fetched]  # noqa: B905 - one per column
-        if layout.special:
-            convert = layout.convert
-            rows = [convert(row) for row in rows]
-        now_ms = int(time.time() * 1000)
-        read = snapshot_read
-        updates = [
-            read(row, keys, table=table, connector="mysql", position="", logical="", ts_ms=now_ms)
-            for row in rows
-        ]
-        if self.describe and updates:
-            self._describe_chunk(conn, table, updates, now_ms)
-        return updates
-
-    def _describe_chunk(self, conn: Any, table: str, updates: list[Update], now_ms: int) -> None:
-        """A backfill chunk's rows described as Debezium describes an incremental
-        snapshot's (read on the backfill's own connection)."""
-        schema, _, name = table.partition(".")
-        with conn.cursor() as cur:
-            cur.execute(_DESCRIBE_COLUMNS, (schema, name))
-            columns, db, table_name = self._described_rows(list(cur.fetchall()), schema, name)
-        details = msgspec.Raw(
-            f'{{"connector":"mysql","snapshot":"incremental","db":{db},"sequence":null,'
-            f'"ts_us":{now_ms * 1000},"ts_ns":{now_ms * 1_000_000},"table":{table_name},'
-            f'"server_id":0,"gtid":null,"file":{_json_text(self.file)},"pos":{self.pos},'
-            f'"row":0,"thread":null,"query":null}}'.encode()
-        )
-        for update in updates:
-            update.columns = columns
-            update.details = details
+        return self.backfills.chunk(plan, after, limit)
 
     # ------------------------------------------------------------ stream
     def _restore(self, checkpoint: dict[str, Any]) -> None:
@@ -955,7 +666,7 @@ class MySQLSource(DatabaseSource):
 
     # ------------------------------------------------------------- reconnect
     def _lost(self, exc: Exception) -> str:
-        code, message = _server_error(exc)
+        code, message = server_error(exc)
         if code == 1236:
             raise SourceError(
                 f"source: the server cannot continue the binlog from "
@@ -966,7 +677,7 @@ class MySQLSource(DatabaseSource):
         if code in _FATAL_HINTS:
             raise SourceError(f"source: {message}; {_FATAL_HINTS[code]}") from exc
         if not isinstance(exc, (pymysql.err.Error, OSError, EOFError)) or (
-            code and code not in _TRANSIENT
+            code and code not in TRANSIENT
         ):
             raise SourceError(f"source: reading the binlog failed: {exc!r}") from exc
         # The server went away: reconnect with backoff, then resume after what was emitted.
@@ -1135,12 +846,12 @@ class MySQLSource(DatabaseSource):
         self.change_columns = columns
         packet = event.packet
         seconds = int(event.timestamp)
-        gtid = "null" if self.mariadb or not self.txn_gtid else _json_text(self.txn_gtid)
+        gtid = "null" if self.mariadb or not self.txn_gtid else json_text(self.txn_gtid)
         return (
             f'{{"connector":"mysql","snapshot":"false","db":{db},"sequence":null,'
             f'"ts_us":{seconds * 1_000_000},"ts_ns":{seconds * 1_000_000_000},"table":{table},'
             f'"server_id":{packet.server_id},"gtid":{gtid},'
-            f'"file":{_json_text(self.stream.log_file)},'
+            f'"file":{json_text(self.stream.log_file)},'
             f'"pos":{packet.log_pos - packet.event_size},"row":'
         ).encode()
 
@@ -1287,7 +998,7 @@ class MySQLSource(DatabaseSource):
     def _describe_table(self, schema: str, table: str) -> tuple[msgspec.Raw, str, str]:
         """A table's ``Update.columns`` (from the catalog: types, nullability, constant
         defaults) and the JSON of its database and table name for ``Update.details``."""
-        return self._described_rows(self._query(_DESCRIBE_COLUMNS, (schema, table)), schema, table)
+        return self._described_rows(self._query(DESCRIBE_COLUMNS, (schema, table)), schema, table)
 
     @staticmethod
     def _described_rows(
@@ -1302,7 +1013,7 @@ class MySQLSource(DatabaseSource):
             )
             for name, column_type, data_type, fsp, nullable, default in rows
         ]
-        return encode_columns(columns), _json_text(schema), _json_text(table)
+        return encode_columns(columns), json_text(schema), json_text(table)
 
     def _rows(self, event: Any, decoder: RowDecoder, table: str, update: bool) -> list[Any]:
         """The rows of a rows event, decoded from its bytes: dicts, or (before, after)."""
@@ -1356,8 +1067,8 @@ class MySQLSource(DatabaseSource):
                 f"10.1 with fractional seconds ({', '.join(fractional)}), whose values carry no "
                 f"length in the binlog: neither the source nor mariadb-binlog can read its rows. "
                 f"Rebuild the table in the current format (mysql56_temporal_format=ON, the "
-                f"default, then ALTER TABLE {_quote(schema)}.{_quote(table)} FORCE), or leave it "
-                f"out (exclude_tables)"
+                f"default, then ALTER TABLE {quote_name(schema)}.{quote_name(table)} FORCE), or "
+                f"leave it out (exclude_tables)"
             )
 
     def _present(self, bitmap: bytes, count: int) -> list[int]:
@@ -1461,10 +1172,8 @@ class MySQLSource(DatabaseSource):
     def close(self) -> None:
         self._close_stream()
         snapshot_cursor = self.snapshot.cursor if self.snapshot is not None else None
-        close_quietly(
-            snapshot_cursor, self.snapshot_conn, self.conn, self.signal_conn, self.backfill_conn
-        )
-        self.signal_conn = self.backfill_conn = None
+        close_quietly(snapshot_cursor, self.snapshot_conn, self.conn)
+        self.backfills.close()
         with self.lag_lock:
             close_quietly(self.lag_conn)
             self.lag_conn = None
