@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import collections
 import contextlib
-import itertools
 import json
 import logging
 import select
@@ -35,15 +34,11 @@ from wormhole.connectors.postgres.catalog import Catalog, signature
 from wormhole.connectors.postgres.decode_errors import DecodeErrors
 from wormhole.connectors.postgres.options import PostgresOptions
 from wormhole.connectors.postgres.schema_history import SchemaHistory
+from wormhole.connectors.postgres.snapshot import PostgresSnapshot
 from wormhole.connectors.postgres.sql import (
-    ROW_ESTIMATE,
     identifier,
-    json_row_select,
-    key_value,
-    native_key,
     qualified,
     quote,
-    unused_name,
 )
 from wormhole.core.errors import SourceError, first_line
 from wormhole.core.update import NULL, Update
@@ -55,7 +50,6 @@ from wormhole.plugins.components import (
 )
 from wormhole.plugins.database_source import (
     DatabaseSource,
-    PartsCursor,
     SnapshotTable,
     close_quietly,
 )
@@ -74,10 +68,6 @@ except ImportError:  # pragma: no cover - reported at open()
 
 _encode = msgspec.json.Encoder().encode
 _Raw = msgspec.Raw
-
-PAGES_PER_PART = 128
-"""A table is read in parts (one per snapshot reader) only when each part holds at least
-this many pages (1 MiB of 8 kB pages): a small table is read whole, by one reader."""
 
 
 class PostgresSource(DatabaseSource):
@@ -137,12 +127,8 @@ class PostgresSource(DatabaseSource):
         """The end LSN of the last transaction read (JSON-in-JSON), for ``sequence``."""
         self.txn_details_mid = ""
         self.txn_details_tail = ""
-        self.snapshot_details_head = ""
-        self.snapshot_details_mid = ""
-        self.snapshot_details_tail = ""
-        self.snapshot_conns: list[Any] = []
-        """The initial snapshot's readers: connections in the slot's exported snapshot."""
-        self.snapshot_cursors = itertools.count()
+        self.snapshots = PostgresSnapshot(self)
+        """The initial snapshot's readers, parts and details."""
 
     # ------------------------------------------------------------------ open
     def _connect_and_check(self, context: SourceContext) -> None:
@@ -348,20 +334,17 @@ class PostgresSource(DatabaseSource):
                 (snapshot_txid,) = cur.fetchone()
         snapshot_us = int(time.time() * 1_000_000)
         lsn = self.snapshot_lsn
-        self.snapshot_details_head = '{"connector":"postgresql",'
-        self.snapshot_details_mid = (
+        snapshots = self.snapshots
+        snapshots.details_head = '{"connector":"postgresql",'
+        snapshots.details_mid = (
             f'"db":{self.database_json},"sequence":"[null,\\"{lsn}\\"]",'
             f'"ts_us":{snapshot_us},"ts_ns":{snapshot_us}000,'
         )
-        self.snapshot_details_tail = (
+        snapshots.details_tail = (
             f'"txId":{snapshot_txid},"lsn":{lsn},"xmin":null,"origin":null,"origin_lsn":null}}'
         )
         if self.options.snapshot == "initial":
-            # Every reader imports the snapshot now: it can be imported only until the
-            # replication connection runs its next command.
-            self.snapshot_conns = [
-                self._snapshot_reader(snapshot_name) for _ in range(self.options.snapshot_readers)
-            ]
+            snapshots.open_readers(snapshot_name, self.options.snapshot_readers)
         self.catalog.record_published_tables()
         if self.options.snapshot == "initial":
             self.phase = "snapshot"
@@ -374,41 +357,10 @@ class PostgresSource(DatabaseSource):
             # restart knows the slot is ours even if no change arrived yet.
             self.announce = True
 
-    def _snapshot_reader(self, snapshot_name: str) -> Any:
-        """A connection in the exported snapshot ``snapshot_name``, read-only, with text as
-        bytes (each row's JSON goes into its update as it came)."""
-        conn = self._connect()
-        try:
-            conn.autocommit = False
-            conn.set_session(isolation_level="REPEATABLE READ", readonly=True)
-            psycopg2.extensions.register_type(psycopg2.extensions.BYTES, conn)
-            with conn.cursor() as cur:
-                cur.execute("SET TRANSACTION SNAPSHOT %s", (snapshot_name,))
-        except BaseException:
-            close_quietly(conn)
-            raise
-        return conn
-
     def snapshot_pending(self) -> list[str]:
         """Tables whose every row this open's initial snapshot is about to read (a new
         application starting at the log end gets them all: its start backfill is not needed)."""
         return list(self.snapshot_tables) if self.phase == "snapshot" else []
-
-    def _snapshot_estimate(self) -> int | None:
-        """The snapshot's tables' row counts, estimated (see ROW_ESTIMATE); None if unknown."""
-        total = 0
-        for table in self.snapshot_tables:
-            schema, _, name = table.partition(".")
-            rows = self._query(
-                f"SELECT {ROW_ESTIMATE} FROM pg_class c JOIN pg_namespace n ON n.oid = "
-                "c.relnamespace LEFT JOIN pg_stat_user_tables s ON s.relid = c.oid "
-                "WHERE n.nspname = %s AND c.relname = %s",
-                (schema, name),
-            )
-            if not rows or rows[0][0] is None or rows[0][0] < 0:
-                return None
-            total += int(rows[0][0])
-        return total
 
     def _published_tables(self) -> list[str]:
         rows = self._query(
@@ -841,132 +793,20 @@ class PostgresSource(DatabaseSource):
         return self._update("t", relation.table, {}, None, None)
 
     # -------------------------------------------------------------- snapshot
+    # DatabaseSource's hooks, answered by the source's PostgresSnapshot (snapshot.py).
+    def _snapshot_estimate(self) -> int | None:
+        return self.snapshots.estimate()
+
     def _open_snapshot_table(self, table: str) -> SnapshotTable:
-        schema, _, name = table.partition(".")
-        rows = self._query(
-            "SELECT a.attname, a.atttypid, a.atttypmod FROM pg_attribute a JOIN pg_class c ON "
-            "c.oid = a.attrelid JOIN pg_namespace n ON n.oid = c.relnamespace WHERE n.nspname = %s "
-            "AND c.relname = %s AND a.attnum > 0 AND NOT a.attisdropped ORDER BY a.attnum",
-            (schema, name),
-        )
-        (oid,) = self._query(
-            "SELECT c.oid FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace "
-            "WHERE n.nspname = %s AND c.relname = %s",
-            (schema, name),
-        )[0]
-        table_now = self.catalog.tables([oid])[oid]
-        relation = pg.Relation(
-            oid,
-            schema,
-            name,
-            table_now.identity,
-            [pg.Column(n, t, False, 0, mod) for n, t, mod in rows],
-        )
-        self.catalog.resolve_types(relation)
-        # The rule of _stream_key, from the catalog in the snapshot (the slot's start).
-        key = table_now.identity_index if table_now.identity == "i" else table_now.primary_key
-        relation.key_columns = keys = key or [c.name for c in relation.columns]
-        self.catalog.describe_columns(relation)
-        # Read as backfill chunks are: PostgreSQL writes each row's JSON.
-        columns = [
-            (c.name, c.kind, self.catalog.base_types.get(c.type_oid, c.type_oid))
-            for c in relation.columns
-        ]
-        alias = unused_name("wormhole_row", {c.name for c in relation.columns})
-        select = f"SELECT {json_row_select(columns, keys, alias)} FROM {qualified(table)} t"
-        parts = self._snapshot_parts(oid)
-        batch = self.options.batch_updates
-        cursors = self.snapshot_cursors
-
-        def open_part(conn: Any, where: str) -> Any:
-            cursor = conn.cursor(name=f"wormhole_snapshot_{oid}_{next(cursors)}")
-            cursor.itersize = batch
-            cursor.execute(select + where)
-            return cursor
-
-        cursor = PartsCursor(self.snapshot_conns, parts, open_part, batch)
-        kinds = {n: (kind, base) for n, kind, base in columns}
-        n_keys = len(keys)
-        at = f"the snapshot at {pg.lsn_text(self.snapshot_lsn)}"
-        utf8_row = self.decode_errors.chunk_row
-        raw_text = self.raw_text
-
-        if n_keys == 1 and native_key(*kinds[keys[0]]) and not raw_text:
-            (name,) = keys
-
-            def keyed(fetched: list[Any]) -> list[Any]:
-                return [({name: k}, document) for k, document in fetched]
-
-        else:
-            key_kinds = [(k, *kinds[k]) for k in keys]
-
-            def keyed(fetched: list[Any]) -> list[Any]:
-                if raw_text:
-                    fetched = [utf8_row(table, row, n_keys, at) for row in fetched]
-                return [
-                    (
-                        {
-                            k: key_value(kind, base, v)
-                            for (k, kind, base), v in zip(key_kinds, row, strict=False)
-                        },
-                        row[n_keys],
-                    )
-                    for row in fetched
-                ]
-
-        return SnapshotTable(
-            table,
-            keys,
-            cursor,
-            keyed,
-            self.catalog.relation_columns.pop(oid, NULL),
-            self.catalog.relation_details.pop(oid, ""),
-            encoded=True,
-        )
+        return self.snapshots.open_table(table)
 
     def _snapshot_details(self, table: SnapshotTable, flag: str) -> msgspec.Raw:
-        if not self.describe:
-            return NULL
-        return _Raw(
-            f'{self.snapshot_details_head}"snapshot":"{flag}",{self.snapshot_details_mid}'
-            f"{table.details}{self.snapshot_details_tail}".encode()
-        )
-
-    def _snapshot_parts(self, oid: int) -> list[str]:
-        """The conditions that split a table into one range of pages (CTID) per snapshot
-        reader: a TID range scan each (PostgreSQL 14 or later). The last range is open, so
-        the parts hold every row however large the table has grown since it was measured."""
-        readers = len(self.snapshot_conns)
-        if readers < 2 or self.server_version < 140000:
-            return [""]
-        (pages,) = self._query(
-            "SELECT pg_relation_size(%s::oid) / current_setting('block_size')::int8", (oid,)
-        )[0]
-        parts = min(readers, int(pages) // PAGES_PER_PART)
-        if parts < 2:
-            return [""]
-        bounds = [int(pages) * i // parts for i in range(1, parts)]
-        conditions = [f" WHERE t.ctid < '({bounds[0]},0)'::tid"]
-        conditions += [
-            f" WHERE t.ctid >= '({low},0)'::tid AND t.ctid < '({high},0)'::tid"
-            for low, high in itertools.pairwise(bounds)
-        ]
-        conditions.append(f" WHERE t.ctid >= '({bounds[-1]},0)'::tid")
-        return conditions
+        return self.snapshots.details(table, flag)
 
     def _end_snapshot(self) -> None:
         self.conn.commit()
         self.conn.autocommit = True
-        self._close_snapshot_readers()
-
-    def _close_snapshot_readers(self) -> None:
-        if self.snapshot is not None:
-            self.snapshot.cursor.close()
-        for conn in self.snapshot_conns:
-            with contextlib.suppress(Exception):
-                conn.rollback()  # read only: nothing to commit
-        close_quietly(*self.snapshot_conns)
-        self.snapshot_conns = []
+        self.snapshots.close_readers()
 
     def _start_stream(self) -> None:
         self._start_replication()
@@ -1109,7 +949,7 @@ class PostgresSource(DatabaseSource):
             # Status updates go out every status_interval; the last one must not wait.
             with contextlib.suppress(Exception):
                 self.cursor.send_feedback(flush_lsn=self.confirmed, force=True)
-        self._close_snapshot_readers()
+        self.snapshots.close_readers()
         with self.lag_lock:
             close_quietly(self.repl, self.conn, self.heartbeat_conn, self.lag_conn)
             self.lag_conn = None

@@ -1,0 +1,219 @@
+"""The initial snapshot of the ``postgres`` source: connections that import the slot's
+exported snapshot, each table read in parts (CTID ranges, one per reader) with PostgreSQL
+writing each row's JSON by the stream's value rules, and the snapshot rows' ``details``."""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+from typing import TYPE_CHECKING, Any
+
+import msgspec
+
+from wormhole.connectors.postgres import pgoutput as pg
+from wormhole.connectors.postgres.sql import (
+    ROW_ESTIMATE,
+    json_row_select,
+    key_value,
+    native_key,
+    qualified,
+    unused_name,
+)
+from wormhole.core.update import NULL
+from wormhole.plugins.database_source import PartsCursor, SnapshotTable, close_quietly
+
+if TYPE_CHECKING:
+    from wormhole.connectors.postgres.source import PostgresSource
+
+try:  # optional dependency: the `postgres` extra
+    import psycopg2
+    import psycopg2.extensions
+except ImportError:  # pragma: no cover - reported at open()
+    pass
+
+_Raw = msgspec.Raw
+
+PAGES_PER_PART = 128
+"""A table is read in parts (one per snapshot reader) only when each part holds at least
+this many pages (1 MiB of 8 kB pages): a small table is read whole, by one reader."""
+
+
+class PostgresSnapshot:
+    """The initial snapshot of one :class:`PostgresSource`: its reader connections, the
+    tables' parts, and the ``details`` its rows carry (the snapshot's transaction is the
+    source's own connection's, which reads the catalog as of the slot's start)."""
+
+    def __init__(self, source: PostgresSource) -> None:
+        self.source = source
+        self.conns: list[Any] = []
+        """The readers: connections in the exported snapshot."""
+        self.cursors = itertools.count()
+        """Numbers the readers' named cursors."""
+        # The snapshot rows' details (Debezium's source block), around each table's part.
+        self.details_head = ""
+        self.details_mid = ""
+        self.details_tail = ""
+
+    def open_readers(self, snapshot_name: str, readers: int) -> None:
+        """Every reader imports the snapshot now: it can be imported only until the
+        replication connection runs its next command."""
+        self.conns = [self.reader(snapshot_name) for _ in range(readers)]
+
+    def reader(self, snapshot_name: str) -> Any:
+        """A connection in the exported snapshot ``snapshot_name``, read-only, with text as
+        bytes (each row's JSON goes into its update as it came)."""
+        source = self.source
+        conn = source._connect()
+        try:
+            conn.autocommit = False
+            conn.set_session(isolation_level="REPEATABLE READ", readonly=True)
+            psycopg2.extensions.register_type(psycopg2.extensions.BYTES, conn)
+            with conn.cursor() as cur:
+                cur.execute("SET TRANSACTION SNAPSHOT %s", (snapshot_name,))
+        except BaseException:
+            close_quietly(conn)
+            raise
+        return conn
+
+    def estimate(self) -> int | None:
+        """The snapshot's tables' row counts, estimated (see ROW_ESTIMATE); None if unknown."""
+        source = self.source
+        total = 0
+        for table in source.snapshot_tables:
+            schema, _, name = table.partition(".")
+            rows = source._query(
+                f"SELECT {ROW_ESTIMATE} FROM pg_class c JOIN pg_namespace n ON n.oid = "
+                "c.relnamespace LEFT JOIN pg_stat_user_tables s ON s.relid = c.oid "
+                "WHERE n.nspname = %s AND c.relname = %s",
+                (schema, name),
+            )
+            if not rows or rows[0][0] is None or rows[0][0] < 0:
+                return None
+            total += int(rows[0][0])
+        return total
+
+    def open_table(self, table: str) -> SnapshotTable:
+        source = self.source
+        schema, _, name = table.partition(".")
+        rows = source._query(
+            "SELECT a.attname, a.atttypid, a.atttypmod FROM pg_attribute a JOIN pg_class c ON "
+            "c.oid = a.attrelid JOIN pg_namespace n ON n.oid = c.relnamespace WHERE n.nspname = %s "
+            "AND c.relname = %s AND a.attnum > 0 AND NOT a.attisdropped ORDER BY a.attnum",
+            (schema, name),
+        )
+        (oid,) = source._query(
+            "SELECT c.oid FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace "
+            "WHERE n.nspname = %s AND c.relname = %s",
+            (schema, name),
+        )[0]
+        table_now = source.catalog.tables([oid])[oid]
+        relation = pg.Relation(
+            oid,
+            schema,
+            name,
+            table_now.identity,
+            [pg.Column(n, t, False, 0, mod) for n, t, mod in rows],
+        )
+        source.catalog.resolve_types(relation)
+        # The rule of Catalog.stream_key, from the catalog in the snapshot (the slot's start).
+        key = table_now.identity_index if table_now.identity == "i" else table_now.primary_key
+        relation.key_columns = keys = key or [c.name for c in relation.columns]
+        source.catalog.describe_columns(relation)
+        # Read as backfill chunks are: PostgreSQL writes each row's JSON.
+        columns = [
+            (c.name, c.kind, source.catalog.base_types.get(c.type_oid, c.type_oid))
+            for c in relation.columns
+        ]
+        alias = unused_name("wormhole_row", {c.name for c in relation.columns})
+        select = f"SELECT {json_row_select(columns, keys, alias)} FROM {qualified(table)} t"
+        parts = self._parts(oid)
+        batch = source.options.batch_updates
+        cursors = self.cursors
+
+        def open_part(conn: Any, where: str) -> Any:
+            cursor = conn.cursor(name=f"wormhole_snapshot_{oid}_{next(cursors)}")
+            cursor.itersize = batch
+            cursor.execute(select + where)
+            return cursor
+
+        cursor = PartsCursor(self.conns, parts, open_part, batch)
+        kinds = {n: (kind, base) for n, kind, base in columns}
+        n_keys = len(keys)
+        at = f"the snapshot at {pg.lsn_text(source.snapshot_lsn)}"
+        utf8_row = source.decode_errors.chunk_row
+        raw_text = source.raw_text
+
+        if n_keys == 1 and native_key(*kinds[keys[0]]) and not raw_text:
+            (name,) = keys
+
+            def keyed(fetched: list[Any]) -> list[Any]:
+                return [({name: k}, document) for k, document in fetched]
+
+        else:
+            key_kinds = [(k, *kinds[k]) for k in keys]
+
+            def keyed(fetched: list[Any]) -> list[Any]:
+                if raw_text:
+                    fetched = [utf8_row(table, row, n_keys, at) for row in fetched]
+                return [
+                    (
+                        {
+                            k: key_value(kind, base, v)
+                            for (k, kind, base), v in zip(key_kinds, row, strict=False)
+                        },
+                        row[n_keys],
+                    )
+                    for row in fetched
+                ]
+
+        return SnapshotTable(
+            table,
+            keys,
+            cursor,
+            keyed,
+            source.catalog.relation_columns.pop(oid, NULL),
+            source.catalog.relation_details.pop(oid, ""),
+            encoded=True,
+        )
+
+    def details(self, table: SnapshotTable, flag: str) -> msgspec.Raw:
+        source = self.source
+        if not source.describe:
+            return NULL
+        return _Raw(
+            f'{self.details_head}"snapshot":"{flag}",{self.details_mid}'
+            f"{table.details}{self.details_tail}".encode()
+        )
+
+    def _parts(self, oid: int) -> list[str]:
+        """The conditions that split a table into one range of pages (CTID) per snapshot
+        reader: a TID range scan each (PostgreSQL 14 or later). The last range is open, so
+        the parts hold every row however large the table has grown since it was measured."""
+        source = self.source
+        readers = len(self.conns)
+        if readers < 2 or source.server_version < 140000:
+            return [""]
+        (pages,) = source._query(
+            "SELECT pg_relation_size(%s::oid) / current_setting('block_size')::int8", (oid,)
+        )[0]
+        parts = min(readers, int(pages) // PAGES_PER_PART)
+        if parts < 2:
+            return [""]
+        bounds = [int(pages) * i // parts for i in range(1, parts)]
+        conditions = [f" WHERE t.ctid < '({bounds[0]},0)'::tid"]
+        conditions += [
+            f" WHERE t.ctid >= '({low},0)'::tid AND t.ctid < '({high},0)'::tid"
+            for low, high in itertools.pairwise(bounds)
+        ]
+        conditions.append(f" WHERE t.ctid >= '({bounds[-1]},0)'::tid")
+        return conditions
+
+    def close_readers(self) -> None:
+        source = self.source
+        if source.snapshot is not None:
+            source.snapshot.cursor.close()
+        for conn in self.conns:
+            with contextlib.suppress(Exception):
+                conn.rollback()  # read only: nothing to commit
+        close_quietly(*self.conns)
+        self.conns = []
