@@ -114,6 +114,14 @@ _CHUNK_FATAL = frozenset({1054, 1064, 1142, 1143, 1146, 1305, 1792})
 _SIGNAL_FATAL = frozenset({1044, 1142, 1143, 1290, 1792})
 
 
+def _connect_for_replication(**settings: Any) -> Any:
+    """``pymysql.connect`` for the replication library, which names its control
+    connection's database ``db``: PyMySQL deprecates that name for ``database``."""
+    if "db" in settings:
+        settings["database"] = settings.pop("db")
+    return pymysql.connect(**settings)
+
+
 def _quote(name: str) -> str:
     return "`" + name.replace("`", "``") + "`"
 
@@ -931,6 +939,7 @@ class MySQLSource(DatabaseSource):
             filter_non_implemented_events=False,
             slave_heartbeat=self.options.heartbeat_s,
             enable_logging=False,
+            pymysql_wrapper=_connect_for_replication,
             **kwargs,
         )
         self.phase = "stream"
