@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -201,6 +202,27 @@ def test_year_0_is_0000(tmp_path: Path, mariadb_server: MariaDBServer, mysql_dat
     )
     assert [r["y"] for r in rows] == ["0000", "1901", "2155", "0000"]
     assert snapshot_rows(tmp_path, mariadb_server, mysql_database, "y") == rows
+
+
+def test_the_binlog_reader_passes_pymysql_no_deprecated_argument(
+    tmp_path: Path, mariadb_server: MariaDBServer, mysql_database: str
+) -> None:
+    """The replication library names its control connection's database ``db``, which
+    PyMySQL deprecates for ``database`` (and says it will drop): the source connects for
+    the library and names it ``database``."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        rows = stream(
+            tmp_path,
+            mariadb_server,
+            mysql_database,
+            "CREATE TABLE w (id INT PRIMARY KEY)",
+            "INSERT INTO w VALUES (1)",
+            changes=1,
+        )
+    assert rows == [{"id": 1}]
+    deprecated = [str(w.message) for w in caught if issubclass(w.category, DeprecationWarning)]
+    assert deprecated == []
 
 
 @pytest.mark.parametrize("charset", ["ucs2", "utf16", "utf16le", "utf32"])

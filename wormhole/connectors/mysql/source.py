@@ -111,6 +111,14 @@ _TEXT_TYPES = frozenset({"char", "varchar", "tinytext", "text", "mediumtext", "l
 _UTF8 = frozenset({None, "utf8mb3", "utf8mb4", "utf8", "binary"})
 
 
+def _connect_for_replication(**settings: Any) -> Any:
+    """``pymysql.connect`` for the replication library, which names its control
+    connection's database ``db``: PyMySQL deprecates that name for ``database``."""
+    if "db" in settings:
+        settings["database"] = settings.pop("db")
+    return pymysql.connect(**settings)
+
+
 def _reader_id(options: MySQLOptions, pipeline: str) -> int:
     """The server id the binlog reader of ``pipeline`` registers with."""
     return options.server_id or (1_000_000 + zlib.crc32(pipeline.encode()) % 1_000_000_000)
@@ -647,6 +655,7 @@ class MySQLSource(DatabaseSource):
             filter_non_implemented_events=False,
             slave_heartbeat=self.options.heartbeat_s,
             enable_logging=False,
+            pymysql_wrapper=_connect_for_replication,
             **kwargs,
         )
         self.phase = "stream"
