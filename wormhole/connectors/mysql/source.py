@@ -36,10 +36,6 @@ import msgspec
 
 from wormhole.connectors.mysql.backfill import MySQLBackfill
 from wormhole.connectors.mysql.charsets import Charsets, keep_member_bytes
-from wormhole.connectors.mysql.chunks import (
-    chunk_layout,
-    select_list,
-)
 from wormhole.connectors.mysql.options import MySQLOptions
 from wormhole.connectors.mysql.rowimage import (
     OLD_TEMPORALS,
@@ -59,6 +55,7 @@ from wormhole.connectors.mysql.server import (
     quote_name,
     server_error,
 )
+from wormhole.connectors.mysql.snapshot import MySQLSnapshot
 from wormhole.connectors.mysql.values import Layout
 from wormhole.core import metrics
 from wormhole.core.errors import SourceError
@@ -107,8 +104,6 @@ _FATAL_HINTS = {
     "(MariaDB; REPLICATION CLIENT on MySQL) and SELECT on the tables",
     1236: "the server cannot send the binlog from the saved position",
 }
-_TEXT_TYPES = frozenset({"char", "varchar", "tinytext", "text", "mediumtext", "longtext"})
-_UTF8 = frozenset({None, "utf8mb3", "utf8mb4", "utf8", "binary"})
 
 
 def _connect_for_replication(**settings: Any) -> Any:
@@ -218,8 +213,6 @@ class MySQLSource(DatabaseSource):
         self.decoders: dict[int, RowDecoder] = {}
         # What typed envelopes need (SourceContext.describe_updates): per table id the
         # table's Update.columns and its "db" / "table" part of Update.details.
-        self.snapshot_ts_us = 0
-        """When the snapshot started (whole seconds, as Debezium's ``source.ts_*``)."""
         self.described: dict[int, tuple[msgspec.Raw, str, str]] = {}
         self.described_tables: dict[tuple[Any, ...], tuple[msgspec.Raw, str, str]] = {}
         self.decoder_cache: dict[tuple[Any, ...], RowDecoder] = {}
@@ -228,7 +221,7 @@ class MySQLSource(DatabaseSource):
         # Primary keys that the table map describes as PRIMARY_KEY_WITH_PREFIX, by table id.
         self.prefix_keys: dict[int, tuple[str, ...]] = {}
         self.included: dict[tuple[str, str], bool] = {}
-        self.snapshot_conn: Any = None
+        self.snapshots = MySQLSnapshot(self)
         self.emitted: dict[str, Any] = {}
         # For lag(): what the publisher log holds, and the stream's position when it last
         # waited with nothing left to read (after the emitted checkpoint).
@@ -410,13 +403,13 @@ class MySQLSource(DatabaseSource):
                 file, pos = str(row[0]), int(row[1])
             if locked:
                 cur.execute("UNLOCK TABLES")
-        self.snapshot_conn = conn
+        self.snapshots.conn = conn
         self.file, self.pos, self.pos_server = file, pos, self.server_id
         self.gtid_state = _parse_gtid_state(self._gtid_at(file, pos))
         self.snapshot_position = f"{file}:{pos}"
-        self.snapshot_ts_us = int(time.time()) * 1_000_000
+        self.snapshots.ts_us = int(time.time()) * 1_000_000
         self.snapshot_logical = _gtid_state_text(self.gtid_state)
-        self.snapshot_tables = self._snapshot_plan()
+        self.snapshot_tables = self.snapshots.plan()
         self.phase = "snapshot"
         log.info("initial snapshot of %d tables at %s:%d", len(self.snapshot_tables), file, pos)
 
@@ -427,114 +420,18 @@ class MySQLSource(DatabaseSource):
             return []
         return [f"{schema}.{name}" for schema, name, _layout, _select in self.snapshot_tables]
 
+    # DatabaseSource's hooks, answered by the source's MySQLSnapshot (snapshot.py).
     def _snapshot_estimate(self) -> int | None:
-        """``information_schema.TABLES.TABLE_ROWS`` of the snapshot's tables (an estimate
-        for InnoDB)."""
-        total = 0
-        for schema, name, _layout, _select in self.snapshot_tables:
-            rows = self._query(
-                "SELECT TABLE_ROWS FROM information_schema.TABLES WHERE TABLE_SCHEMA = %s "
-                "AND TABLE_NAME = %s",
-                (schema, name),
-            )
-            if not rows or rows[0][0] is None:
-                return None
-            total += int(rows[0][0])
-        return total
-
-    def _snapshot_plan(self) -> list[tuple[str, str, Layout, str]]:
-        rows = self._query(
-            "SELECT TABLE_SCHEMA, TABLE_NAME FROM information_schema.TABLES "
-            "WHERE TABLE_TYPE = 'BASE TABLE' ORDER BY 1, 2"
-        )
-        plan = []
-        for schema, table in rows:
-            if not self._wanted(schema, table):
-                continue
-            columns = self._query(
-                "SELECT COLUMN_NAME, DATA_TYPE, DATETIME_PRECISION, NUMERIC_PRECISION, "
-                "CHARACTER_SET_NAME FROM information_schema.COLUMNS WHERE TABLE_SCHEMA = %s "
-                "AND TABLE_NAME = %s ORDER BY ORDINAL_POSITION",
-                (schema, table),
-            )
-            key = [
-                r[0]
-                for r in self._query(
-                    "SELECT COLUMN_NAME FROM information_schema.COLUMNS WHERE TABLE_SCHEMA = %s "
-                    "AND TABLE_NAME = %s AND COLUMN_KEY = 'PRI' ORDER BY ORDINAL_POSITION",
-                    (schema, table),
-                )
-            ]
-            layout = chunk_layout(columns, key)
-            as_bytes = self._text_as_bytes(schema, table, columns, layout)
-            plan.append((schema, table, layout, select_list(columns, as_bytes)))
-        return plan
-
-    def _text_as_bytes(
-        self, schema: str, table: str, columns: list[tuple[Any, ...]], layout: Layout
-    ) -> set[str]:
-        """Text columns the snapshot reads as their bytes and decodes as the stream does: those
-        of a character set other than UTF-8, which the server's conversion to the connection's
-        utf8mb4 would turn into ``?`` where it cannot map a byte."""
-        assert self.charsets is not None
-        as_bytes: set[str] = set()
-        for name, data_type, _dt, _num, charset in columns:
-            if str(data_type).lower() not in _TEXT_TYPES or charset in _UTF8:
-                continue
-            decode = self.charsets.decoders.get(str(charset))
-            if decode is None:
-                continue
-            as_bytes.add(name)
-            layout.special.append((name, self._snapshot_text(f"{schema}.{table}", name, decode)))
-        return as_bytes
-
-    def _snapshot_text(self, table: str, column: str, decode: Any) -> Any:
-        def convert(value: Any) -> Any:
-            if not isinstance(value, (bytes, bytearray)):
-                return value
-            try:
-                return decode(bytes(value))
-            except ValueError as exc:
-                at = f"the snapshot at {self.snapshot_position}"
-                return self._undecodable(table, column, bytes(value), str(exc), at, "table")
-
-        return convert
+        return self.snapshots.estimate()
 
     def _open_snapshot_table(self, table: tuple[str, str, Layout, str]) -> SnapshotTable:
-        schema, name, layout, select = table
-        cursor = self.snapshot_conn.cursor()
-        cursor.execute(f"SELECT {select} FROM {quote_name(schema)}.{quote_name(name)}")
-        names, convert = layout.columns, layout.convert
-
-        def as_dicts(fetched: list[Any]) -> list[dict[str, Any]]:
-            return [convert(dict(zip(names, values, strict=True))) for values in fetched]
-
-        if not self.describe:
-            return SnapshotTable(f"{schema}.{name}", layout.key, cursor, as_dicts)
-        columns, db, table_name = self._describe_table(schema, name)
-        return SnapshotTable(
-            f"{schema}.{name}",
-            layout.key,
-            cursor,
-            as_dicts,
-            columns,
-            f'"db":{db},"sequence":null,"ts_us":{self.snapshot_ts_us},'
-            f'"ts_ns":{self.snapshot_ts_us * 1000},"table":{table_name},',
-        )
+        return self.snapshots.open_table(table)
 
     def _snapshot_details(self, table: SnapshotTable, flag: str) -> msgspec.Raw:
-        if not self.describe:
-            return NULL
-        return msgspec.Raw(
-            f'{{"connector":"mysql","snapshot":"{flag}",{table.details}"server_id":0,'
-            f'"gtid":null,"file":{json_text(self.file)},"pos":{self.pos},"row":0,'
-            f'"thread":null,"query":null}}'.encode()
-        )
+        return self.snapshots.details(table, flag)
 
     def _end_snapshot(self) -> None:
-        with contextlib.suppress(Exception):
-            self.snapshot_conn.commit()
-            self.snapshot_conn.close()
+        self.snapshots.end()
 
     def _start_stream(self) -> None:
         self.phase = "stream"
@@ -1181,7 +1078,7 @@ class MySQLSource(DatabaseSource):
     def close(self) -> None:
         self._close_stream()
         snapshot_cursor = self.snapshot.cursor if self.snapshot is not None else None
-        close_quietly(snapshot_cursor, self.snapshot_conn, self.conn)
+        close_quietly(snapshot_cursor, self.snapshots.conn, self.conn)
         self.backfills.close()
         with self.lag_lock:
             close_quietly(self.lag_conn)
