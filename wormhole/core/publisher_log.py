@@ -4,6 +4,7 @@ Layout of ``<state_dir>/log``::
 
     .session          the last session number used (text)
     log.<session>.<roll>
+    index.<session>.<roll>   its index (a cache, see :mod:`wormhole.core.segment`)
 
 Every start opens a new session (``log.<n+1>.0``); a segment rolls to
 ``log.<session>.<roll+1>`` when it passes ``roll_size`` bytes. Each segment begins
@@ -25,6 +26,7 @@ was handled".
 from __future__ import annotations
 
 import bisect
+import contextlib
 import errno
 import itertools
 import logging
@@ -44,9 +46,7 @@ from wormhole.core.errors import LogCorruptError, SourceError, StateError, file_
 from wormhole.core.framing import (
     HEADER,
     HEADER_SIZE,
-    MAGIC,
     MAX_RECORD,
-    VERSION,
     Record,
     TornTail,
     fsync_directory,
@@ -57,20 +57,29 @@ from wormhole.core.framing import (
 )
 from wormhole.core.framing import frame as make_frame
 from wormhole.core.metrics import AppendTimes
+from wormhole.core.segment import (
+    BATCH_KINDS,
+    KIND_BATCH,
+    KIND_BATCH_PART,
+    KIND_SEGMENT,
+    NO_TS,
+    Entry,
+    Segment,
+    index_path,
+    load_entries,
+    max_ts,
+    read_header,
+)
 from wormhole.core.update import Update
 
 log = logging.getLogger("wormhole.publisher_log")
 
-KIND_SEGMENT = 1
-KIND_BATCH = 2
-# Kinds 3 and 4 are the LogWriter's.
-KIND_BATCH_PART = 5
-"""An early part of a batch too large for one record; the batch ends with a KIND_BATCH record."""
-BATCH_KINDS = (KIND_BATCH, KIND_BATCH_PART)
+__all__ = ["BATCH_KINDS", "KIND_BATCH", "KIND_BATCH_PART", "KIND_SEGMENT", "Segment"]
 DEFAULT_ROLL_SIZE = 1 << 30
 DEFAULT_MAX_RECORD = MAX_RECORD
 """The longest record payload written: what recovery accepts as whole (framing.MAX_RECORD)."""
-_SCAN_WINDOW = 1 << 16
+DEFAULT_INDEX_INTERVAL = 0
+"""Bytes of records appended between writes of the newest segment's index (0: every batch)."""
 
 
 class SegmentHeader(msgspec.Struct):
@@ -125,22 +134,9 @@ class PreparedBatch:
     checkpoint_raw: bytes
     records: list[tuple[int, int, bytes]]
     """``(first seq, count, framed record)``: one record, or the parts of a large batch."""
-
-
-@dataclass(slots=True)
-class Segment:
-    session: int
-    roll: int
-    path: Path
-    first_seq: int
-    end_seq: int | None = None  # None while it is the newest segment
-    size: int = 0
-    # (first_seq, count, offset) of each batch record, built lazily for old segments.
-    index: list[tuple[int, int, int]] | None = None
-
-    @property
-    def name(self) -> str:
-        return self.path.name
+    max_ts: list[int]
+    """The largest ``ts_ms`` of each record's updates (:data:`~wormhole.core.segment.NO_TS`
+    for none), for the segment's time index."""
 
 
 @dataclass
@@ -166,6 +162,7 @@ class PublisherLog:
         fsync: bool = True,
         tail_updates: int = 262_144,
         max_record: int = DEFAULT_MAX_RECORD,
+        index_interval: int = DEFAULT_INDEX_INTERVAL,
     ) -> None:
         if not 0 < max_record <= MAX_RECORD:
             raise ValueError(
@@ -177,6 +174,7 @@ class PublisherLog:
         self.max_record = max_record
         self.fsync = fsync
         self.tail_updates = tail_updates
+        self.index_interval = index_interval
         self.segments: list[Segment] = []
         self.next_seq = 0
         self._reserved = 0
@@ -238,10 +236,7 @@ class PublisherLog:
             break
         for (session, roll), path in reversed(found):
             last_session = max(last_session, session)
-            header = self._read_header(path)
-            segments.append(
-                Segment(session, roll, path, header.first_seq, size=path.stat().st_size)
-            )
+            segments.append(Segment.open_rolled(path, session, roll))
         segments.reverse()
         self._check_continuity(segments)
         for older, newer in itertools.pairwise(segments):
@@ -281,20 +276,6 @@ class PublisherLog:
                 f"cannot write {path}: {exc.strerror}; make the state_dir writable"
             ) from exc
 
-    def _read_header(self, path: Path) -> SegmentHeader:
-        with open(path, "rb") as f:
-            try:
-                for record in read_records(f, str(path)):
-                    if record.kind != KIND_SEGMENT:
-                        raise LogCorruptError(
-                            str(path), 0, "segment does not start with its header"
-                        )
-                    return _header_decoder.decode(record.payload)
-            except TornTail as torn:
-                # Only the newest segment can have been cut by a crash.
-                raise LogCorruptError(str(path), torn.offset, torn.reason) from None
-        raise LogCorruptError(str(path), 0, "empty segment in the middle of the log")
-
     def _check_continuity(self, segments: list[Segment]) -> None:
         """Each rolled segment must end where the next one starts.
 
@@ -303,7 +284,7 @@ class PublisherLog:
         predecessor lost its tail in a crash; readers would fail on that gap much later.
         """
         for older, newer in itertools.pairwise(segments):
-            end, whole, size = _segment_extent(older.path)
+            end, whole, size = older.end, older.whole, older.size
             if end == newer.first_seq:
                 continue
             cut = (
@@ -333,8 +314,7 @@ class PublisherLog:
         header: SegmentHeader | None = None
         checkpoint = b"null"
         next_seq = 0
-        index: list[tuple[int, int, int]] = []
-        good_end = 0
+        index: list[tuple[int, int, int, int, int]] = []  # first, count, bytes, kind, max ts
         # (offset, index length, next_seq) where the parts of a batch began, until its last
         # record arrives: the parts alone are a batch that was never confirmed.
         incomplete: tuple[int, int, int] | None = None
@@ -357,15 +337,22 @@ class PublisherLog:
                                 record.offset,
                                 f"batch starts at seq {record.first}, expected {next_seq}",
                             )
+                        raw_checkpoint, updates = _batch_decoder.decode(record.payload)
                         if record.kind == KIND_BATCH:
-                            raw_checkpoint, _ = _batch_decoder.decode(record.payload)
                             checkpoint = bytes(raw_checkpoint)
                             incomplete = None
                         elif incomplete is None:
                             incomplete = (record.offset, len(index), next_seq)
-                        index.append((record.first, record.count, record.offset))
+                        index.append(
+                            (
+                                record.first,
+                                record.count,
+                                record.end - record.offset,
+                                record.kind,
+                                max_ts(updates),
+                            )
+                        )
                         next_seq = record.first + record.count
-                    good_end = record.end
             except TornTail as torn:
                 log.warning(
                     "%s: torn tail at offset %d (%s); truncating %d bytes left by an "
@@ -375,7 +362,7 @@ class PublisherLog:
                     torn.reason,
                     os.fstat(f.fileno()).st_size - torn.offset,
                 )
-                cut = good_end = torn.offset
+                cut = torn.offset
             if incomplete is not None:
                 offset, kept, resume = incomplete
                 log.warning(
@@ -388,7 +375,7 @@ class PublisherLog:
                 )
                 del index[kept:]
                 next_seq = resume
-                cut = good_end = offset
+                cut = offset
             if cut is not None:
                 f.truncate(cut)
                 f.flush()
@@ -400,12 +387,17 @@ class PublisherLog:
             path.unlink()
             fsync_directory(str(self.directory))
             return None
-        segment = Segment(session, roll, path, header.first_seq, size=good_end, index=index)
+        first_seq, header_crc, header_end = read_header(path)
+        segment = Segment(path, session, roll, first_seq, header_end, [], header_crc)
+        if index:
+            segment.appended(index)
+        segment.write_index()
         return segment, checkpoint, next_seq
 
     def _start_segment(self, session: int, roll: int) -> None:
         if self.segments:
             self.segments[-1].end_seq = self.next_seq
+            self.segments[-1].write_index()
         path = self.directory / f"log.{session}.{roll}"
         header = _encoder.encode(
             SegmentHeader(session, roll, self.next_seq, Raw(self._checkpoint_raw))
@@ -417,6 +409,8 @@ class PublisherLog:
                 # With log.fsync off the old segment's tail may still be in the page cache;
                 # if the new header reached the disk first, a crash would leave a gap.
                 os.fsync(old)
+            with contextlib.suppress(FileNotFoundError):
+                index_path(path).unlink()  # an index left by an earlier segment of that name
             fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_APPEND, 0o644)
             _write_all(fd, record)
             os.fsync(fd)
@@ -428,10 +422,11 @@ class PublisherLog:
         self._fd = fd
         if old is not None:
             os.close(old)
+        segment = Segment(
+            path, session, roll, self.next_seq, len(record), [], HEADER.unpack_from(record)[4]
+        )
         with self._lock:
-            self.segments.append(
-                Segment(session, roll, path, self.next_seq, None, len(record), index=[])
-            )
+            self.segments.append(segment)
 
     # ---------------------------------------------------------------- append
     def prepare(self, updates: list[Update], checkpoint: Any) -> PreparedBatch:
@@ -446,11 +441,13 @@ class PublisherLog:
         payload = _encoder.encode((Raw(checkpoint_raw), updates))
         if len(payload) <= self.max_record:
             records = [(first, len(updates), make_frame(KIND_BATCH, first, len(updates), payload))]
+            times = [max_ts(updates)]
         else:
             del payload  # over the bound (1 GiB by default): not worth holding twice
             records = self._split(first, updates, checkpoint_raw)
+            times = [max_ts(updates[s - first : s - first + n]) for s, n, _ in records]
         self._reserved += len(updates)
-        return PreparedBatch(first, updates, checkpoint, checkpoint_raw, records)
+        return PreparedBatch(first, updates, checkpoint, checkpoint_raw, records, times)
 
     def _split(
         self, first: int, updates: list[Update], checkpoint_raw: bytes
@@ -515,12 +512,17 @@ class PublisherLog:
             raise
         first = prepared.first_seq
         batch = Batch.of(first, updates, time.monotonic_ns())
+        last = len(records) - 1
+        appended = [
+            (record_first, count, len(record), KIND_BATCH if i == last else KIND_BATCH_PART, ts)
+            for i, ((record_first, count, record), ts) in enumerate(
+                zip(records, prepared.max_ts, strict=True)
+            )
+        ]
         with self._lock:
-            assert segment.index is not None
-            for record_first, count, record in records:
-                segment.index.append((record_first, count, segment.size))
-                segment.size += len(record)
-                self.bytes_written += len(record)
+            before = segment.size
+            segment.appended(appended)
+            self.bytes_written += segment.size - before
             self.next_seq = batch.end_seq
             self.append_times.mark(first, batch.appended_ns)
             self.checkpoint = prepared.checkpoint
@@ -534,6 +536,8 @@ class PublisherLog:
                     self._tail_starts.popleft()
                     self._tail_count -= len(old.updates)
             self.appended.notify_all()
+        if segment.size - segment.indexed_bytes >= self.index_interval:
+            segment.write_index()
         if segment.size >= self.roll_size:
             self._start_segment(self.session, segment.roll + 1)
         return batch
@@ -559,6 +563,7 @@ class PublisherLog:
             os.fsync(self._fd)
             os.close(self._fd)
             self._fd = None
+            self.segments[-1].write_index()
 
     # ------------------------------------------------------------------ read
     @property
@@ -603,6 +608,25 @@ class PublisherLog:
                 return tail[i + 1].appended_ns  # a checkpoint-only gap: the next batch
             return self.append_times.at(position)
 
+    def locate(self, position: int) -> Batch | Segment | None:
+        """Where the update at ``position`` is: a batch still in memory, else the segment that
+        holds it; None when the log does not hold it yet. Raises LookupError when it was
+        garbage-collected."""
+        with self._lock:
+            if position >= self.next_seq:
+                return None
+            if self.segments and position < self.segments[0].first_seq:
+                raise LookupError(
+                    f"position {position} is older than the oldest retained "
+                    f"update {self.segments[0].first_seq}"
+                )
+            return self._from_tail(position) or self._segment_for(position)
+
+    def count_read(self, size: int) -> None:
+        """``size`` bytes were read from disk by a reader."""
+        with self._lock:
+            self.bytes_read += size
+
     def _segment_for(self, position: int) -> Segment:
         # Caller holds the lock. Empty segments share their first_seq with the next
         # one; the last segment starting at or before the position is the one.
@@ -628,11 +652,9 @@ class PublisherLog:
                 self.append_times.forget_before(self.segments[0].first_seq)
         removed = []
         for segment in done:
-            try:
-                segment.path.unlink()
-                removed.append(segment.name)
-            except FileNotFoundError:
+            if not segment.remove_files():
                 continue
+            removed.append(segment.name)
             # Oldest first, each removal durable before the next: a crash in between leaves
             # the log without its oldest segments, never with a hole that open() rejects.
             fsync_directory(str(self.directory))
@@ -661,24 +683,10 @@ class LogReader:
 
     def read(self) -> Batch | None:
         """The next batch at or after the position, or None when caught up."""
-        publisher_log = self.publisher_log
-        with publisher_log._lock:
-            if self.position >= publisher_log.next_seq:
-                return None
-            if publisher_log.segments and self.position < publisher_log.segments[0].first_seq:
-                raise LookupError(
-                    f"position {self.position} is older than the oldest retained "
-                    f"update {publisher_log.segments[0].first_seq}"
-                )
-            batch = publisher_log._from_tail(self.position)
-            if batch is None:
-                segment = publisher_log._segment_for(self.position)
-                index = segment.index
-                known_size = segment.size
-        if batch is None:
-            if index is None:
-                index = self._build_index(segment, known_size)
-            batch = self._read_disk(segment, index, self.position)
+        found = self.publisher_log.locate(self.position)
+        if found is None:
+            return None
+        batch = found if isinstance(found, Batch) else self._read_disk(found, self.position)
         if batch.first_seq < self.position:
             cut = self.position - batch.first_seq
             batch = Batch(self.position, batch.updates[cut:], batch.end_seq, batch.appended_ns)
@@ -692,50 +700,19 @@ class LogReader:
             self._file_path = segment.path
         return self._file
 
-    def _build_index(self, segment: Segment, size: int) -> list[tuple[int, int, int]]:
+    def _read_disk(self, segment: Segment, position: int) -> Batch:
+        entry = segment.entry_for(position)
         f = self._open(segment)
-        records = list(scan_headers(f, str(segment.path), stop=size))
-        end = records[-1].offset + HEADER_SIZE if records else 0
-        if records:
-            f.seek(records[-1].offset)
-            end = records[-1].offset + HEADER_SIZE + HEADER.unpack(f.read(HEADER_SIZE))[3]
-        if end != size:
-            raise LogCorruptError(
-                str(segment.path), end, f"the segment ends inside a record ({size} bytes)"
-            )
-        index = [(r.first, r.count, r.offset) for r in records if r.kind in BATCH_KINDS]
-        with self.publisher_log._lock:
-            if segment.index is None:
-                segment.index = index
-        return index
-
-    def _read_disk(
-        self, segment: Segment, index: list[tuple[int, int, int]], position: int
-    ) -> Batch:
-        i = bisect.bisect_right(index, (position, 1 << 62, 0)) - 1
-        # Skip checkpoint-only records (count 0) that share a start seq.
-        while i + 1 < len(index) and index[i][0] + index[i][1] <= position:
-            i += 1
-        if i < 0:
-            raise LogCorruptError(str(segment.path), 0, f"no record holds seq {position}")
-        first, count, offset = index[i]
-        if not first <= position < first + count:
-            raise LogCorruptError(
-                str(segment.path),
-                offset,
-                f"no record holds seq {position} (records end at "
-                f"{first + count}): the segment is missing data",
-            )
-        f = self._open(segment)
-        record = read_record_at(f, str(segment.path), offset)
+        record = read_record_at(f, str(segment.path), entry.offset)
         _, updates = self._decoder.decode(record.payload)
         size = HEADER_SIZE + len(record.payload)
         self.bytes_read += size
-        with self.publisher_log._lock:
-            self.publisher_log.bytes_read += size
-        if len(updates) != count or record.first != first:
-            raise LogCorruptError(str(segment.path), offset, "record does not match its index")
-        return Batch.of(first, updates)
+        self.publisher_log.count_read(size)
+        if len(updates) != entry.count or record.first != entry.first:
+            raise LogCorruptError(
+                str(segment.path), entry.offset, "record does not match its index"
+            )
+        return Batch.of(entry.first, updates)
 
 
 class UpdateTooLarge(Exception):
@@ -780,51 +757,6 @@ def _too_large(update: Update, size: int, bound: int) -> SourceError:
         f"cannot be published: leave its table out of the source, or keep values this "
         f"large out of the database"
     )
-
-
-def _segment_extent(path: Path) -> tuple[int, int, int]:
-    """``(end seq, bytes of whole records, file size)`` of a segment, from record headers.
-
-    A tail that is cut short or zero-filled ends the whole records; damage with data
-    after it is corruption.
-    """
-    unpack = HEADER.unpack_from
-    with open(path, "rb", buffering=0) as f:
-        fd = f.fileno()
-        size = os.fstat(fd).st_size
-        end = 0
-        offset = 0
-        # Headers are read through a window so that a segment of small records costs one
-        # read per window, not one per record.
-        window = b""
-        window_at = 0
-        while offset + HEADER_SIZE <= size:
-            at = offset - window_at
-            if at + HEADER_SIZE > len(window):
-                window = os.pread(fd, _SCAN_WINDOW, offset)
-                window_at, at = offset, 0
-            magic, version, kind, length, _crc, first, count = unpack(window, at)
-            if magic != MAGIC or version != VERSION:
-                if _zero_from(fd, offset, size):
-                    break
-                raise LogCorruptError(str(path), offset, "bad record header")
-            if offset + HEADER_SIZE + length > size:
-                break
-            if kind == KIND_SEGMENT:
-                end = first
-            elif kind in BATCH_KINDS:
-                end = first + count
-            offset += HEADER_SIZE + length
-    return end, offset, size
-
-
-def _zero_from(fd: int, offset: int, size: int) -> bool:
-    while offset < size:
-        chunk = os.pread(fd, min(size - offset, 1 << 20), offset)
-        if not chunk or chunk.count(0) != len(chunk):
-            return False
-        offset += len(chunk)
-    return True
 
 
 def _write_all(fd: int, data: bytes) -> None:
@@ -901,6 +833,40 @@ def inspect_log(directory: str | os.PathLike[str]) -> LogInfo:
     return LogInfo(root, segments, first_seq, next_seq)
 
 
+def _offline_entries(path: Path) -> tuple[BinaryIO, list[Entry]] | None:
+    """Segment ``path`` open, with the entries of its whole records (from its index and, past
+    it, its record headers), read without recovering or locking the log; None if the segment
+    was garbage-collected meanwhile."""
+    try:
+        f = open(path, "rb")  # noqa: SIM115 - the caller closes it
+    except FileNotFoundError:
+        return None
+    try:
+        fd = f.fileno()
+        _, header_crc, header_end = read_header(path)
+        entries, _, _ = load_entries(path, fd, header_crc, header_end, os.fstat(fd).st_size)
+    except BaseException:
+        f.close()
+        raise
+    return f, entries
+
+
+def _offline_paths(root: Path) -> list[tuple[int, Path]]:
+    """``(first seq, path)`` of each segment of a log, oldest first."""
+    if not root.is_dir():
+        return []
+    found = sorted(
+        (key, p) for p in root.glob("log.*") if (key := log_file_key(p.name)) is not None
+    )
+    paths = []
+    for _, path in found:
+        try:
+            paths.append((read_header(path)[0], path))
+        except FileNotFoundError:
+            continue
+    return paths
+
+
 def read_log_range(
     directory: str | os.PathLike[str], start: int, end: int
 ) -> Iterator[tuple[int, Update]]:
@@ -911,25 +877,36 @@ def read_log_range(
     """
     root = Path(directory)
     covered = start
-    for path, f, headers in _offline_segments(root):
+    paths = _offline_paths(root)
+    for i, (_, path) in enumerate(paths):
         if covered >= end:
             return
-        for record in headers:
-            if record.kind not in BATCH_KINDS or record.count == 0:
-                continue
-            last = record.first + record.count
-            if last <= covered or record.first >= end:
-                continue
-            if record.first > covered:
-                raise LookupError(
-                    f"publisher log {root}: updates {covered} to {record.first - 1} are no "
-                    f"longer retained (garbage-collected)"
-                )
-            for i, update in enumerate(_record_updates(f, path, record)):
-                seq = record.first + i
-                if covered <= seq < end:
-                    yield seq, update
-            covered = min(last, end)
+        if i + 1 < len(paths) and paths[i + 1][0] <= covered:
+            continue  # the range starts in a later segment
+        opened = _offline_entries(path)
+        if opened is None:
+            continue
+        f, entries = opened
+        with f:
+            at = max(0, bisect.bisect_right(entries, (covered, 1 << 62)) - 1)
+            for entry in entries[at:]:
+                if entry.count == 0:
+                    continue
+                last = entry.first + entry.count
+                if last <= covered:
+                    continue
+                if entry.first >= end:
+                    break
+                if entry.first > covered:
+                    raise LookupError(
+                        f"publisher log {root}: updates {covered} to {entry.first - 1} are no "
+                        f"longer retained (garbage-collected)"
+                    )
+                for k, update in enumerate(_entry_updates(f, path, entry)):
+                    seq = entry.first + k
+                    if covered <= seq < end:
+                        yield seq, update
+                covered = min(last, end)
     if covered < end:
         raise LookupError(
             f"publisher log {root}: updates {covered} to {end - 1} are not in the log "
@@ -937,24 +914,45 @@ def read_log_range(
         )
 
 
+def _entry_updates(f: BinaryIO, path: Path, entry: Entry) -> list[Update]:
+    _, updates = _updates_only_decoder.decode(read_record_at(f, str(path), entry.offset).payload)
+    return list(updates)
+
+
 def position_at_time(directory: str | os.PathLike[str], ts_ms: int) -> int | None:
     """The position of the first retained update whose source time (``ts_ms``) is at or
     after ``ts_ms``; the end of the log if none is (or if the log holds no update yet: a new
     pipeline starts at the beginning); None if updates are retained but none carries a time.
 
-    Reads the log from its oldest record, stopping at the first match.
+    Each segment's time index (the largest ``ts_ms`` so far at each record) is searched for
+    the first record that reaches ``ts_ms``, and only that record is read; records the index
+    does not cover yet (a segment written before indexes were, or the newest records of a
+    live segment) are read in order.
     """
     timed = False
     end = 0
-    for path, f, headers in _offline_segments(Path(directory)):
-        for record in headers:
-            if record.kind not in BATCH_KINDS or record.count == 0:
+    for _, path in _offline_paths(Path(directory)):
+        opened = _offline_entries(path)
+        if opened is None:
+            continue
+        f, entries = opened
+        with f:
+            if not entries:
                 continue
-            end = max(end, record.first + record.count)
-            for i, update in enumerate(_record_updates(f, path, record)):
-                if update.ts_ms is None:
-                    continue
+            last_end = entries[-1].first + entries[-1].count
+            if last_end > entries[0].first:  # seqs run on, so the segment holds updates
+                end = max(end, last_end)
+            # Entries past the index (UNKNOWN_TS, the largest value) sort last.
+            i = bisect.bisect_left(entries, ts_ms, key=lambda e: e.max_ts)
+            if i and entries[i - 1].max_ts != NO_TS:
                 timed = True
-                if update.ts_ms >= ts_ms:
-                    return record.first + i
+            for entry in entries[i:]:
+                if entry.count == 0:
+                    continue
+                for k, update in enumerate(_entry_updates(f, path, entry)):
+                    if update.ts_ms is None:
+                        continue
+                    timed = True
+                    if update.ts_ms >= ts_ms:
+                        return entry.first + k
     return end if timed or end == 0 else None
