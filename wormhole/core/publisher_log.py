@@ -74,7 +74,6 @@ from wormhole.core.update import Update
 
 log = logging.getLogger("wormhole.publisher_log")
 
-__all__ = ["BATCH_KINDS", "KIND_BATCH", "KIND_BATCH_PART", "KIND_SEGMENT", "Segment"]
 DEFAULT_ROLL_SIZE = 1 << 30
 DEFAULT_MAX_RECORD = MAX_RECORD
 """The longest record payload written: what recovery accepts as whole (framing.MAX_RECORD)."""
