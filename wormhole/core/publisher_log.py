@@ -26,8 +26,6 @@ was handled".
 from __future__ import annotations
 
 import bisect
-import contextlib
-import errno
 import itertools
 import logging
 import os
@@ -44,7 +42,6 @@ from msgspec import Raw
 
 from wormhole.core.errors import LogCorruptError, SourceError, StateError, file_problem
 from wormhole.core.framing import (
-    HEADER,
     HEADER_SIZE,
     MAX_RECORD,
     Record,
@@ -65,7 +62,6 @@ from wormhole.core.segment import (
     NO_TS,
     Entry,
     Segment,
-    index_path,
     load_entries,
     max_ts,
     read_header,
@@ -182,7 +178,8 @@ class PublisherLog:
         self.bytes_written = 0
         self.bytes_read = 0
         self._checkpoint_raw = b"null"
-        self._fd: int | None = None
+        self._active: Segment | None = None
+        """The segment being written."""
         self._lock = threading.Lock()
         self.appended = threading.Condition(self._lock)
         # Recent batches kept in memory so that the lead caravan never re-reads them.
@@ -396,34 +393,25 @@ class PublisherLog:
     def _start_segment(self, session: int, roll: int) -> None:
         if self.segments:
             self.segments[-1].end_seq = self.next_seq
-            self.segments[-1].write_index()
         path = self.directory / f"log.{session}.{roll}"
         header = _encoder.encode(
             SegmentHeader(session, roll, self.next_seq, Raw(self._checkpoint_raw))
         )
         record = make_frame(KIND_SEGMENT, self.next_seq, 0, header)
-        old = self._fd
+        old = self._active
         try:
             if old is not None:
                 # With log.fsync off the old segment's tail may still be in the page cache;
                 # if the new header reached the disk first, a crash would leave a gap.
-                os.fsync(old)
-            with contextlib.suppress(FileNotFoundError):
-                index_path(path).unlink()  # an index left by an earlier segment of that name
-            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_APPEND, 0o644)
-            _write_all(fd, record)
-            os.fsync(fd)
-            fsync_directory(str(self.directory))
+                old.sync()
+            segment = Segment.create(path, session, roll, self.next_seq, record)
         except OSError as exc:
             raise StateError(
                 f"cannot write the publisher log segment {path}: {exc.strerror}"
             ) from exc
-        self._fd = fd
+        self._active = segment
         if old is not None:
-            os.close(old)
-        segment = Segment(
-            path, session, roll, self.next_seq, len(record), [], HEADER.unpack_from(record)[4]
-        )
+            old.close(sync=False)
         with self._lock:
             self.segments.append(segment)
 
@@ -490,25 +478,15 @@ class PublisherLog:
         On a write error the segment is cut back to its last good record, so
         committing the same batch again appends cleanly; the error propagates.
         """
-        assert self._fd is not None, "open() the log first"
+        segment = self._active
+        assert segment is not None, "open() the log first"
         if prepared.first_seq != self.next_seq:
             raise RuntimeError(
                 f"batch prepared at seq {prepared.first_seq} committed at {self.next_seq}"
             )
         updates = prepared.updates
         records = prepared.records
-        segment = self.segments[-1]
-        try:
-            for _first, _count, record in records:
-                _write_all(self._fd, record)
-            if self.fsync:
-                os.fdatasync(self._fd)
-        except OSError:
-            try:
-                os.ftruncate(self._fd, segment.size)
-            except OSError as exc:  # pragma: no cover - the disk refuses even to shrink
-                log.error("cannot cut %s back to %d bytes: %s", segment.path, segment.size, exc)
-            raise
+        segment.write([record for _, _, record in records], self.fsync)
         first = prepared.first_seq
         batch = Batch.of(first, updates, time.monotonic_ns())
         last = len(records) - 1
@@ -551,18 +529,16 @@ class PublisherLog:
             raise
 
     def sync(self) -> None:
-        if self._fd is not None:
-            os.fsync(self._fd)
+        if self._active is not None:
+            self._active.sync()
 
     def close(self) -> None:
         with self._lock:
             self.closed = True
             self.appended.notify_all()
-        if self._fd is not None:
-            os.fsync(self._fd)
-            os.close(self._fd)
-            self._fd = None
-            self.segments[-1].write_index()
+        if self._active is not None:
+            self._active.close()
+            self._active = None
 
     # ------------------------------------------------------------------ read
     @property
@@ -756,18 +732,6 @@ def _too_large(update: Update, size: int, bound: int) -> SourceError:
         f"cannot be published: leave its table out of the source, or keep values this "
         f"large out of the database"
     )
-
-
-def _write_all(fd: int, data: bytes) -> None:
-    view = memoryview(data)
-    while view:
-        try:
-            n = os.write(fd, view)
-        except InterruptedError:
-            continue
-        if n == 0:  # pragma: no cover - a zero-length write means no space
-            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
-        view = view[n:]
 
 
 @dataclass

@@ -20,6 +20,8 @@ from __future__ import annotations
 
 import bisect
 import contextlib
+import errno
+import logging
 import os
 import struct
 import threading
@@ -29,7 +31,16 @@ from pathlib import Path
 from typing import NamedTuple
 
 from wormhole.core.errors import LogCorruptError
-from wormhole.core.framing import HEADER, HEADER_SIZE, MAGIC, VERSION, read_record_at
+from wormhole.core.framing import (
+    HEADER,
+    HEADER_SIZE,
+    MAGIC,
+    VERSION,
+    fsync_directory,
+    read_record_at,
+)
+
+log = logging.getLogger("wormhole.publisher_log")
 
 KIND_SEGMENT = 1
 KIND_BATCH = 2
@@ -130,6 +141,8 @@ class Segment:
         """The seq after its last update."""
         self.max_ts = NO_TS
         """Where the whole records end (less than ``size`` only in a damaged segment)."""
+        self.fd: int | None = None
+        """Open for appending while this is the segment being written."""
         self._indexed = 0  # entries already in the index file
         self.indexed_bytes = 0
         """Where the entries in the index file end."""
@@ -205,6 +218,58 @@ class Segment:
             return self.entries
 
     # ----------------------------------------------------------------- write
+    @classmethod
+    def create(
+        cls, path: Path, session: int, roll: int, first_seq: int, header_record: bytes
+    ) -> Segment:
+        """A new segment holding its header record, durable (file and directory), open for
+        appending. An index left by an earlier file of that name is removed first."""
+        with contextlib.suppress(FileNotFoundError):
+            index_path(path).unlink()
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_APPEND, 0o644)
+        try:
+            write_all(fd, header_record)
+            os.fsync(fd)
+            fsync_directory(str(path.parent))
+        except BaseException:
+            os.close(fd)
+            raise
+        crc = HEADER.unpack_from(header_record)[4]
+        segment = cls(path, session, roll, first_seq, len(header_record), [], crc)
+        segment.fd = fd
+        return segment
+
+    def write(self, records: list[bytes], sync: bool) -> None:
+        """Write ``records`` at the end of the segment (and fdatasync it with ``sync``); they
+        count once :meth:`appended`. On a write error the file is cut back to its last whole
+        record, so writing the same records again appends cleanly; the error propagates."""
+        fd = self.fd
+        assert fd is not None, f"{self.name} is not open for writing"
+        try:
+            for record in records:
+                write_all(fd, record)
+            if sync:
+                os.fdatasync(fd)
+        except OSError:
+            try:
+                os.ftruncate(fd, self.size)
+            except OSError as exc:  # pragma: no cover - the disk refuses even to shrink
+                log.error("cannot cut %s back to %d bytes: %s", self.path, self.size, exc)
+            raise
+
+    def sync(self) -> None:
+        if self.fd is not None:
+            os.fsync(self.fd)
+
+    def close(self, sync: bool = True) -> None:
+        """Stop writing: fsync (unless just done) and close the file, write the index."""
+        if self.fd is not None:
+            if sync:
+                os.fsync(self.fd)
+            os.close(self.fd)
+            self.fd = None
+        self.write_index()
+
     def appended(self, records: list[tuple[int, int, int, int, int]]) -> None:
         """Records written at the end of the segment: ``(first seq, count, record bytes,
         kind, largest ts_ms of its updates)`` each."""
@@ -464,6 +529,18 @@ def scan_entries(
             seq = first + count
         offset += HEADER_SIZE + length
     return entries, offset
+
+
+def write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        try:
+            n = os.write(fd, view)
+        except InterruptedError:
+            continue
+        if n == 0:  # pragma: no cover - a zero-length write means no space
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        view = view[n:]
 
 
 def zero_from(fd: int, offset: int, size: int) -> bool:
