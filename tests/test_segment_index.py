@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from wormhole.core import publisher_log
+from wormhole.core import offline_log, publisher_log
 from wormhole.core.publisher_log import PublisherLog, position_at_time, read_log_range
 from wormhole.core.segment import INDEX_MAGIC, index_path
 from wormhole.core.update import Update
@@ -150,13 +150,13 @@ def test_position_at_time_reads_one_batch_of_a_long_log(
         return total
 
     decoded = []
-    real = publisher_log._entry_updates
+    real = offline_log._entry_updates
 
     def counting(f, path, entry):  # type: ignore[no-untyped-def]
         decoded.append(entry.first)
         return real(f, path, entry)
 
-    monkeypatch.setattr(publisher_log, "_entry_updates", counting)
+    monkeypatch.setattr(offline_log, "_entry_updates", counting)
     for target in [BASE_TS - 1, BASE_TS, BASE_TS + 2, BASE_TS + 299, BASE_TS + 320, BASE_TS + 777]:
         decoded.clear()
         assert position_at_time(tmp_path, target) == scan(target), target

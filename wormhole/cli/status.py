@@ -14,8 +14,8 @@ from wormhole.core.backfill import summary as backfill_summary
 from wormhole.core.dead_letters import count_dead_letters
 from wormhole.core.deployment import deployment as deployment_view
 from wormhole.core.lag import measure, removed_applications, stored_datamarkers
+from wormhole.core.offline_log import inspect_log
 from wormhole.core.pipeline import Pipeline
-from wormhole.core.publisher_log import inspect_log
 from wormhole.core.status import read_live_status
 from wormhole.plugins.hookspecs import hookimpl
 

@@ -32,7 +32,6 @@ import os
 import threading
 import time
 from collections import deque
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -44,25 +43,26 @@ from wormhole.core.errors import LogCorruptError, SourceError, StateError, file_
 from wormhole.core.framing import (
     HEADER_SIZE,
     MAX_RECORD,
-    Record,
     TornTail,
     fsync_directory,
     log_file_key,
     read_record_at,
     read_records,
-    scan_headers,
 )
 from wormhole.core.framing import frame as make_frame
 from wormhole.core.metrics import AppendTimes
+
+# Read from outside the publisher (offline_log); also importable from here, as they were.
+from wormhole.core.offline_log import LogInfo as LogInfo
+from wormhole.core.offline_log import inspect_log as inspect_log
+from wormhole.core.offline_log import position_at_time as position_at_time
+from wormhole.core.offline_log import read_log_range as read_log_range
 from wormhole.core.segment import (
     BATCH_KINDS,
     KIND_BATCH,
     KIND_BATCH_PART,
     KIND_SEGMENT,
-    NO_TS,
-    Entry,
     Segment,
-    load_entries,
     max_ts,
     read_header,
 )
@@ -732,190 +732,3 @@ def _too_large(update: Update, size: int, bound: int) -> SourceError:
         f"cannot be published: leave its table out of the source, or keep values this "
         f"large out of the database"
     )
-
-
-@dataclass
-class LogInfo:
-    """What ``wormhole status`` shows of a publisher log, read without changing it."""
-
-    directory: Path
-    segments: list[tuple[str, int, int]]  # (name, first_seq, size)
-    first_seq: int
-    next_seq: int
-
-
-def _offline_segments(
-    root: Path, tolerate_corrupt: bool = False
-) -> Iterator[tuple[Path, BinaryIO, list[Record]]]:
-    """Each segment file of a log in order, open, with its record headers, read without
-    recovering or locking the log (it may be live: only complete records are listed, and
-    a segment collected meanwhile is skipped). With ``tolerate_corrupt``, a segment's
-    headers stop at a corrupt record instead of raising."""
-    if not root.is_dir():
-        return
-    found = sorted(
-        (key, p) for p in root.glob("log.*") if (key := log_file_key(p.name)) is not None
-    )
-    for _, path in found:
-        try:
-            f = open(path, "rb")  # noqa: SIM115 - closed below
-        except FileNotFoundError:
-            continue
-        with f:
-            headers: list[Record] = []
-            try:
-                # Listed first: reading a payload below moves the file position.
-                headers.extend(scan_headers(f, str(path)))
-            except LogCorruptError:
-                if not tolerate_corrupt:
-                    raise
-            yield path, f, headers
-
-
-def _record_updates(f: BinaryIO, path: Path, record: Record) -> list[Update]:
-    _, updates = _updates_only_decoder.decode(read_record_at(f, str(path), record.offset).payload)
-    return list(updates)
-
-
-def inspect_log(directory: str | os.PathLike[str]) -> LogInfo:
-    """Read a publisher log's extent without recovering or locking it (it may be live)."""
-    root = Path(directory)
-    segments: list[tuple[str, int, int]] = []
-    next_seq = 0
-    for path, _, headers in _offline_segments(root, tolerate_corrupt=True):
-        first = None
-        for record in headers:
-            if record.kind == KIND_SEGMENT:
-                first = record.first
-                next_seq = max(next_seq, record.first)
-            elif record.kind == KIND_BATCH:
-                next_seq = max(next_seq, record.first + record.count)
-        if first is not None:
-            segments.append((path.name, first, path.stat().st_size))
-    first_seq = segments[0][1] if segments else 0
-    return LogInfo(root, segments, first_seq, next_seq)
-
-
-def _offline_entries(path: Path) -> tuple[BinaryIO, list[Entry]] | None:
-    """Segment ``path`` open, with the entries of its whole records (from its index and, past
-    it, its record headers), read without recovering or locking the log; None if the segment
-    was garbage-collected meanwhile."""
-    try:
-        f = open(path, "rb")  # noqa: SIM115 - the caller closes it
-    except FileNotFoundError:
-        return None
-    try:
-        fd = f.fileno()
-        _, header_crc, header_end = read_header(path)
-        entries, _, _ = load_entries(path, fd, header_crc, header_end, os.fstat(fd).st_size)
-    except BaseException:
-        f.close()
-        raise
-    return f, entries
-
-
-def _offline_paths(root: Path) -> list[tuple[int, Path]]:
-    """``(first seq, path)`` of each segment of a log, oldest first."""
-    if not root.is_dir():
-        return []
-    found = sorted(
-        (key, p) for p in root.glob("log.*") if (key := log_file_key(p.name)) is not None
-    )
-    paths = []
-    for _, path in found:
-        try:
-            paths.append((read_header(path)[0], path))
-        except FileNotFoundError:
-            continue
-    return paths
-
-
-def read_log_range(
-    directory: str | os.PathLike[str], start: int, end: int
-) -> Iterator[tuple[int, Update]]:
-    """``(seq, update)`` for every update with ``start <= seq < end``, read without
-    recovering or locking the log (it may be live; only complete records are read).
-
-    Raises LookupError when part of the range was already garbage-collected.
-    """
-    root = Path(directory)
-    covered = start
-    paths = _offline_paths(root)
-    for i, (_, path) in enumerate(paths):
-        if covered >= end:
-            return
-        if i + 1 < len(paths) and paths[i + 1][0] <= covered:
-            continue  # the range starts in a later segment
-        opened = _offline_entries(path)
-        if opened is None:
-            continue
-        f, entries = opened
-        with f:
-            at = max(0, bisect.bisect_right(entries, (covered, 1 << 62)) - 1)
-            for entry in entries[at:]:
-                if entry.count == 0:
-                    continue
-                last = entry.first + entry.count
-                if last <= covered:
-                    continue
-                if entry.first >= end:
-                    break
-                if entry.first > covered:
-                    raise LookupError(
-                        f"publisher log {root}: updates {covered} to {entry.first - 1} are no "
-                        f"longer retained (garbage-collected)"
-                    )
-                for k, update in enumerate(_entry_updates(f, path, entry)):
-                    seq = entry.first + k
-                    if covered <= seq < end:
-                        yield seq, update
-                covered = min(last, end)
-    if covered < end:
-        raise LookupError(
-            f"publisher log {root}: updates {covered} to {end - 1} are not in the log "
-            f"(not written yet, or garbage-collected)"
-        )
-
-
-def _entry_updates(f: BinaryIO, path: Path, entry: Entry) -> list[Update]:
-    _, updates = _updates_only_decoder.decode(read_record_at(f, str(path), entry.offset).payload)
-    return list(updates)
-
-
-def position_at_time(directory: str | os.PathLike[str], ts_ms: int) -> int | None:
-    """The position of the first retained update whose source time (``ts_ms``) is at or
-    after ``ts_ms``; the end of the log if none is (or if the log holds no update yet: a new
-    pipeline starts at the beginning); None if updates are retained but none carries a time.
-
-    Each segment's time index (the largest ``ts_ms`` so far at each record) is searched for
-    the first record that reaches ``ts_ms``, and only that record is read; records the index
-    does not cover yet (a segment written before indexes were, or the newest records of a
-    live segment) are read in order.
-    """
-    timed = False
-    end = 0
-    for _, path in _offline_paths(Path(directory)):
-        opened = _offline_entries(path)
-        if opened is None:
-            continue
-        f, entries = opened
-        with f:
-            if not entries:
-                continue
-            last_end = entries[-1].first + entries[-1].count
-            if last_end > entries[0].first:  # seqs run on, so the segment holds updates
-                end = max(end, last_end)
-            # Entries past the index (UNKNOWN_TS, the largest value) sort last.
-            i = bisect.bisect_left(entries, ts_ms, key=lambda e: e.max_ts)
-            if i and entries[i - 1].max_ts != NO_TS:
-                timed = True
-            for entry in entries[i:]:
-                if entry.count == 0:
-                    continue
-                for k, update in enumerate(_entry_updates(f, path, entry)):
-                    if update.ts_ms is None:
-                        continue
-                    timed = True
-                    if update.ts_ms >= ts_ms:
-                        return entry.first + k
-    return end if timed or end == 0 else None

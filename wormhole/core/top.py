@@ -22,8 +22,8 @@ from typing import Any
 
 from wormhole.core.dead_letters import count_dead_letters
 from wormhole.core.lag import Lag, behind, measure, stored_datamarkers
+from wormhole.core.offline_log import inspect_log
 from wormhole.core.pipeline import Pipeline
-from wormhole.core.publisher_log import inspect_log
 from wormhole.core.status import read_live_status
 
 SCRAPE_TIMEOUT_S = 2.0
