@@ -133,7 +133,7 @@ class Segment:
         self.end_seq: int | None = None
         """Where the next segment starts; None while this is the newest."""
         self.size = size
-        """Bytes of whole records (what readers may read)."""
+        """The file's size as last known (where the records written so far end)."""
         self.entries = entries
         self.header_crc = header_crc
         self.whole = size
@@ -283,7 +283,9 @@ class Segment:
             offset += length
             self.end = first + count
         self.max_ts = running
-        self.size = self.whole = offset
+        # ``whole`` first: a reader that checks ``whole < size`` in between sees no damage.
+        self.whole = offset
+        self.size = offset
 
     def write_index(self) -> None:
         """Append the entries not yet in the index file (rewrite it if it holds others).
@@ -340,7 +342,7 @@ class Segment:
     def entry_for(self, position: int) -> Entry:
         """The batch record holding update ``position``."""
         entries = self.load_index()
-        if self.whole != self.size:
+        if self.whole < self.size:
             raise LogCorruptError(
                 str(self.path), self.whole, f"the segment ends inside a record ({self.size} bytes)"
             )
