@@ -144,6 +144,7 @@ class Segment:
         self.fd: int | None = None
         """Open for appending while this is the segment being written."""
         self._indexed = 0  # entries already in the index file
+        self._index_fd: int | None = None
         self.indexed_bytes = 0
         """Where the entries in the index file end."""
         self._lock = threading.Lock()
@@ -269,6 +270,7 @@ class Segment:
             os.close(self.fd)
             self.fd = None
         self.write_index()
+        self._close_index()
 
     def appended(self, records: list[tuple[int, int, int, int, int]]) -> None:
         """Records written at the end of the segment: ``(first seq, count, record bytes,
@@ -298,34 +300,45 @@ class Segment:
             return
         path = self.index_path
         start = self._indexed
+        fd = self._index_fd
         try:
-            if start == 0:
-                head = _INDEX_HEADER.pack(
-                    INDEX_MAGIC,
-                    INDEX_VERSION,
-                    self.session,
-                    self.roll,
-                    self.first_seq,
-                    self.header_crc,
-                )
-                fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-                data = [head]
-            else:
-                fd = os.open(path, os.O_WRONLY)
+            if start == 0 or fd is None:
+                if fd is not None:
+                    os.close(fd)
+                    self._index_fd = None
+                flags = os.O_WRONLY | os.O_CREAT | (os.O_TRUNC if start == 0 else 0)
+                fd = os.open(path, flags, 0o644)
+                self._index_fd = fd
                 os.lseek(fd, _INDEX_HEADER.size + start * ENTRY_SIZE, os.SEEK_SET)
-                data = []
-            try:
-                data.extend(_pack(e) for e in entries[start:])
-                os.write(fd, b"".join(data))
-                if start == 0:
-                    os.ftruncate(fd, _INDEX_HEADER.size + len(entries) * ENTRY_SIZE)
-            finally:
-                os.close(fd)
+            data = [_pack(e) for e in entries[start:]]
+            if start == 0:
+                os.lseek(fd, 0, os.SEEK_SET)
+                data.insert(
+                    0,
+                    _INDEX_HEADER.pack(
+                        INDEX_MAGIC,
+                        INDEX_VERSION,
+                        self.session,
+                        self.roll,
+                        self.first_seq,
+                        self.header_crc,
+                    ),
+                )
+            write_all(fd, b"".join(data))
         except OSError:
             self._indexed = 0  # rewrite it whole next time
+            self._close_index()
             return
+        finally:
+            if self.fd is None:  # only the segment being written keeps its index open
+                self._close_index()
         self._indexed = len(entries)
         self.indexed_bytes = entries[-1].end
+
+    def _close_index(self) -> None:
+        if self._index_fd is not None:
+            os.close(self._index_fd)
+            self._index_fd = None
 
     def remove_files(self) -> bool:
         """Delete the segment and its index; False if the segment was already gone."""
