@@ -80,6 +80,19 @@ def _foreign(root: Path) -> None:
         path.write_bytes(data)
 
 
+def _count_decoded(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """The first seq of every record whose updates offline_log decodes, from now on."""
+    decoded: list[int] = []
+    real = offline_log._entry_updates
+
+    def counting(f, path, entry):  # type: ignore[no-untyped-def]
+        decoded.append(entry.first)
+        return real(f, path, entry)
+
+    monkeypatch.setattr(offline_log, "_entry_updates", counting)
+    return decoded
+
+
 @pytest.mark.parametrize("damage", [_remove, _truncate, _corrupt, _foreign])
 def test_a_missing_or_damaged_index_gives_the_same_reads(
     tmp_path: Path, damage: Callable[[Path], None]
@@ -149,14 +162,7 @@ def test_position_at_time_reads_one_batch_of_a_long_log(
                 return i
         return total
 
-    decoded = []
-    real = offline_log._entry_updates
-
-    def counting(f, path, entry):  # type: ignore[no-untyped-def]
-        decoded.append(entry.first)
-        return real(f, path, entry)
-
-    monkeypatch.setattr(offline_log, "_entry_updates", counting)
+    decoded = _count_decoded(monkeypatch)
     for target in [BASE_TS - 1, BASE_TS, BASE_TS + 2, BASE_TS + 299, BASE_TS + 320, BASE_TS + 777]:
         decoded.clear()
         assert position_at_time(tmp_path, target) == scan(target), target
@@ -174,13 +180,19 @@ def test_position_at_time_without_times_and_on_an_empty_log(tmp_path: Path) -> N
     assert position_at_time(tmp_path / "log", BASE_TS) is None
 
 
-def test_an_old_log_without_indexes_is_indexed_on_first_open(tmp_path: Path) -> None:
+def test_an_old_log_without_indexes_is_indexed_on_first_open(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     write_log(tmp_path, 40, lambda i: BASE_TS + i)
     _remove(tmp_path)
+    decoded = _count_decoded(monkeypatch)
     before = position_at_time(tmp_path, BASE_TS + 100)
+    assert len(decoded) > 1  # no time index yet: records read in order
     plog = PublisherLog(tmp_path, roll_size=4096, fsync=False)
     plog.open()
     plog.close()
     segments = sorted(tmp_path.glob("log.*"))
     assert {p.name for p in tmp_path.glob("index.*")} >= {index_path(p).name for p in segments[:-1]}
+    decoded.clear()
     assert position_at_time(tmp_path, BASE_TS + 100) == before == 100
+    assert len(decoded) == 1, decoded

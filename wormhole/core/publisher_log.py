@@ -63,6 +63,7 @@ from wormhole.core.segment import (
     KIND_BATCH_PART,
     KIND_SEGMENT,
     Segment,
+    batch_times,
     max_ts,
     read_header,
 )
@@ -84,7 +85,6 @@ class SegmentHeader(msgspec.Struct):
     checkpoint: Raw
 
 
-_batch_decoder = msgspec.json.Decoder(tuple[Raw, list[Update]])
 _updates_only_decoder = msgspec.json.Decoder(tuple[Any, list[Update]])
 _header_decoder = msgspec.json.Decoder(SegmentHeader)
 _row_decoders: dict[type[Any], msgspec.json.Decoder[Any]] = {}
@@ -333,7 +333,7 @@ class PublisherLog:
                                 record.offset,
                                 f"batch starts at seq {record.first}, expected {next_seq}",
                             )
-                        raw_checkpoint, updates = _batch_decoder.decode(record.payload)
+                        raw_checkpoint, times = batch_times(record.payload)
                         if record.kind == KIND_BATCH:
                             checkpoint = bytes(raw_checkpoint)
                             incomplete = None
@@ -345,7 +345,7 @@ class PublisherLog:
                                 record.count,
                                 record.end - record.offset,
                                 record.kind,
-                                max_ts(updates),
+                                times,
                             )
                         )
                         next_seq = record.first + record.count

@@ -28,7 +28,9 @@ import threading
 import zlib
 from collections.abc import Iterable
 from pathlib import Path
-from typing import NamedTuple
+from typing import BinaryIO, NamedTuple
+
+import msgspec
 
 from wormhole.core.errors import LogCorruptError
 from wormhole.core.framing import (
@@ -170,12 +172,13 @@ class Segment:
     def open_rolled(cls, path: Path, session: int, roll: int) -> Segment:
         """A segment written before (not the newest one), with where it ends.
 
-        Reads the last entry of its index when that ends where the file does; otherwise
-        rebuilds the index from the record headers where the file does not cover it, and
-        writes it back. ``whole`` is where its whole records end: the file's size unless it
-        is damaged. The entries are loaded when first read (:meth:`load_index`).
+        Reads the last entry of its index when that ends where the file does. Otherwise it
+        rebuilds the index where the file does not cover it, reading those records for their
+        times (as Kafka rebuilds a missing time index), and writes it back. ``whole`` is where
+        its whole records end: the file's size unless it is damaged. The entries are loaded
+        when first read (:meth:`load_index`).
         """
-        with open(path, "rb", buffering=0) as f:
+        with open(path, "rb") as f:
             fd = f.fileno()
             first_seq, header_crc, header_end = _read_segment_header(fd, path)
             size = os.fstat(fd).st_size
@@ -185,6 +188,7 @@ class Segment:
                 segment.end = last.first + last.count
                 return segment
             entries, whole, indexed = load_entries(path, fd, header_crc, header_end, size)
+            entries = _with_times(path, f, entries)
         segment.entries = entries
         segment.whole = whole
         segment._indexed = indexed
@@ -487,6 +491,37 @@ def _on_disk(fd: int, entry: Entry) -> bool:
         entry.first,
         entry.count,
     )
+
+
+class _Times(msgspec.Struct):
+    ts_ms: int | None = None
+
+
+_times_decoder = msgspec.json.Decoder(tuple[msgspec.Raw, list[_Times]])
+
+
+def batch_times(payload: bytes | memoryview) -> tuple[msgspec.Raw, int]:
+    """The checkpoint (raw JSON) of a batch record's payload and the largest ``ts_ms`` of its
+    updates (:data:`NO_TS` if none), without decoding the rest of each update."""
+    checkpoint, updates = _times_decoder.decode(payload)
+    best = NO_TS
+    for update in updates:
+        ts = update.ts_ms
+        if ts is not None and ts > best:
+            best = ts
+    return checkpoint, best
+
+
+def _with_times(path: Path, f: BinaryIO, entries: list[Entry]) -> list[Entry]:
+    """``entries`` with the times of those built from record headers, read from the segment."""
+    i = next((i for i, e in enumerate(entries) if e.max_ts == UNKNOWN_TS), len(entries))
+    running = entries[i - 1].max_ts if i else NO_TS
+    for k in range(i, len(entries)):
+        entry = entries[k]
+        _, ts = batch_times(read_record_at(f, str(path), entry.offset).payload)
+        running = max(running, ts)
+        entries[k] = entry._replace(max_ts=running)
+    return entries
 
 
 def load_entries(
