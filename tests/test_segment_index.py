@@ -196,3 +196,25 @@ def test_an_old_log_without_indexes_is_indexed_on_first_open(
     decoded.clear()
     assert position_at_time(tmp_path, BASE_TS + 100) == before == 100
     assert len(decoded) == 1, decoded
+
+
+def test_garbage_collection_deletes_an_index_with_its_segment_and_open_an_orphan(
+    tmp_path: Path,
+) -> None:
+    write_log(tmp_path, 40, lambda i: BASE_TS + i, sessions=1)
+    plog = PublisherLog(tmp_path, roll_size=4096, fsync=False)
+    plog.open()
+    gone = plog.segments[0]
+    assert gone.index_path.exists()
+    assert plog.collect_garbage(plog.segments[1].first_seq) == [gone.name]
+    assert not gone.index_path.exists()
+    plog.close()
+    # A crash between deleting a segment and its index leaves the index alone.
+    kept = sorted(tmp_path.glob("log.*"))[0]
+    orphan = index_path(kept).read_bytes()
+    kept.unlink()
+    assert index_path(kept).read_bytes() == orphan
+    again = PublisherLog(tmp_path, roll_size=4096)
+    again.open()
+    again.close()
+    assert not index_path(kept).exists()

@@ -64,8 +64,10 @@ from wormhole.core.segment import (
     KIND_SEGMENT,
     Segment,
     batch_times,
+    index_path,
     max_ts,
     read_header,
+    remove_orphan_indexes,
 )
 from wormhole.core.update import Update
 
@@ -213,6 +215,7 @@ class PublisherLog:
             for p in self.directory.iterdir()
             if (key := log_file_key(p.name)) is not None and p.is_file()
         )
+        remove_orphan_indexes(self.directory)
         last_session = self._read_session_file()
         segments: list[Segment] = []
         checkpoint_raw = b"null"
@@ -381,6 +384,7 @@ class PublisherLog:
             os.fsync(f.fileno())
         if header is None:
             path.unlink()
+            index_path(path).unlink(missing_ok=True)
             fsync_directory(str(self.directory))
             return None
         first_seq, header_crc, header_end = read_header(path)

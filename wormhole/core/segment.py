@@ -3,17 +3,22 @@
 A segment is a segment header record followed by batch (and batch part) records, framed by
 :mod:`wormhole.core.framing`. Beside it, ``index.<session>.<roll>`` lists each batch record
 once: its first seq, update count, byte offset, length, kind and the largest source time
-(``ts_ms``) of its updates. It is what a reader uses to find the record holding a seq (an
-offset index) and the first update at or after a time (a time index), as Kafka's
+(``ts_ms``) of the updates up to it. It is what a reader uses to find the record holding a seq
+(an offset index) and the first update at or after a time (a time index), as Kafka's
 ``LogSegment`` keeps an ``OffsetIndex`` and a ``TimeIndex`` beside each log file.
+
+An index file is a 34-byte header (``WHIX``, version, session, roll, first seq, CRC of the
+segment's header record) and then one 37-byte entry per record (:class:`Entry`'s fields,
+little-endian, and the entry's CRC-32).
 
 The segment file is the source of truth and the index only a cache of it: the index is
 written without fsync, and every load checks it against the segment (its header names the
 segment's first seq and the CRC of its header record; each entry has its own CRC and must
-follow the one before it, byte for byte and seq for seq). Loading keeps the entries that
-pass and scans the segment's record headers from where they end, so an index that is
-missing, short, torn, corrupt or behind a segment that has grown since costs a scan of the
-part it does not cover, never an update.
+follow the one before it, byte for byte and seq for seq; the last must match the record
+header at its offset). Loading keeps the entries that pass and scans the segment's record
+headers from where they end, so an index that is missing, short, torn, corrupt, ahead of the
+segment's data or behind a segment that has grown since costs a scan of the part it does not
+cover, never an update.
 """
 
 from __future__ import annotations
@@ -93,6 +98,15 @@ def segment_key(name: str) -> tuple[int, int] | None:
         return int(parts[1]), int(parts[2])
     except ValueError:
         return None
+
+
+def remove_orphan_indexes(directory: Path) -> None:
+    """Delete index files whose segment is gone (a crash between the two deletions)."""
+    for path in directory.glob("index.*"):
+        segment = path.with_name("log" + path.name[5:])
+        if segment_key(segment.name) is not None and not segment.exists():
+            with contextlib.suppress(FileNotFoundError):
+                path.unlink()
 
 
 def index_path(path: Path) -> Path:
