@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from wormhole.core import offline_log, publisher_log
+from wormhole.core import offline_log
+from wormhole.core.errors import StateError
 from wormhole.core.publisher_log import PublisherLog, position_at_time, read_log_range
 from wormhole.core.segment import INDEX_MAGIC, index_path
 from wormhole.core.update import Update
@@ -141,7 +142,7 @@ def test_an_index_ahead_of_its_segment_is_not_trusted(tmp_path: Path) -> None:
     with open(first.path, "r+b") as f:  # the last record lost, the file size kept
         f.seek(entries[-1].offset)
         f.write(b"\0" * (first.size - entries[-1].offset))
-    with pytest.raises(publisher_log.StateError, match=r"log\.0\.0 ends at seq"):
+    with pytest.raises(StateError, match=r"log\.0\.0 ends at seq"):
         PublisherLog(tmp_path, roll_size=4096).open()
 
 

@@ -43,13 +43,17 @@ from wormhole.core.errors import LogCorruptError, SourceError, StateError, file_
 from wormhole.core.framing import (
     HEADER_SIZE,
     MAX_RECORD,
-    TornTail,
     fsync_directory,
     log_file_key,
     read_record_at,
-    read_records,
 )
 from wormhole.core.framing import frame as make_frame
+from wormhole.core.log_recovery import (
+    check_continuity,
+    read_session_file,
+    recover_segment,
+    write_session_file,
+)
 from wormhole.core.metrics import AppendTimes
 
 # Read from outside the publisher (offline_log); also importable from here, as they were.
@@ -58,15 +62,12 @@ from wormhole.core.offline_log import inspect_log as inspect_log
 from wormhole.core.offline_log import position_at_time as position_at_time
 from wormhole.core.offline_log import read_log_range as read_log_range
 from wormhole.core.segment import (
-    BATCH_KINDS,
     KIND_BATCH,
     KIND_BATCH_PART,
     KIND_SEGMENT,
     Segment,
-    batch_times,
-    index_path,
+    SegmentHeader,
     max_ts,
-    read_header,
     remove_orphan_indexes,
 )
 from wormhole.core.update import Update
@@ -80,15 +81,7 @@ DEFAULT_INDEX_INTERVAL = 0
 """Bytes of records appended between writes of the newest segment's index (0: every batch)."""
 
 
-class SegmentHeader(msgspec.Struct):
-    session: int
-    roll: int
-    first_seq: int
-    checkpoint: Raw
-
-
 _updates_only_decoder = msgspec.json.Decoder(tuple[Any, list[Update]])
-_header_decoder = msgspec.json.Decoder(SegmentHeader)
 _row_decoders: dict[type[Any], msgspec.json.Decoder[Any]] = {}
 
 
@@ -216,7 +209,7 @@ class PublisherLog:
             if (key := log_file_key(p.name)) is not None and p.is_file()
         )
         remove_orphan_indexes(self.directory)
-        last_session = self._read_session_file()
+        last_session = read_session_file(self.directory)
         segments: list[Segment] = []
         checkpoint_raw = b"null"
         next_seq = 0
@@ -225,7 +218,7 @@ class PublisherLog:
         while found:
             (session, roll), path = found[-1]
             last_session = max(last_session, session)
-            state = self._recover_segment(session, roll, path, truncated)
+            state = recover_segment(session, roll, path, truncated)
             if state is None:
                 found.pop()
                 continue
@@ -237,7 +230,7 @@ class PublisherLog:
             last_session = max(last_session, session)
             segments.append(Segment.open_rolled(path, session, roll))
         segments.reverse()
-        self._check_continuity(segments)
+        check_continuity(self.directory, segments)
         for older, newer in itertools.pairwise(segments):
             older.end_seq = newer.first_seq
         self.segments = segments
@@ -248,151 +241,9 @@ class PublisherLog:
         if segments:
             segments[-1].end_seq = next_seq
         self.session = last_session + 1
-        self._write_session_file(self.session)
+        write_session_file(self.directory, self.session)
         self._start_segment(self.session, 0)
         return Recovery(self.checkpoint, self.next_seq, self.session, truncated)
-
-    def _read_session_file(self) -> int:
-        path = self.directory / ".session"
-        try:
-            return int(path.read_text().strip() or -1)
-        except FileNotFoundError:
-            return -1
-        except ValueError as exc:
-            raise StateError(f"{path} does not hold a session number; remove it") from exc
-
-    def _write_session_file(self, session: int) -> None:
-        path = self.directory / ".session"
-        tmp = path.with_suffix(".tmp")
-        try:
-            with open(tmp, "w") as f:
-                f.write(f"{session}\n")
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, path)
-        except OSError as exc:
-            raise StateError(
-                f"cannot write {path}: {exc.strerror}; make the state_dir writable"
-            ) from exc
-
-    def _check_continuity(self, segments: list[Segment]) -> None:
-        """Each rolled segment must end where the next one starts.
-
-        A segment's header is written only after the segment before it is durable, but a log
-        written without that ordering (or damaged since) can hold a later segment whose
-        predecessor lost its tail in a crash; readers would fail on that gap much later.
-        """
-        for older, newer in itertools.pairwise(segments):
-            end, whole, size = older.end, older.whole, older.size
-            if end == newer.first_seq:
-                continue
-            cut = (
-                f" ({older.name} holds whole records only up to byte {whole} of {size})"
-                if whole != size
-                else ""
-            )
-            if end < newer.first_seq:
-                what = (
-                    f"updates {end} to {newer.first_seq - 1} are missing (what a crash leaves "
-                    f"when {newer.name} reached the disk before the end of {older.name}, "
-                    f"possible with log.fsync: false)"
-                )
-            else:
-                what = "the two segments overlap, so they do not belong to the same log"
-            raise StateError(
-                f"publisher log {self.directory}: {older.name} ends at seq {end} but the "
-                f"next segment {newer.name} starts at seq {newer.first_seq}{cut}; {what}. "
-                f"Restore {older.name} from a copy, or start over with a new state_dir; to "
-                f"keep the later segments and accept the loss, move {older.name} and every "
-                f"segment before it out of {self.directory}"
-            )
-
-    def _recover_segment(
-        self, session: int, roll: int, path: Path, truncated: list[str]
-    ) -> tuple[Segment, bytes, int] | None:
-        header: SegmentHeader | None = None
-        checkpoint = b"null"
-        next_seq = 0
-        index: list[tuple[int, int, int, int, int]] = []  # first, count, bytes, kind, max ts
-        # (offset, index length, next_seq) where the parts of a batch began, until its last
-        # record arrives: the parts alone are a batch that was never confirmed.
-        incomplete: tuple[int, int, int] | None = None
-        cut: int | None = None
-        with open(path, "r+b") as f:
-            try:
-                for record in read_records(f, str(path)):
-                    if header is None:
-                        if record.kind != KIND_SEGMENT:
-                            raise LogCorruptError(
-                                str(path), 0, "segment does not start with its header"
-                            )
-                        header = _header_decoder.decode(record.payload)
-                        checkpoint = bytes(header.checkpoint)
-                        next_seq = header.first_seq
-                    elif record.kind in BATCH_KINDS:
-                        if record.first != next_seq:
-                            raise LogCorruptError(
-                                str(path),
-                                record.offset,
-                                f"batch starts at seq {record.first}, expected {next_seq}",
-                            )
-                        raw_checkpoint, times = batch_times(record.payload)
-                        if record.kind == KIND_BATCH:
-                            checkpoint = bytes(raw_checkpoint)
-                            incomplete = None
-                        elif incomplete is None:
-                            incomplete = (record.offset, len(index), next_seq)
-                        index.append(
-                            (
-                                record.first,
-                                record.count,
-                                record.end - record.offset,
-                                record.kind,
-                                times,
-                            )
-                        )
-                        next_seq = record.first + record.count
-            except TornTail as torn:
-                log.warning(
-                    "%s: torn tail at offset %d (%s); truncating %d bytes left by an "
-                    "interrupted write",
-                    path,
-                    torn.offset,
-                    torn.reason,
-                    os.fstat(f.fileno()).st_size - torn.offset,
-                )
-                cut = torn.offset
-            if incomplete is not None:
-                offset, kept, resume = incomplete
-                log.warning(
-                    "%s: an incomplete batch from seq %d at offset %d (its last record, which "
-                    "carries the checkpoint, is missing); truncating it: it was never "
-                    "confirmed, so the source sends it again",
-                    path,
-                    resume,
-                    offset,
-                )
-                del index[kept:]
-                next_seq = resume
-                cut = offset
-            if cut is not None:
-                f.truncate(cut)
-                f.flush()
-                truncated.append(f"{path.name}@{cut}")
-            # With log.fsync off this segment may be in the page cache only; it must be on
-            # disk before the new session's first segment is, or a crash leaves a gap.
-            os.fsync(f.fileno())
-        if header is None:
-            path.unlink()
-            index_path(path).unlink(missing_ok=True)
-            fsync_directory(str(self.directory))
-            return None
-        first_seq, header_crc, header_end = read_header(path)
-        segment = Segment(path, session, roll, first_seq, header_end, [], header_crc)
-        if index:
-            segment.appended(index)
-        segment.write_index()
-        return segment, checkpoint, next_seq
 
     def _start_segment(self, session: int, roll: int) -> None:
         if self.segments:

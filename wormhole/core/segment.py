@@ -70,6 +70,15 @@ ENTRY_SIZE = _ENTRY.size + _ENTRY_CRC.size
 _SCAN_WINDOW = 1 << 16
 
 
+class SegmentHeader(msgspec.Struct):
+    """The payload of a segment's first record (JSON)."""
+
+    session: int
+    roll: int
+    first_seq: int
+    checkpoint: msgspec.Raw
+
+
 class Entry(NamedTuple):
     """One batch record of a segment."""
 
