@@ -72,7 +72,7 @@ def inspect_log(directory: str | os.PathLike[str]) -> LogInfo:
             if opened is not None:
                 opened[0].close()
                 entries = opened[1]
-        ends = [e.first + e.count for e in entries if e.kind == KIND_BATCH]
+        ends = [e.first + e.n_updates for e in entries if e.kind == KIND_BATCH]
         if ends:
             next_seq = max(next_seq, ends[-1])
             break
@@ -157,9 +157,9 @@ def read_log_range(
         with f:
             at = max(0, bisect.bisect_right(entries, (covered, 1 << 62)) - 1)
             for entry in entries[at:]:
-                if entry.count == 0:
+                if entry.n_updates == 0:
                     continue
-                last = entry.first + entry.count
+                last = entry.first + entry.n_updates
                 if last <= covered:
                     continue
                 if entry.first >= end:
@@ -206,7 +206,7 @@ def position_at_time(directory: str | os.PathLike[str], ts_ms: int) -> int | Non
         with f:
             if not entries:
                 continue
-            last_end = entries[-1].first + entries[-1].count
+            last_end = entries[-1].first + entries[-1].n_updates
             if last_end > entries[0].first:  # seqs run on, so the segment holds updates
                 end = max(end, last_end)
             # Entries past the index (UNKNOWN_TS, the largest value) sort last.
@@ -214,7 +214,7 @@ def position_at_time(directory: str | os.PathLike[str], ts_ms: int) -> int | Non
             if i and entries[i - 1].max_ts != NO_TS:
                 timed = True
             for entry in entries[i:]:
-                if entry.count == 0:
+                if entry.n_updates == 0:
                     continue
                 for k, update in enumerate(_entry_updates(f, path, entry)):
                     if update.ts_ms is None:

@@ -538,7 +538,7 @@ class LogReader:
         size = HEADER_SIZE + len(record.payload)
         self.bytes_read += size
         self.publisher_log.count_read(size)
-        if len(updates) != entry.count or record.first != entry.first:
+        if len(updates) != entry.n_updates or record.first != entry.first:
             raise LogCorruptError(
                 str(segment.path), entry.offset, "record does not match its index"
             )

@@ -64,7 +64,7 @@ UNKNOWN_TS = (1 << 63) - 1
 INDEX_MAGIC = b"WHIX"
 INDEX_VERSION = 1
 _INDEX_HEADER = struct.Struct("<4sHQQQI")  # magic, version, session, roll, first seq, header CRC
-_ENTRY = struct.Struct("<QIQIBq")  # first, count, offset, length, kind, max_ts
+_ENTRY = struct.Struct("<QIQIBq")  # first, n_updates, offset, length, kind, max_ts
 _ENTRY_CRC = struct.Struct("<I")
 ENTRY_SIZE = _ENTRY.size + _ENTRY_CRC.size
 _SCAN_WINDOW = 1 << 16
@@ -83,7 +83,7 @@ class Entry(NamedTuple):
     """One batch record of a segment."""
 
     first: int
-    count: int
+    n_updates: int
     offset: int
     length: int
     """Payload bytes (the record is ``HEADER_SIZE + length`` bytes)."""
@@ -208,14 +208,14 @@ class Segment:
             segment = cls(path, session, roll, first_seq, size, None, header_crc)
             last = _last_entry(path, header_crc, size)
             if last is not None and _on_disk(fd, last):
-                segment.end = last.first + last.count
+                segment.end = last.first + last.n_updates
                 return segment
             entries, whole, indexed = load_entries(path, fd, header_crc, header_end, size)
             entries = _with_times(path, f, entries)
         segment.entries = entries
         segment.whole = whole
         segment._indexed = indexed
-        segment.end = entries[-1].first + entries[-1].count if entries else first_seq
+        segment.end = entries[-1].first + entries[-1].n_updates if entries else first_seq
         segment.write_index()
         if whole == size:
             segment.entries = None  # loaded again when read, not held for every segment
@@ -393,12 +393,12 @@ class Segment:
         if i < 0:
             raise LogCorruptError(str(self.path), 0, f"no record holds seq {position}")
         entry = entries[i]
-        if not entry.first <= position < entry.first + entry.count:
+        if not entry.first <= position < entry.first + entry.n_updates:
             raise LogCorruptError(
                 str(self.path),
                 entry.offset,
                 f"no record holds seq {position} (records end at "
-                f"{entry.first + entry.count}): the segment is missing data",
+                f"{entry.first + entry.n_updates}): the segment is missing data",
             )
         return entry
 
@@ -466,7 +466,7 @@ def read_index(path: Path, header_crc: int, header_end: int, size: int) -> list[
         ts = entry.max_ts
         entries.append(entry)
         offset = entry.end
-        seq = entry.first + entry.count
+        seq = entry.first + entry.n_updates
     return entries
 
 
@@ -512,7 +512,7 @@ def _on_disk(fd: int, entry: Entry) -> bool:
         entry.kind,
         entry.length,
         entry.first,
-        entry.count,
+        entry.n_updates,
     )
 
 
@@ -562,7 +562,7 @@ def load_entries(
         entries = []  # the index got ahead of the segment's data: rebuild it
     indexed = len(entries)
     start = entries[-1].end if entries else header_end
-    seq = entries[-1].first + entries[-1].count if entries else None
+    seq = entries[-1].first + entries[-1].n_updates if entries else None
     entries_scanned, whole = scan_entries(path, fd, start, size, seq)
     entries.extend(entries_scanned)
     return entries, whole, indexed
