@@ -14,7 +14,10 @@ Every case writes its own log (``log.fsync: false``) of ``--batches`` batches of
   from disk (what a caravan catching up pays on its first read of an old segment);
 * ``read all``: seconds for one reader to read the whole log from disk;
 * ``range``: seconds for ``read_log_range`` of 1,000 updates in the middle of the log;
-* ``at time``: seconds for ``position_at_time`` of an update in the middle of the log.
+* ``at time``: seconds for ``position_at_time`` of an update in the middle of the log;
+* then the index files are deleted, as in a log written before segments had them, and
+  ``range`` and ``at time`` are measured again (what they cost when they scan: the ratio
+  printed for each), then ``open`` (which indexes every segment again).
 """
 
 from __future__ import annotations
@@ -30,7 +33,18 @@ import tempfile
 import time
 from pathlib import Path
 
-CASES = ("append", "open", "first read", "read all", "range", "at time")
+CASES = (
+    "append",
+    "open",
+    "first read",
+    "read all",
+    "range",
+    "at time",
+    "range, no index",
+    "at time, no index",
+    "open, no index",
+)
+BASELINES = {"range": "range, no index", "at time": "at time, no index"}
 
 
 def measure(batches: int, batch_size: int, roll_size: int) -> dict[str, float]:
@@ -90,6 +104,22 @@ def measure(batches: int, batch_size: int, roll_size: int) -> dict[str, float]:
         found = position_at_time(root, base_ts + middle)
         out["at time"] = time.perf_counter() - started
         assert found == middle, (found, middle)
+
+        # The same without the index files (a log written before them): the baseline of one run.
+        for index in root.glob("index.*"):
+            index.unlink()
+        started = time.perf_counter()
+        got = sum(1 for _ in read_log_range(root, middle, middle + 1000))
+        out["range, no index"] = time.perf_counter() - started
+        started = time.perf_counter()
+        found = position_at_time(root, base_ts + middle)
+        out["at time, no index"] = time.perf_counter() - started
+        assert (got, found) == (1000, middle), (got, found)
+        started = time.perf_counter()
+        plog = PublisherLog(root, roll_size=roll_size, fsync=False, tail_updates=1)
+        plog.open()
+        out["open, no index"] = time.perf_counter() - started
+        plog.close()
         return out
     finally:
         shutil.rmtree(root, ignore_errors=True)
@@ -131,14 +161,18 @@ def main() -> int:
         f"{args.batches:,} batches of {args.batch_size} updates, segments of "
         f"{args.roll_size:,} bytes; median of {args.rounds} rounds, seconds"
     )
-    header = f"{'case':<12}" + "".join(f"{name:>12}" for name in trees)
+    header = f"{'case':<20}" + "".join(f"{name:>12}" for name in trees)
     print(header + ("       ratio" if args.against else ""))
     for case in CASES:
         medians = {name: statistics.median(r[case] for r in runs[name]) for name in trees}
-        line = f"{case:<12}" + "".join(f"{medians[name]:>12.4f}" for name in trees)
+        line = f"{case:<20}" + "".join(f"{medians[name]:>12.4f}" for name in trees)
         if args.against:
             line += f"{medians['this'] / medians['base']:>12.3f}"
         print(line)
+    if not args.against:
+        for case, baseline in BASELINES.items():
+            ratio = statistics.median(r[case] / r[baseline] for r in runs["this"])
+            print(f"{case}: {ratio:.3f} of the time without index files")
     return 0
 
 
