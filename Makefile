@@ -49,6 +49,7 @@ soak: $(STAMP) services
 
 bench: $(STAMP)
 	$(BIN)/python bench/filelog_throughput.py
+	$(BIN)/python bench/publisher_log.py
 	$(BIN)/python bench/metrics.py
 	$(BIN)/python bench/tcp_delivery.py
 	$(BIN)/python bench/postgres_throughput.py

@@ -13,8 +13,8 @@ from wormhole.cli.shared import EXIT_OK, load, pipeline_command, print_backfills
 from wormhole.core.backfill import summary as backfill_summary
 from wormhole.core.deployment import deployment as deployment_view
 from wormhole.core.lag import measure, removed_applications, stored_datamarkers
+from wormhole.core.offline_log import inspect_log
 from wormhole.core.pipeline import Pipeline
-from wormhole.core.publisher_log import inspect_log
 from wormhole.core.status import read_live_status
 from wormhole.plugins.dead_letters import count_dead_letters
 from wormhole.plugins.hookspecs import hookimpl

@@ -13,8 +13,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from wormhole.core.errors import StartError, StateError
+from wormhole.core.offline_log import position_at_time
 from wormhole.core.pipeline import Application
-from wormhole.core.publisher_log import PublisherLog, position_at_time
+from wormhole.core.publisher_log import PublisherLog
 from wormhole.plugins.components import Datamarker
 
 

@@ -4,6 +4,7 @@ Layout of ``<state_dir>/log``::
 
     .session          the last session number used (text)
     log.<session>.<roll>
+    index.<session>.<roll>   its index (a cache, see :mod:`wormhole.core.segment`)
 
 Every start opens a new session (``log.<n+1>.0``); a segment rolls to
 ``log.<session>.<roll+1>`` when it passes ``roll_size`` bytes. Each segment begins
@@ -25,14 +26,12 @@ was handled".
 from __future__ import annotations
 
 import bisect
-import errno
 import itertools
 import logging
 import os
 import threading
 import time
 from collections import deque
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -41,48 +40,48 @@ import msgspec
 from msgspec import Raw
 
 from wormhole.core.errors import LogCorruptError, SourceError, StateError, file_problem
+from wormhole.core.log_recovery import (
+    check_continuity,
+    read_session_file,
+    recover_segment,
+    write_session_file,
+)
 from wormhole.core.metrics import AppendTimes
+
+# Read from outside the publisher (offline_log); also importable from here, as they were.
+from wormhole.core.offline_log import LogInfo as LogInfo
+from wormhole.core.offline_log import inspect_log as inspect_log
+from wormhole.core.offline_log import position_at_time as position_at_time
+from wormhole.core.offline_log import read_log_range as read_log_range
+from wormhole.core.segment import (
+    KIND_BATCH,
+    KIND_BATCH_PART,
+    KIND_SEGMENT,
+    Segment,
+    SegmentHeader,
+    max_ts,
+    remove_orphan_indexes,
+)
 from wormhole.core.update import Update
 from wormhole.plugins.framing import (
-    HEADER,
     HEADER_SIZE,
-    MAGIC,
     MAX_RECORD,
-    VERSION,
-    Record,
-    TornTail,
     fsync_directory,
     log_file_key,
     read_record_at,
-    read_records,
-    scan_headers,
 )
 from wormhole.plugins.framing import frame as make_frame
 
 log = logging.getLogger("wormhole.publisher_log")
 
-KIND_SEGMENT = 1
-KIND_BATCH = 2
-# Kinds 3 and 4 are the LogWriter's.
-KIND_BATCH_PART = 5
-"""An early part of a batch too large for one record; the batch ends with a KIND_BATCH record."""
-BATCH_KINDS = (KIND_BATCH, KIND_BATCH_PART)
 DEFAULT_ROLL_SIZE = 1 << 30
 DEFAULT_MAX_RECORD = MAX_RECORD
 """The longest record payload written: what recovery accepts as whole (framing.MAX_RECORD)."""
-_SCAN_WINDOW = 1 << 16
+DEFAULT_INDEX_INTERVAL = 0
+"""Bytes of records appended between writes of the newest segment's index (0: every batch)."""
 
 
-class SegmentHeader(msgspec.Struct):
-    session: int
-    roll: int
-    first_seq: int
-    checkpoint: Raw
-
-
-_batch_decoder = msgspec.json.Decoder(tuple[Raw, list[Update]])
 _updates_only_decoder = msgspec.json.Decoder(tuple[Any, list[Update]])
-_header_decoder = msgspec.json.Decoder(SegmentHeader)
 _row_decoders: dict[type[Any], msgspec.json.Decoder[Any]] = {}
 
 
@@ -125,22 +124,9 @@ class PreparedBatch:
     checkpoint_raw: bytes
     records: list[tuple[int, int, bytes]]
     """``(first seq, count, framed record)``: one record, or the parts of a large batch."""
-
-
-@dataclass(slots=True)
-class Segment:
-    session: int
-    roll: int
-    path: Path
-    first_seq: int
-    end_seq: int | None = None  # None while it is the newest segment
-    size: int = 0
-    # (first_seq, count, offset) of each batch record, built lazily for old segments.
-    index: list[tuple[int, int, int]] | None = None
-
-    @property
-    def name(self) -> str:
-        return self.path.name
+    max_ts: list[int]
+    """The largest ``ts_ms`` of each record's updates (:data:`~wormhole.core.segment.NO_TS`
+    for none), for the segment's time index."""
 
 
 @dataclass
@@ -166,6 +152,7 @@ class PublisherLog:
         fsync: bool = True,
         tail_updates: int = 262_144,
         max_record: int = DEFAULT_MAX_RECORD,
+        index_interval: int = DEFAULT_INDEX_INTERVAL,
     ) -> None:
         if not 0 < max_record <= MAX_RECORD:
             raise ValueError(
@@ -177,6 +164,7 @@ class PublisherLog:
         self.max_record = max_record
         self.fsync = fsync
         self.tail_updates = tail_updates
+        self.index_interval = index_interval
         self.segments: list[Segment] = []
         self.next_seq = 0
         self._reserved = 0
@@ -185,7 +173,8 @@ class PublisherLog:
         self.bytes_written = 0
         self.bytes_read = 0
         self._checkpoint_raw = b"null"
-        self._fd: int | None = None
+        self._active: Segment | None = None
+        """The segment being written."""
         self._lock = threading.Lock()
         self.appended = threading.Condition(self._lock)
         # Recent batches kept in memory so that the lead caravan never re-reads them.
@@ -219,7 +208,8 @@ class PublisherLog:
             for p in self.directory.iterdir()
             if (key := log_file_key(p.name)) is not None and p.is_file()
         )
-        last_session = self._read_session_file()
+        remove_orphan_indexes(self.directory)
+        last_session = read_session_file(self.directory)
         segments: list[Segment] = []
         checkpoint_raw = b"null"
         next_seq = 0
@@ -228,7 +218,7 @@ class PublisherLog:
         while found:
             (session, roll), path = found[-1]
             last_session = max(last_session, session)
-            state = self._recover_segment(session, roll, path, truncated)
+            state = recover_segment(session, roll, path, truncated)
             if state is None:
                 found.pop()
                 continue
@@ -238,12 +228,9 @@ class PublisherLog:
             break
         for (session, roll), path in reversed(found):
             last_session = max(last_session, session)
-            header = self._read_header(path)
-            segments.append(
-                Segment(session, roll, path, header.first_seq, size=path.stat().st_size)
-            )
+            segments.append(Segment.open_rolled(path, session, roll))
         segments.reverse()
-        self._check_continuity(segments)
+        check_continuity(self.directory, segments)
         for older, newer in itertools.pairwise(segments):
             older.end_seq = newer.first_seq
         self.segments = segments
@@ -254,154 +241,9 @@ class PublisherLog:
         if segments:
             segments[-1].end_seq = next_seq
         self.session = last_session + 1
-        self._write_session_file(self.session)
+        write_session_file(self.directory, self.session)
         self._start_segment(self.session, 0)
         return Recovery(self.checkpoint, self.next_seq, self.session, truncated)
-
-    def _read_session_file(self) -> int:
-        path = self.directory / ".session"
-        try:
-            return int(path.read_text().strip() or -1)
-        except FileNotFoundError:
-            return -1
-        except ValueError as exc:
-            raise StateError(f"{path} does not hold a session number; remove it") from exc
-
-    def _write_session_file(self, session: int) -> None:
-        path = self.directory / ".session"
-        tmp = path.with_suffix(".tmp")
-        try:
-            with open(tmp, "w") as f:
-                f.write(f"{session}\n")
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, path)
-        except OSError as exc:
-            raise StateError(
-                f"cannot write {path}: {exc.strerror}; make the state_dir writable"
-            ) from exc
-
-    def _read_header(self, path: Path) -> SegmentHeader:
-        with open(path, "rb") as f:
-            try:
-                for record in read_records(f, str(path)):
-                    if record.kind != KIND_SEGMENT:
-                        raise LogCorruptError(
-                            str(path), 0, "segment does not start with its header"
-                        )
-                    return _header_decoder.decode(record.payload)
-            except TornTail as torn:
-                # Only the newest segment can have been cut by a crash.
-                raise LogCorruptError(str(path), torn.offset, torn.reason) from None
-        raise LogCorruptError(str(path), 0, "empty segment in the middle of the log")
-
-    def _check_continuity(self, segments: list[Segment]) -> None:
-        """Each rolled segment must end where the next one starts.
-
-        A segment's header is written only after the segment before it is durable, but a log
-        written without that ordering (or damaged since) can hold a later segment whose
-        predecessor lost its tail in a crash; readers would fail on that gap much later.
-        """
-        for older, newer in itertools.pairwise(segments):
-            end, whole, size = _segment_extent(older.path)
-            if end == newer.first_seq:
-                continue
-            cut = (
-                f" ({older.name} holds whole records only up to byte {whole} of {size})"
-                if whole != size
-                else ""
-            )
-            if end < newer.first_seq:
-                what = (
-                    f"updates {end} to {newer.first_seq - 1} are missing (what a crash leaves "
-                    f"when {newer.name} reached the disk before the end of {older.name}, "
-                    f"possible with log.fsync: false)"
-                )
-            else:
-                what = "the two segments overlap, so they do not belong to the same log"
-            raise StateError(
-                f"publisher log {self.directory}: {older.name} ends at seq {end} but the "
-                f"next segment {newer.name} starts at seq {newer.first_seq}{cut}; {what}. "
-                f"Restore {older.name} from a copy, or start over with a new state_dir; to "
-                f"keep the later segments and accept the loss, move {older.name} and every "
-                f"segment before it out of {self.directory}"
-            )
-
-    def _recover_segment(
-        self, session: int, roll: int, path: Path, truncated: list[str]
-    ) -> tuple[Segment, bytes, int] | None:
-        header: SegmentHeader | None = None
-        checkpoint = b"null"
-        next_seq = 0
-        index: list[tuple[int, int, int]] = []
-        good_end = 0
-        # (offset, index length, next_seq) where the parts of a batch began, until its last
-        # record arrives: the parts alone are a batch that was never confirmed.
-        incomplete: tuple[int, int, int] | None = None
-        cut: int | None = None
-        with open(path, "r+b") as f:
-            try:
-                for record in read_records(f, str(path)):
-                    if header is None:
-                        if record.kind != KIND_SEGMENT:
-                            raise LogCorruptError(
-                                str(path), 0, "segment does not start with its header"
-                            )
-                        header = _header_decoder.decode(record.payload)
-                        checkpoint = bytes(header.checkpoint)
-                        next_seq = header.first_seq
-                    elif record.kind in BATCH_KINDS:
-                        if record.first != next_seq:
-                            raise LogCorruptError(
-                                str(path),
-                                record.offset,
-                                f"batch starts at seq {record.first}, expected {next_seq}",
-                            )
-                        if record.kind == KIND_BATCH:
-                            raw_checkpoint, _ = _batch_decoder.decode(record.payload)
-                            checkpoint = bytes(raw_checkpoint)
-                            incomplete = None
-                        elif incomplete is None:
-                            incomplete = (record.offset, len(index), next_seq)
-                        index.append((record.first, record.count, record.offset))
-                        next_seq = record.first + record.count
-                    good_end = record.end
-            except TornTail as torn:
-                log.warning(
-                    "%s: torn tail at offset %d (%s); truncating %d bytes left by an "
-                    "interrupted write",
-                    path,
-                    torn.offset,
-                    torn.reason,
-                    os.fstat(f.fileno()).st_size - torn.offset,
-                )
-                cut = good_end = torn.offset
-            if incomplete is not None:
-                offset, kept, resume = incomplete
-                log.warning(
-                    "%s: an incomplete batch from seq %d at offset %d (its last record, which "
-                    "carries the checkpoint, is missing); truncating it: it was never "
-                    "confirmed, so the source sends it again",
-                    path,
-                    resume,
-                    offset,
-                )
-                del index[kept:]
-                next_seq = resume
-                cut = good_end = offset
-            if cut is not None:
-                f.truncate(cut)
-                f.flush()
-                truncated.append(f"{path.name}@{cut}")
-            # With log.fsync off this segment may be in the page cache only; it must be on
-            # disk before the new session's first segment is, or a crash leaves a gap.
-            os.fsync(f.fileno())
-        if header is None:
-            path.unlink()
-            fsync_directory(str(self.directory))
-            return None
-        segment = Segment(session, roll, path, header.first_seq, size=good_end, index=index)
-        return segment, checkpoint, next_seq
 
     def _start_segment(self, session: int, roll: int) -> None:
         if self.segments:
@@ -411,27 +253,22 @@ class PublisherLog:
             SegmentHeader(session, roll, self.next_seq, Raw(self._checkpoint_raw))
         )
         record = make_frame(KIND_SEGMENT, self.next_seq, 0, header)
-        old = self._fd
+        old = self._active
         try:
             if old is not None:
                 # With log.fsync off the old segment's tail may still be in the page cache;
                 # if the new header reached the disk first, a crash would leave a gap.
-                os.fsync(old)
-            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_APPEND, 0o644)
-            _write_all(fd, record)
-            os.fsync(fd)
-            fsync_directory(str(self.directory))
+                old.sync()
+            segment = Segment.create(path, session, roll, self.next_seq, record)
         except OSError as exc:
             raise StateError(
                 f"cannot write the publisher log segment {path}: {exc.strerror}"
             ) from exc
-        self._fd = fd
+        self._active = segment
         if old is not None:
-            os.close(old)
+            old.close(sync=False)
         with self._lock:
-            self.segments.append(
-                Segment(session, roll, path, self.next_seq, None, len(record), index=[])
-            )
+            self.segments.append(segment)
 
     # ---------------------------------------------------------------- append
     def prepare(self, updates: list[Update], checkpoint: Any) -> PreparedBatch:
@@ -446,11 +283,13 @@ class PublisherLog:
         payload = _encoder.encode((Raw(checkpoint_raw), updates))
         if len(payload) <= self.max_record:
             records = [(first, len(updates), make_frame(KIND_BATCH, first, len(updates), payload))]
+            times = [max_ts(updates)]
         else:
             del payload  # over the bound (1 GiB by default): not worth holding twice
             records = self._split(first, updates, checkpoint_raw)
+            times = [max_ts(updates[s - first : s - first + n]) for s, n, _ in records]
         self._reserved += len(updates)
-        return PreparedBatch(first, updates, checkpoint, checkpoint_raw, records)
+        return PreparedBatch(first, updates, checkpoint, checkpoint_raw, records, times)
 
     def _split(
         self, first: int, updates: list[Update], checkpoint_raw: bytes
@@ -494,33 +333,28 @@ class PublisherLog:
         On a write error the segment is cut back to its last good record, so
         committing the same batch again appends cleanly; the error propagates.
         """
-        assert self._fd is not None, "open() the log first"
+        segment = self._active
+        assert segment is not None, "open() the log first"
         if prepared.first_seq != self.next_seq:
             raise RuntimeError(
                 f"batch prepared at seq {prepared.first_seq} committed at {self.next_seq}"
             )
         updates = prepared.updates
         records = prepared.records
-        segment = self.segments[-1]
-        try:
-            for _first, _count, record in records:
-                _write_all(self._fd, record)
-            if self.fsync:
-                os.fdatasync(self._fd)
-        except OSError:
-            try:
-                os.ftruncate(self._fd, segment.size)
-            except OSError as exc:  # pragma: no cover - the disk refuses even to shrink
-                log.error("cannot cut %s back to %d bytes: %s", segment.path, segment.size, exc)
-            raise
+        segment.write([record for _, _, record in records], self.fsync)
         first = prepared.first_seq
         batch = Batch.of(first, updates, time.monotonic_ns())
+        last = len(records) - 1
+        appended = [
+            (record_first, count, len(record), KIND_BATCH if i == last else KIND_BATCH_PART, ts)
+            for i, ((record_first, count, record), ts) in enumerate(
+                zip(records, prepared.max_ts, strict=True)
+            )
+        ]
         with self._lock:
-            assert segment.index is not None
-            for record_first, count, record in records:
-                segment.index.append((record_first, count, segment.size))
-                segment.size += len(record)
-                self.bytes_written += len(record)
+            before = segment.size
+            segment.appended(appended)
+            self.bytes_written += segment.size - before
             self.next_seq = batch.end_seq
             self.append_times.mark(first, batch.appended_ns)
             self.checkpoint = prepared.checkpoint
@@ -534,6 +368,8 @@ class PublisherLog:
                     self._tail_starts.popleft()
                     self._tail_count -= len(old.updates)
             self.appended.notify_all()
+        if segment.size - segment.indexed_bytes >= self.index_interval:
+            segment.write_index()
         if segment.size >= self.roll_size:
             self._start_segment(self.session, segment.roll + 1)
         return batch
@@ -548,17 +384,16 @@ class PublisherLog:
             raise
 
     def sync(self) -> None:
-        if self._fd is not None:
-            os.fsync(self._fd)
+        if self._active is not None:
+            self._active.sync()
 
     def close(self) -> None:
         with self._lock:
             self.closed = True
             self.appended.notify_all()
-        if self._fd is not None:
-            os.fsync(self._fd)
-            os.close(self._fd)
-            self._fd = None
+        if self._active is not None:
+            self._active.close()
+            self._active = None
 
     # ------------------------------------------------------------------ read
     @property
@@ -603,6 +438,25 @@ class PublisherLog:
                 return tail[i + 1].appended_ns  # a checkpoint-only gap: the next batch
             return self.append_times.at(position)
 
+    def locate(self, position: int) -> Batch | Segment | None:
+        """Where the update at ``position`` is: a batch still in memory, else the segment that
+        holds it; None when the log does not hold it yet. Raises LookupError when it was
+        garbage-collected."""
+        with self._lock:
+            if position >= self.next_seq:
+                return None
+            if self.segments and position < self.segments[0].first_seq:
+                raise LookupError(
+                    f"position {position} is older than the oldest retained "
+                    f"update {self.segments[0].first_seq}"
+                )
+            return self._from_tail(position) or self._segment_for(position)
+
+    def count_read(self, size: int) -> None:
+        """``size`` bytes were read from disk by a reader."""
+        with self._lock:
+            self.bytes_read += size
+
     def _segment_for(self, position: int) -> Segment:
         # Caller holds the lock. Empty segments share their first_seq with the next
         # one; the last segment starting at or before the position is the one.
@@ -628,11 +482,9 @@ class PublisherLog:
                 self.append_times.forget_before(self.segments[0].first_seq)
         removed = []
         for segment in done:
-            try:
-                segment.path.unlink()
-                removed.append(segment.name)
-            except FileNotFoundError:
+            if not segment.remove_files():
                 continue
+            removed.append(segment.name)
             # Oldest first, each removal durable before the next: a crash in between leaves
             # the log without its oldest segments, never with a hole that open() rejects.
             fsync_directory(str(self.directory))
@@ -661,24 +513,10 @@ class LogReader:
 
     def read(self) -> Batch | None:
         """The next batch at or after the position, or None when caught up."""
-        publisher_log = self.publisher_log
-        with publisher_log._lock:
-            if self.position >= publisher_log.next_seq:
-                return None
-            if publisher_log.segments and self.position < publisher_log.segments[0].first_seq:
-                raise LookupError(
-                    f"position {self.position} is older than the oldest retained "
-                    f"update {publisher_log.segments[0].first_seq}"
-                )
-            batch = publisher_log._from_tail(self.position)
-            if batch is None:
-                segment = publisher_log._segment_for(self.position)
-                index = segment.index
-                known_size = segment.size
-        if batch is None:
-            if index is None:
-                index = self._build_index(segment, known_size)
-            batch = self._read_disk(segment, index, self.position)
+        found = self.publisher_log.locate(self.position)
+        if found is None:
+            return None
+        batch = found if isinstance(found, Batch) else self._read_disk(found, self.position)
         if batch.first_seq < self.position:
             cut = self.position - batch.first_seq
             batch = Batch(self.position, batch.updates[cut:], batch.end_seq, batch.appended_ns)
@@ -692,50 +530,19 @@ class LogReader:
             self._file_path = segment.path
         return self._file
 
-    def _build_index(self, segment: Segment, size: int) -> list[tuple[int, int, int]]:
+    def _read_disk(self, segment: Segment, position: int) -> Batch:
+        entry = segment.entry_for(position)
         f = self._open(segment)
-        records = list(scan_headers(f, str(segment.path), stop=size))
-        end = records[-1].offset + HEADER_SIZE if records else 0
-        if records:
-            f.seek(records[-1].offset)
-            end = records[-1].offset + HEADER_SIZE + HEADER.unpack(f.read(HEADER_SIZE))[3]
-        if end != size:
-            raise LogCorruptError(
-                str(segment.path), end, f"the segment ends inside a record ({size} bytes)"
-            )
-        index = [(r.first, r.count, r.offset) for r in records if r.kind in BATCH_KINDS]
-        with self.publisher_log._lock:
-            if segment.index is None:
-                segment.index = index
-        return index
-
-    def _read_disk(
-        self, segment: Segment, index: list[tuple[int, int, int]], position: int
-    ) -> Batch:
-        i = bisect.bisect_right(index, (position, 1 << 62, 0)) - 1
-        # Skip checkpoint-only records (count 0) that share a start seq.
-        while i + 1 < len(index) and index[i][0] + index[i][1] <= position:
-            i += 1
-        if i < 0:
-            raise LogCorruptError(str(segment.path), 0, f"no record holds seq {position}")
-        first, count, offset = index[i]
-        if not first <= position < first + count:
-            raise LogCorruptError(
-                str(segment.path),
-                offset,
-                f"no record holds seq {position} (records end at "
-                f"{first + count}): the segment is missing data",
-            )
-        f = self._open(segment)
-        record = read_record_at(f, str(segment.path), offset)
+        record = read_record_at(f, str(segment.path), entry.offset)
         _, updates = self._decoder.decode(record.payload)
         size = HEADER_SIZE + len(record.payload)
         self.bytes_read += size
-        with self.publisher_log._lock:
-            self.publisher_log.bytes_read += size
-        if len(updates) != count or record.first != first:
-            raise LogCorruptError(str(segment.path), offset, "record does not match its index")
-        return Batch.of(first, updates)
+        self.publisher_log.count_read(size)
+        if len(updates) != entry.n_updates or record.first != entry.first:
+            raise LogCorruptError(
+                str(segment.path), entry.offset, "record does not match its index"
+            )
+        return Batch.of(entry.first, updates)
 
 
 class UpdateTooLarge(Exception):
@@ -780,181 +587,3 @@ def _too_large(update: Update, size: int, bound: int) -> SourceError:
         f"cannot be published: leave its table out of the source, or keep values this "
         f"large out of the database"
     )
-
-
-def _segment_extent(path: Path) -> tuple[int, int, int]:
-    """``(end seq, bytes of whole records, file size)`` of a segment, from record headers.
-
-    A tail that is cut short or zero-filled ends the whole records; damage with data
-    after it is corruption.
-    """
-    unpack = HEADER.unpack_from
-    with open(path, "rb", buffering=0) as f:
-        fd = f.fileno()
-        size = os.fstat(fd).st_size
-        end = 0
-        offset = 0
-        # Headers are read through a window so that a segment of small records costs one
-        # read per window, not one per record.
-        window = b""
-        window_at = 0
-        while offset + HEADER_SIZE <= size:
-            at = offset - window_at
-            if at + HEADER_SIZE > len(window):
-                window = os.pread(fd, _SCAN_WINDOW, offset)
-                window_at, at = offset, 0
-            magic, version, kind, length, _crc, first, count = unpack(window, at)
-            if magic != MAGIC or version != VERSION:
-                if _zero_from(fd, offset, size):
-                    break
-                raise LogCorruptError(str(path), offset, "bad record header")
-            if offset + HEADER_SIZE + length > size:
-                break
-            if kind == KIND_SEGMENT:
-                end = first
-            elif kind in BATCH_KINDS:
-                end = first + count
-            offset += HEADER_SIZE + length
-    return end, offset, size
-
-
-def _zero_from(fd: int, offset: int, size: int) -> bool:
-    while offset < size:
-        chunk = os.pread(fd, min(size - offset, 1 << 20), offset)
-        if not chunk or chunk.count(0) != len(chunk):
-            return False
-        offset += len(chunk)
-    return True
-
-
-def _write_all(fd: int, data: bytes) -> None:
-    view = memoryview(data)
-    while view:
-        try:
-            n = os.write(fd, view)
-        except InterruptedError:
-            continue
-        if n == 0:  # pragma: no cover - a zero-length write means no space
-            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
-        view = view[n:]
-
-
-@dataclass
-class LogInfo:
-    """What ``wormhole status`` shows of a publisher log, read without changing it."""
-
-    directory: Path
-    segments: list[tuple[str, int, int]]  # (name, first_seq, size)
-    first_seq: int
-    next_seq: int
-
-
-def _offline_segments(
-    root: Path, tolerate_corrupt: bool = False
-) -> Iterator[tuple[Path, BinaryIO, list[Record]]]:
-    """Each segment file of a log in order, open, with its record headers, read without
-    recovering or locking the log (it may be live: only complete records are listed, and
-    a segment collected meanwhile is skipped). With ``tolerate_corrupt``, a segment's
-    headers stop at a corrupt record instead of raising."""
-    if not root.is_dir():
-        return
-    found = sorted(
-        (key, p) for p in root.glob("log.*") if (key := log_file_key(p.name)) is not None
-    )
-    for _, path in found:
-        try:
-            f = open(path, "rb")  # noqa: SIM115 - closed below
-        except FileNotFoundError:
-            continue
-        with f:
-            headers: list[Record] = []
-            try:
-                # Listed first: reading a payload below moves the file position.
-                headers.extend(scan_headers(f, str(path)))
-            except LogCorruptError:
-                if not tolerate_corrupt:
-                    raise
-            yield path, f, headers
-
-
-def _record_updates(f: BinaryIO, path: Path, record: Record) -> list[Update]:
-    _, updates = _updates_only_decoder.decode(read_record_at(f, str(path), record.offset).payload)
-    return list(updates)
-
-
-def inspect_log(directory: str | os.PathLike[str]) -> LogInfo:
-    """Read a publisher log's extent without recovering or locking it (it may be live)."""
-    root = Path(directory)
-    segments: list[tuple[str, int, int]] = []
-    next_seq = 0
-    for path, _, headers in _offline_segments(root, tolerate_corrupt=True):
-        first = None
-        for record in headers:
-            if record.kind == KIND_SEGMENT:
-                first = record.first
-                next_seq = max(next_seq, record.first)
-            elif record.kind == KIND_BATCH:
-                next_seq = max(next_seq, record.first + record.count)
-        if first is not None:
-            segments.append((path.name, first, path.stat().st_size))
-    first_seq = segments[0][1] if segments else 0
-    return LogInfo(root, segments, first_seq, next_seq)
-
-
-def read_log_range(
-    directory: str | os.PathLike[str], start: int, end: int
-) -> Iterator[tuple[int, Update]]:
-    """``(seq, update)`` for every update with ``start <= seq < end``, read without
-    recovering or locking the log (it may be live; only complete records are read).
-
-    Raises LookupError when part of the range was already garbage-collected.
-    """
-    root = Path(directory)
-    covered = start
-    for path, f, headers in _offline_segments(root):
-        if covered >= end:
-            return
-        for record in headers:
-            if record.kind not in BATCH_KINDS or record.count == 0:
-                continue
-            last = record.first + record.count
-            if last <= covered or record.first >= end:
-                continue
-            if record.first > covered:
-                raise LookupError(
-                    f"publisher log {root}: updates {covered} to {record.first - 1} are no "
-                    f"longer retained (garbage-collected)"
-                )
-            for i, update in enumerate(_record_updates(f, path, record)):
-                seq = record.first + i
-                if covered <= seq < end:
-                    yield seq, update
-            covered = min(last, end)
-    if covered < end:
-        raise LookupError(
-            f"publisher log {root}: updates {covered} to {end - 1} are not in the log "
-            f"(not written yet, or garbage-collected)"
-        )
-
-
-def position_at_time(directory: str | os.PathLike[str], ts_ms: int) -> int | None:
-    """The position of the first retained update whose source time (``ts_ms``) is at or
-    after ``ts_ms``; the end of the log if none is (or if the log holds no update yet: a new
-    pipeline starts at the beginning); None if updates are retained but none carries a time.
-
-    Reads the log from its oldest record, stopping at the first match.
-    """
-    timed = False
-    end = 0
-    for path, f, headers in _offline_segments(Path(directory)):
-        for record in headers:
-            if record.kind not in BATCH_KINDS or record.count == 0:
-                continue
-            end = max(end, record.first + record.count)
-            for i, update in enumerate(_record_updates(f, path, record)):
-                if update.ts_ms is None:
-                    continue
-                timed = True
-                if update.ts_ms >= ts_ms:
-                    return record.first + i
-    return end if timed or end == 0 else None
