@@ -44,6 +44,7 @@ from wormhole.plugins.framing import (
     MAGIC,
     VERSION,
     fsync_directory,
+    log_file_key,
     read_record_at,
 )
 
@@ -98,22 +99,11 @@ class Entry(NamedTuple):
         return self.offset + HEADER_SIZE + self.length
 
 
-def segment_key(name: str) -> tuple[int, int] | None:
-    """``(session, roll)`` of a ``log.<session>.<roll>`` name, or None for other names."""
-    parts = name.split(".")
-    if len(parts) != 3 or parts[0] != "log":
-        return None
-    try:
-        return int(parts[1]), int(parts[2])
-    except ValueError:
-        return None
-
-
 def remove_orphan_indexes(directory: Path) -> None:
     """Delete index files whose segment is gone (a crash between the two deletions)."""
     for path in directory.glob("index.*"):
         segment = path.with_name("log" + path.name[5:])
-        if segment_key(segment.name) is not None and not segment.exists():
+        if log_file_key(segment.name) is not None and not segment.exists():
             with contextlib.suppress(FileNotFoundError):
                 path.unlink()
 
@@ -442,7 +432,7 @@ def read_index(path: Path, header_crc: int, header_end: int, size: int) -> list[
         return []
     except OSError:
         return []
-    key = segment_key(path.name)
+    key = log_file_key(path.name)
     if len(data) < _INDEX_HEADER.size or key is None:
         return []
     magic, version, session, roll, _first_seq, crc = _INDEX_HEADER.unpack_from(data)
@@ -487,7 +477,7 @@ def _last_entry(path: Path, header_crc: int, size: int) -> Entry | None:
     if (magic, version, (session, roll), crc) != (
         INDEX_MAGIC,
         INDEX_VERSION,
-        segment_key(path.name),
+        log_file_key(path.name),
         header_crc,
     ):
         return None
