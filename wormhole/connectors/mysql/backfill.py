@@ -326,7 +326,9 @@ class MySQLBackfill:
         schema, _, name = table.partition(".")
         with conn.cursor() as cur:
             cur.execute(DESCRIBE_COLUMNS, (schema, name))
-            columns, db, table_name = source._described_rows(list(cur.fetchall()), schema, name)
+            columns, db, table_name = source.tables.described_rows(
+                list(cur.fetchall()), schema, name
+            )
         details = msgspec.Raw(
             f'{{"connector":"mysql","snapshot":"incremental","db":{db},"sequence":null,'
             f'"ts_us":{now_ms * 1000},"ts_ns":{now_ms * 1_000_000},"table":{table_name},'

@@ -108,7 +108,7 @@ class MySQLSnapshot:
                 return decode(bytes(value))
             except ValueError as exc:
                 at = f"the snapshot at {source.snapshot_position}"
-                return source._undecodable(table, column, bytes(value), str(exc), at, "table")
+                return source.tables.undecodable(table, column, bytes(value), str(exc), at, "table")
 
         return convert
 
@@ -124,7 +124,7 @@ class MySQLSnapshot:
 
         if not source.describe:
             return SnapshotTable(f"{schema}.{name}", layout.key, cursor, as_dicts)
-        columns, db, table_name = source._describe_table(schema, name)
+        columns, db, table_name = source.tables.describe_table(schema, name)
         return SnapshotTable(
             f"{schema}.{name}",
             layout.key,

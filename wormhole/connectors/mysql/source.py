@@ -37,29 +37,18 @@ import msgspec
 from wormhole.connectors.mysql.backfill import MySQLBackfill
 from wormhole.connectors.mysql.charsets import Charsets, keep_member_bytes
 from wormhole.connectors.mysql.options import MySQLOptions
-from wormhole.connectors.mysql.rowimage import (
-    OLD_TEMPORALS,
-    RowDecoder,
-    Unframed,
-    collations,
-    present_columns,
-    signature,
-    undecoded,
-)
 from wormhole.connectors.mysql.server import (
-    DESCRIBE_COLUMNS,
     SYSTEM_SCHEMAS,
     TEXT_FIELDS,
     TRANSIENT,
     json_text,
-    quote_name,
     server_error,
 )
 from wormhole.connectors.mysql.snapshot import MySQLSnapshot
+from wormhole.connectors.mysql.tables import TableMaps
 from wormhole.connectors.mysql.values import Layout
-from wormhole.core import metrics
 from wormhole.core.errors import SourceError
-from wormhole.core.update import NULL, ColumnType, Update, encode_columns
+from wormhole.core.update import NULL, Update
 from wormhole.plugins.components import BackfillPlan, SourceBatch, SourceContext, Watermark
 from wormhole.plugins.database_source import DatabaseSource, SnapshotTable, close_quietly
 
@@ -135,39 +124,7 @@ def _parse_gtid_state(text: str) -> dict[int, str]:
     return state
 
 
-_INT_WIDTH = re.compile(r"^(tinyint|smallint|mediumint|int|bigint)\(\d+\)")
-_FSP_TYPES = frozenset({"time", "datetime", "timestamp"})
-
-
-def _column_type(column_type: str, data_type: str, fsp: Any) -> str:
-    """A column's type for :attr:`Update.columns`: MySQL's ``COLUMN_TYPE`` in lower case,
-    without integer display widths (``int unsigned``, ``bigint``), with the fractional
-    precision always given for temporal types (``datetime(0)``), ``year`` for ``year(4)``."""
-    text = column_type.lower()
-    data_type = data_type.lower()
-    if data_type in _FSP_TYPES:
-        return f"{data_type}({int(fsp or 0)})"
-    if data_type == "year":
-        return "year"
-    return _INT_WIDTH.sub(r"\1", text).replace(" zerofill", "")
-
-
-def _default_text(default: Any) -> str | None:
-    """A constant default of ``information_schema.COLUMNS.COLUMN_DEFAULT`` (MariaDB writes
-    an expression: ``7``, ``'none'``, ``NULL``, ``current_timestamp()``), else None."""
-    if default is None:
-        return None
-    text = str(default)
-    if len(text) >= 2 and text[0] == "'" and text[-1] == "'":
-        return text[1:-1].replace("''", "'").replace("\\\\", "\\")
-    if _NUMBER.match(text):
-        return text
-    return None
-
-
 _DETAILS_END = b',"thread":null,"query":null}'
-
-_NUMBER = re.compile(r"^-?\d+(\.\d+)?$")
 
 
 class MySQLSource(DatabaseSource):
@@ -207,19 +164,9 @@ class MySQLSource(DatabaseSource):
         self.txn_seq = 0
         self.txn_began = False
         self.skip_txn = False
-        # Row decoders: by table id (set by each table map), and by everything of a table
-        # map that decoding depends on (types, their metadata, character sets, members).
         self.charsets: Charsets | None = None
-        self.decoders: dict[int, RowDecoder] = {}
-        # What typed envelopes need (SourceContext.describe_updates): per table id the
-        # table's Update.columns and its "db" / "table" part of Update.details.
-        self.described: dict[int, tuple[msgspec.Raw, str, str]] = {}
-        self.described_tables: dict[tuple[Any, ...], tuple[msgspec.Raw, str, str]] = {}
-        self.decoder_cache: dict[tuple[Any, ...], RowDecoder] = {}
-        self.present: dict[tuple[bytes, int], list[int]] = {}
-        self.undecoded_logged: dict[tuple[str, str], int] = {}
-        # Primary keys that the table map describes as PRIMARY_KEY_WITH_PREFIX, by table id.
-        self.prefix_keys: dict[int, tuple[str, ...]] = {}
+        self.tables = TableMaps(self)
+        """Table maps: each table's row decoder and description, by table id."""
         self.included: dict[tuple[str, str], bool] = {}
         self.snapshots = MySQLSnapshot(self)
         self.emitted: dict[str, Any] = {}
@@ -639,12 +586,12 @@ class MySQLSource(DatabaseSource):
                         self._signal_rows(event, kind is WriteRowsEvent)
                     continue
                 table = f"{event.schema}.{event.table}"
-                layout = self._decoder(event, table)
+                layout = self.tables.decoder(event, table)
                 op = "c" if kind is WriteRowsEvent else "u" if kind is UpdateRowsEvent else "d"
                 details = self._rows_details(event) if self.describe else None
                 first_index = self.txn_index + 1
                 first_update = len(updates)
-                for row in self._rows(event, layout, table, op == "u"):
+                for row in self.tables.rows(event, layout, table, op == "u"):
                     self.txn_index += 1
                     if details is not None:
                         self.change_details = msgspec.Raw(
@@ -680,7 +627,7 @@ class MySQLSource(DatabaseSource):
                         return SourceBatch(updates, self._checkpoint())
                     full = True
             elif kind is TableMapEvent:
-                self._table_map(event)
+                self.tables.table_map(event)
             elif kind is XidEvent:
                 self._commit()
                 if self.pending_watermark is not None:
@@ -748,7 +695,7 @@ class MySQLSource(DatabaseSource):
     def _rows_details(self, event: Any) -> bytes:
         """The start of ``Update.details`` of a rows event's rows (up to ``"row":``), as
         Debezium's MySQL connector writes its ``source`` block; sets ``change_columns``."""
-        columns, db, table = self.described[event.table_id]
+        columns, db, table = self.tables.described[event.table_id]
         self.change_columns = columns
         packet = event.packet
         seconds = int(event.timestamp)
@@ -842,175 +789,6 @@ class MySQLSource(DatabaseSource):
         self.partial_gtid, self.partial_index = self.txn_gtid, self.txn_index
         self.change_columns = self.change_details = NULL
         return self._update("t", f"{schema}.{table}", {}, None, None)
-
-    def _table_map(self, event: Any) -> None:
-        # The key is the primary key the table map carries (binlog_row_metadata=FULL), as
-        # it was when the row was written, never the live catalog's. The binlog reader
-        # reads it only from SIMPLE_PRIMARY_KEY; a primary key with a prefix part
-        # (PRIMARY KEY (name(10))) comes as PRIMARY_KEY_WITH_PREFIX instead, and would
-        # otherwise leave the table keyed by every column.
-        metadata = getattr(event, "optional_metadata", None)
-        prefixed = getattr(metadata, "primary_keys_with_prefix", None)
-        if prefixed:
-            columns = event.columns
-            self.prefix_keys[event.table_id] = tuple(columns[i].name for i in sorted(prefixed))
-        else:
-            self.prefix_keys.pop(event.table_id, None)
-        if self._wanted(event.schema, event.table):
-            self._new_decoder(event)
-
-    def _decoder(self, event: Any, table: str) -> RowDecoder:
-        decoder = self.decoders.get(event.table_id)
-        if decoder is None:  # pragma: no cover - the server writes a table map first
-            raise SourceError(
-                f"source: a rows event of {table} came without its table map at "
-                f"{self.stream.log_file}:{self.stream.log_pos}"
-            )
-        return decoder
-
-    def _new_decoder(self, event: Any) -> None:
-        """The row decoder of a table map's layout (cached by everything decoding uses)."""
-        table_obj = event.get_table()
-        columns = table_obj.columns
-        primary_key = table_obj.primary_key or self.prefix_keys.get(event.table_id, "")
-        ids = collations(columns, event.optional_metadata, event.dbms == "mariadb")
-        key = (event.schema, event.table, primary_key, signature(columns, ids))
-        decoder = self.decoder_cache.get(key)
-        if decoder is None:
-            if isinstance(primary_key, str):
-                keys = [primary_key] if primary_key else []
-            else:
-                keys = list(primary_key or ())
-            assert self.charsets is not None
-            if any(c.type in OLD_TEMPORALS for c in columns):
-                self._check_old_temporals(event.schema, event.table, columns)
-            try:
-                decoder = RowDecoder(columns, ids, self.charsets, keys)
-            except ValueError as exc:
-                raise SourceError(
-                    f"source: cannot read the rows of {event.schema}.{event.table}: {exc}; "
-                    f"leave the table out (exclude_tables)"
-                ) from exc
-            self.decoder_cache[key] = decoder
-        self.decoders[event.table_id] = decoder
-        if self.describe:
-            described = self.described_tables.get(key)
-            if described is None:
-                described = self.described_tables[key] = self._describe_table(
-                    str(event.schema), str(event.table)
-                )
-            self.described[event.table_id] = described
-
-    def _describe_table(self, schema: str, table: str) -> tuple[msgspec.Raw, str, str]:
-        """A table's ``Update.columns`` (from the catalog: types, nullability, constant
-        defaults) and the JSON of its database and table name for ``Update.details``."""
-        return self._described_rows(self._query(DESCRIBE_COLUMNS, (schema, table)), schema, table)
-
-    @staticmethod
-    def _described_rows(
-        rows: list[tuple[Any, ...]], schema: str, table: str
-    ) -> tuple[msgspec.Raw, str, str]:
-        columns = [
-            ColumnType(
-                str(name),
-                _column_type(str(column_type), str(data_type), fsp),
-                nullable == "YES",
-                _default_text(default),
-            )
-            for name, column_type, data_type, fsp, nullable, default in rows
-        ]
-        return encode_columns(columns), json_text(schema), json_text(table)
-
-    def _rows(self, event: Any, decoder: RowDecoder, table: str, update: bool) -> list[Any]:
-        """The rows of a rows event, decoded from its bytes: dicts, or (before, after)."""
-        packet = event.packet
-        body = packet.read(event.event_size - packet.read_bytes)
-        count = event.number_of_columns
-        present = self._present(event.columns_present_bitmap, count)
-        present_after = self._present(event.columns_present_bitmap2, count) if update else None
-        held = min(len(present), len(present_after) if present_after is not None else count)
-        if held < count:
-            # Not the row: the missing columns would arrive as NULL (or the key as changed).
-            raise SourceError(
-                f"source: the rows of {table} at {self.txn_position} (GTID "
-                f"{self.txn_gtid or '-'}) hold {held} of the table's {count} columns: the "
-                f"session that wrote them had binlog_row_image MINIMAL or NOBLOB, and a partial "
-                f"image is not the row. Set binlog_row_image=FULL for every session (globally, "
-                f"and do not let clients SET SESSION binlog_row_image), then start the source "
-                f"after this change and backfill {table}"
-            )
-        first = self.txn_index + 1
-
-        def on_error(column: str, raw: bytes, reason: str, row: int) -> Any:
-            at = f"{self.txn_position}:{first + row} (GTID {self.txn_gtid or '-'})"
-            return self._undecodable(table, column, raw, reason, at)
-
-        try:
-            return decoder.rows(body, present, present_after, on_error)
-        except Unframed as exc:
-            raise SourceError(
-                f"source: the rows of {table} at {self.txn_position} (GTID "
-                f"{self.txn_gtid or '-'}) do not match their table map: {exc}; leave the table "
-                f"out (exclude_tables) and report it with the table's SHOW CREATE TABLE"
-            ) from exc
-
-    def _check_old_temporals(self, schema: str, table: str, columns: list[Any]) -> None:
-        """TIME, DATETIME and TIMESTAMP in the pre-10.1 format carry no length in the binlog:
-        readable only without fractional seconds (the catalog says which they have)."""
-        names = [str(c.name) for c in columns if c.type in OLD_TEMPORALS]
-        marks = ", ".join(["%s"] * len(names))
-        fractional = [
-            str(r[0])
-            for r in self._query(
-                "SELECT COLUMN_NAME FROM information_schema.COLUMNS WHERE TABLE_SCHEMA = %s AND "
-                f"TABLE_NAME = %s AND COLUMN_NAME IN ({marks}) AND DATETIME_PRECISION > 0",
-                (schema, table, *names),
-            )
-        ]
-        if fractional:
-            raise SourceError(
-                f"source: {schema}.{table} has columns in the temporal format of MariaDB before "
-                f"10.1 with fractional seconds ({', '.join(fractional)}), whose values carry no "
-                f"length in the binlog: neither the source nor mariadb-binlog can read its rows. "
-                f"Rebuild the table in the current format (mysql56_temporal_format=ON, the "
-                f"default, then ALTER TABLE {quote_name(schema)}.{quote_name(table)} FORCE), or "
-                f"leave it out (exclude_tables)"
-            )
-
-    def _present(self, bitmap: bytes, count: int) -> list[int]:
-        found = self.present.get((bitmap, count))
-        if found is None:
-            found = self.present[(bitmap, count)] = present_columns(bitmap, count)
-        return found
-
-    def _undecodable(
-        self, table: str, column: str, raw: bytes, reason: str, at: str, kept: str = "binlog"
-    ) -> Any:
-        """A value that cannot be decoded: stop, or deliver its bytes with a warning. ``at``:
-        where it is (the change's position); ``kept``: what keeps it (binlog, table)."""
-        shown = raw[:64].hex() + ("..." if len(raw) > 64 else "")
-        where = f"column {column} of {table} at {at}"
-        if self.options.on_decode_error == "stop":
-            raise SourceError(
-                f"source: cannot decode {where}: {reason}; bytes {shown}. The {kept} keeps "
-                f"the value: set source.on_decode_error: fallback to deliver it as "
-                f'{{"undecoded": "<hex>"}}, and give the column a character set that holds '
-                f"it (ALTER TABLE ... CONVERT TO CHARACTER SET utf8mb4) for the rows to come"
-            )
-        metrics.undecoded_value(table, column)
-        logged = self.undecoded_logged.get((table, column), 0)
-        if logged < 10:
-            self.undecoded_logged[(table, column)] = logged + 1
-            log.warning(
-                'cannot decode %s: %s; delivered as {"undecoded": "%s"}. Give the column a '
-                "character set that holds the value (ALTER TABLE ... CONVERT TO CHARACTER SET "
-                "utf8mb4), or set source.on_decode_error: stop to stop at such a value%s",
-                where,
-                reason,
-                shown,
-                " (further ones of this column are only counted)" if logged == 9 else "",
-            )
-        return undecoded(raw)
 
     # --------------------------------------------------------------- --once
     def capture_end(self) -> Any:
