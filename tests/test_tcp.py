@@ -58,7 +58,7 @@ def all_acknowledged(state: Path, applications: list[str], shards: int, end: int
 def test_run_starts_subscriber_processes_and_delivers_every_update_once_in_order(
     tmp_path: Path,
 ) -> None:
-    write_riders(tmp_path / "data" / "gps", 500, 20)
+    (tmp_path / "data" / "gps").mkdir(parents=True)
     pipeline = tcp_pipeline(
         tmp_path,
         0,
@@ -70,15 +70,36 @@ def test_run_starts_subscriber_processes_and_delivers_every_update_once_in_order
             "latest": {"sink": {"type": "latest", "path": str(tmp_path / "latest.db")}},
         },
     )
-    result = run_cli("run", str(pipeline), "--once", "--json", cwd=tmp_path)
-    assert result.returncode == 0, result
-    assert "joined application history (2 subscribers)" in result.stderr
-    summary = json.loads(result.stdout)
-    assert summary["applications"]["history"]["lag"] == 0
+    run = Process("run", str(pipeline), cwd=tmp_path)
+    try:
+        # The updates are written once both subscriber processes of history have joined
+        # (on a loaded machine one of them can start late, and a first one alone would
+        # take every flow): two processes then append to one file.
+        wait_until(
+            lambda: "joined application history (2 subscribers)" in run.stderr,
+            60,
+            "both subscriber processes of history to join",
+        )
+        write_riders(tmp_path / "data" / "gps", 500, 20)
+        wait_until(
+            lambda: len(read_envelopes(tmp_path / "history.jsonl")) >= 500 * 20,
+            60,
+            "every update in history.jsonl",
+        )
+        assert run.stop() == 0, run.stderr
+    finally:
+        run.kill()
     history = read_envelopes(tmp_path / "history.jsonl")
     # Two processes append to one file: a shard moves between them only after its
     # old owner confirmed, so per-rider order holds and nothing repeats.
     assert_complete_in_order(history, 500, 20, duplicates_allowed=False)
+    # Then run --once: nothing left, both applications at the end.
+    result = run_cli("run", str(pipeline), "--once", "--json", cwd=tmp_path)
+    assert result.returncode == 0, result
+    summary = json.loads(result.stdout)
+    assert summary["applications"]["history"]["lag"] == 0
+    assert summary["applications"]["latest"]["lag"] == 0
+    assert read_envelopes(tmp_path / "history.jsonl") == history
 
 
 def test_library_subscriber_gets_notices_and_flows_and_retries_a_failing_handler(
