@@ -89,6 +89,7 @@ def check_continuity(directory: Path, segments: list[Segment]) -> None:
         )
 
 
+# long: one segment's recovery pass: read, cut a torn tail, make durable, index, in order
 def recover_segment(
     session: int, roll: int, path: Path, truncated: list[str]
 ) -> tuple[Segment, bytes, int] | None:

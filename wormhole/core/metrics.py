@@ -416,6 +416,7 @@ class PublisherCollector(Collector):
         yield written
 
     # ---------------------------------------------------------- applications
+    # long: pending split
     def _applications(self, hub: Any, publisher_log: Any, caravans: Any) -> Iterator[Metric]:
         end = publisher_log.next_seq
         now = time.monotonic_ns()

@@ -44,6 +44,7 @@ class LiveStatus:
             return 0.0
         return round((count - last[1]) / (now - last[0]), 1)
 
+    # long: pending split
     def write(
         self,
         publisher_log: PublisherLog,

@@ -402,6 +402,7 @@ class DebeziumTypes:
         kind = "bytes" if mode == "bytes" else "string"
         return _Converter({"type": kind}, lambda v: _b64(_bytea(v)))
 
+    # long: pending split
     def _make(self, type_name: str) -> _Converter:
         if type_name.endswith("[]"):
             element = self.converter(type_name[:-2])

@@ -43,6 +43,7 @@ def _available() -> bool:
     return True
 
 
+# long: pending split
 def debezium_messages(
     dsn: dict[str, Any],
     tables: list[str],
@@ -137,6 +138,7 @@ def debezium_messages(
         return [m for m in received if m.topic != marker]
 
 
+# long: pending split
 def debezium_mysql_messages(
     server: Any,
     database: str,

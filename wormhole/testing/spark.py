@@ -138,6 +138,7 @@ def _spark_home() -> Path:
     return Path(pyspark.__file__).parent
 
 
+# long: pending split
 def start_spark_cluster(
     workers: int = 2, cores: int = 1, memory: str = "1g"
 ) -> Iterator[SparkCluster]:

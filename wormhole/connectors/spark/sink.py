@@ -363,6 +363,7 @@ def read_manifest(target: Path) -> dict[str, Any] | None:
     return manifest
 
 
+# long: pending split
 def _refresh_table(
     spark: Any, root: Path, table: str, directory: Path, sample: int, horizon_ns: int | None
 ) -> None:

@@ -192,6 +192,7 @@ class Subscriber(Handlers):
         return self.publishers
 
     # ---------------------------------------------------------- registry
+    # long: pending split
     def _run_registered(self) -> None:
         from wormhole.core.registry import (
             open_registry,

@@ -405,6 +405,7 @@ class TcpTransport:
                 target=self._handshake, args=(sock, peer), name=f"handshake {peer}", daemon=True
             ).start()
 
+    # long: pending split
     def _handshake(self, raw: socket.socket, peer: str) -> None:
         sock: socket.socket = raw
         # For the whole handshake, not per read: a client trickling bytes in is closed too.
