@@ -9,6 +9,7 @@ import itertools
 import logging
 import os
 from pathlib import Path
+from typing import BinaryIO
 
 import msgspec
 
@@ -23,7 +24,7 @@ from wormhole.core.segment import (
     index_path,
     read_header,
 )
-from wormhole.plugins.framing import TornTail, fsync_directory, read_records
+from wormhole.plugins.framing import Record, TornTail, fsync_directory, read_records
 
 log = logging.getLogger("wormhole.publisher_log")
 
@@ -97,48 +98,54 @@ def recover_segment(
     after its last batch and the seq after its last update; None (and the file removed) when
     even its header was torn.
     """
-    header: SegmentHeader | None = None
-    checkpoint = b"null"
-    next_seq = 0
-    index: list[tuple[int, int, int, int, int]] = []  # first, count, bytes, kind, max ts
-    # (offset, index length, next_seq) where the parts of a batch began, until its last
-    # record arrives: the parts alone are a batch that was never confirmed.
-    incomplete: tuple[int, int, int] | None = None
-    cut: int | None = None
     with open(path, "r+b") as f:
+        scan = _SegmentScan(path)
+        cut = scan.read(f)
+        if scan.incomplete is not None:
+            cut = scan.drop_incomplete()
+        if cut is not None:
+            f.truncate(cut)
+            f.flush()
+            truncated.append(f"{path.name}@{cut}")
+        # With log.fsync off this segment may be in the page cache only; it must be on
+        # disk before the new session's first segment is, or a crash leaves a gap.
+        os.fsync(f.fileno())
+    if scan.header is None:
+        path.unlink()
+        index_path(path).unlink(missing_ok=True)
+        fsync_directory(str(path.parent))
+        return None
+    first_seq, header_crc, header_end = read_header(path)
+    segment = Segment(path, session, roll, first_seq, header_end, [], header_crc)
+    if scan.index:
+        segment.appended(scan.index)
+    segment.write_index()
+    return segment, scan.checkpoint, scan.next_seq
+
+
+class _SegmentScan:
+    """What reading a segment's records found: its header, the checkpoint after its last
+    complete batch, the seq after its last update and the index entries of its batches."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.header: SegmentHeader | None = None
+        self.checkpoint = b"null"
+        self.next_seq = 0
+        self.index: list[tuple[int, int, int, int, int]] = []  # first, count, bytes, kind, max ts
+        # (offset, index length, next_seq) where the parts of a batch began, until its last
+        # record arrives: the parts alone are a batch that was never confirmed.
+        self.incomplete: tuple[int, int, int] | None = None
+
+    def read(self, f: BinaryIO) -> int | None:
+        """Read every record of ``f``; the offset of a torn tail to cut (None: none)."""
+        path = self.path
         try:
             for record in read_records(f, str(path)):
-                if header is None:
-                    if record.kind != KIND_SEGMENT:
-                        raise LogCorruptError(
-                            str(path), 0, "segment does not start with its header"
-                        )
-                    header = _header_decoder.decode(record.payload)
-                    checkpoint = bytes(header.checkpoint)
-                    next_seq = header.first_seq
+                if self.header is None:
+                    self._begin(record)
                 elif record.kind in BATCH_KINDS:
-                    if record.first != next_seq:
-                        raise LogCorruptError(
-                            str(path),
-                            record.offset,
-                            f"batch starts at seq {record.first}, expected {next_seq}",
-                        )
-                    raw_checkpoint, times = batch_times(record.payload)
-                    if record.kind == KIND_BATCH:
-                        checkpoint = bytes(raw_checkpoint)
-                        incomplete = None
-                    elif incomplete is None:
-                        incomplete = (record.offset, len(index), next_seq)
-                    index.append(
-                        (
-                            record.first,
-                            record.count,
-                            record.end - record.offset,
-                            record.kind,
-                            times,
-                        )
-                    )
-                    next_seq = record.first + record.count
+                    self._batch(record)
         except TornTail as torn:
             log.warning(
                 "%s: torn tail at offset %d (%s); truncating %d bytes left by an interrupted write",
@@ -147,35 +154,46 @@ def recover_segment(
                 torn.reason,
                 os.fstat(f.fileno()).st_size - torn.offset,
             )
-            cut = torn.offset
-        if incomplete is not None:
-            offset, kept, resume = incomplete
-            log.warning(
-                "%s: an incomplete batch from seq %d at offset %d (its last record, which "
-                "carries the checkpoint, is missing); truncating it: it was never "
-                "confirmed, so the source sends it again",
-                path,
-                resume,
-                offset,
-            )
-            del index[kept:]
-            next_seq = resume
-            cut = offset
-        if cut is not None:
-            f.truncate(cut)
-            f.flush()
-            truncated.append(f"{path.name}@{cut}")
-        # With log.fsync off this segment may be in the page cache only; it must be on
-        # disk before the new session's first segment is, or a crash leaves a gap.
-        os.fsync(f.fileno())
-    if header is None:
-        path.unlink()
-        index_path(path).unlink(missing_ok=True)
-        fsync_directory(str(path.parent))
+            return torn.offset
         return None
-    first_seq, header_crc, header_end = read_header(path)
-    segment = Segment(path, session, roll, first_seq, header_end, [], header_crc)
-    if index:
-        segment.appended(index)
-    segment.write_index()
-    return segment, checkpoint, next_seq
+
+    def _begin(self, record: Record) -> None:
+        if record.kind != KIND_SEGMENT:
+            raise LogCorruptError(str(self.path), 0, "segment does not start with its header")
+        self.header = _header_decoder.decode(record.payload)
+        self.checkpoint = bytes(self.header.checkpoint)
+        self.next_seq = self.header.first_seq
+
+    def _batch(self, record: Record) -> None:
+        if record.first != self.next_seq:
+            raise LogCorruptError(
+                str(self.path),
+                record.offset,
+                f"batch starts at seq {record.first}, expected {self.next_seq}",
+            )
+        raw_checkpoint, times = batch_times(record.payload)
+        if record.kind == KIND_BATCH:
+            self.checkpoint = bytes(raw_checkpoint)
+            self.incomplete = None
+        elif self.incomplete is None:
+            self.incomplete = (record.offset, len(self.index), self.next_seq)
+        self.index.append(
+            (record.first, record.count, record.end - record.offset, record.kind, times)
+        )
+        self.next_seq = record.first + record.count
+
+    def drop_incomplete(self) -> int:
+        """Forget the parts of the batch whose last record is missing; the offset to cut."""
+        assert self.incomplete is not None
+        offset, kept, resume = self.incomplete
+        log.warning(
+            "%s: an incomplete batch from seq %d at offset %d (its last record, which "
+            "carries the checkpoint, is missing); truncating it: it was never "
+            "confirmed, so the source sends it again",
+            self.path,
+            resume,
+            offset,
+        )
+        del self.index[kept:]
+        self.next_seq = resume
+        return offset

@@ -418,84 +418,10 @@ class PublisherCollector(Collector):
     # ---------------------------------------------------------- applications
     def _applications(self, hub: Any, publisher_log: Any, caravans: Any) -> Iterator[Metric]:
         end = publisher_log.next_seq
-        now = time.monotonic_ns()
-        appended_at = publisher_log.appended_at
-        app_labels = ["application"]
-        delivered = CounterMetricFamily(
-            "wormhole_application_delivered_updates",
-            "Updates handed to the application's subscribers (after its filter).",
-            labels=app_labels,
-        )
-        acknowledged = CounterMetricFamily(
-            "wormhole_application_acknowledged_updates",
-            "Updates the application's subscribers acknowledged.",
-            labels=app_labels,
-        )
-        app_lag = GaugeMetricFamily(
-            "wormhole_application_lag_updates",
-            "Publisher-log positions between the log's end and the application's oldest "
-            "datamarker (filtered-out updates included).",
-            labels=app_labels,
-        )
-        app_lag_s = GaugeMetricFamily(
-            "wormhole_application_lag_seconds",
-            "Age of the oldest update the application has not acknowledged (0 when caught up).",
-            labels=app_labels,
-        )
-        subscribers = GaugeMetricFamily(
-            "wormhole_application_subscribers",
-            "Subscribers connected to this publisher for the application.",
-            labels=app_labels,
-        )
-        failed = GaugeMetricFamily(
-            "wormhole_application_failed",
-            "1 if the application was stopped by an error of its own, else 0.",
-            labels=app_labels,
-        )
-        flow_labels = ["application", "shard"]
-        flow_delivered = GaugeMetricFamily(
-            "wormhole_flow_delivered_position",
-            "Publisher-log position up to which the flow was handed to its subscriber.",
-            labels=flow_labels,
-        )
-        flow_acked = GaugeMetricFamily(
-            "wormhole_flow_acknowledged_position",
-            "The flow's datamarker: the position before which its subscriber acknowledged "
-            "everything.",
-            labels=flow_labels,
-        )
-        flow_lag = GaugeMetricFamily(
-            "wormhole_flow_lag_updates",
-            "Publisher-log positions between the log's end and the flow's datamarker.",
-            labels=flow_labels,
-        )
-        flow_lag_s = GaugeMetricFamily(
-            "wormhole_flow_lag_seconds",
-            "Age of the flow's oldest unacknowledged update (0 when caught up).",
-            labels=flow_labels,
-        )
-        with hub.lock:
-            apps = [
-                (
-                    name,
-                    app.delivered_updates,
-                    app.acknowledged_updates,
-                    len(app.sessions),
-                    [(f.shard, f.delivered, f.datamarker) for f in app.flows],
-                )
-                for name, app in hub.applications.items()
-            ]
-            failures = set(hub.failed)
-        ages: dict[int, float] = {}
-
-        def age(position: int) -> float:
-            if position >= end:
-                return 0.0
-            seconds = ages.get(position)
-            if seconds is None:
-                seconds = ages[position] = max(0.0, (now - appended_at(position)) / 1e9)
-            return seconds
-
+        age = _age_of(end, time.monotonic_ns(), publisher_log.appended_at)
+        apps, failures = _read_applications(hub)
+        delivered, acknowledged, app_lag, app_lag_s, subscribers, failed = _application_families()
+        flow_delivered, flow_acked, flow_lag, flow_lag_s = _flow_families()
         for name, app_delivered, app_acked, sessions, flows in apps:
             delivered.add_metric([name], app_delivered)
             acknowledged.add_metric([name], app_acked)
@@ -517,16 +443,7 @@ class PublisherCollector(Collector):
         if self.flows:
             yield from (flow_delivered, flow_acked, flow_lag, flow_lag_s)
         if caravans is not None:
-            carried = GaugeMetricFamily(
-                "wormhole_application_caravan_lag_updates",
-                "Publisher-log positions between the log's end and the position of the "
-                "caravan carrying the application (absent while no caravan carries it).",
-                labels=app_labels,
-            )
-            for caravan in list(caravans.caravans):
-                for app in list(caravan.applications):
-                    carried.add_metric([app.name], max(0, end - caravan.position))
-            yield carried
+            yield _caravan_lag(caravans, end)
 
     # ------------------------------------------------------------- caravans
     def _caravans(self, caravans: Any, publisher_log: Any) -> Iterator[Metric]:
@@ -615,3 +532,130 @@ __all__ = [
     "serve",
     "timed_sink",
 ]
+
+
+# ------------------------------------------------------- applications' parts
+_ApplicationRow = tuple[str, int, int, int, list[tuple[int, int, int]]]
+
+
+def _read_applications(hub: Any) -> tuple[list[_ApplicationRow], set[str]]:
+    """Each application's counts, sessions and flows, and the failed ones, under the hub's lock."""
+    with hub.lock:
+        apps = [
+            (
+                name,
+                app.delivered_updates,
+                app.acknowledged_updates,
+                len(app.sessions),
+                [(f.shard, f.delivered, f.datamarker) for f in app.flows],
+            )
+            for name, app in hub.applications.items()
+        ]
+        failures = set(hub.failed)
+    return apps, failures
+
+
+def _age_of(end: int, now: int, appended_at: Callable[[int], int]) -> Callable[[int], float]:
+    """Seconds since the update at a position was appended (0 at the log's end), each
+    position looked up once per scrape."""
+    ages: dict[int, float] = {}
+
+    def age(position: int) -> float:
+        if position >= end:
+            return 0.0
+        seconds = ages.get(position)
+        if seconds is None:
+            seconds = ages[position] = max(0.0, (now - appended_at(position)) / 1e9)
+        return seconds
+
+    return age
+
+
+def _application_families() -> tuple[
+    CounterMetricFamily,
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    GaugeMetricFamily,
+    GaugeMetricFamily,
+    GaugeMetricFamily,
+]:
+    """The per-application families: delivered, acknowledged, lag in updates and in seconds,
+    subscribers, failed."""
+    labels = ["application"]
+    return (
+        CounterMetricFamily(
+            "wormhole_application_delivered_updates",
+            "Updates handed to the application's subscribers (after its filter).",
+            labels=labels,
+        ),
+        CounterMetricFamily(
+            "wormhole_application_acknowledged_updates",
+            "Updates the application's subscribers acknowledged.",
+            labels=labels,
+        ),
+        GaugeMetricFamily(
+            "wormhole_application_lag_updates",
+            "Publisher-log positions between the log's end and the application's oldest "
+            "datamarker (filtered-out updates included).",
+            labels=labels,
+        ),
+        GaugeMetricFamily(
+            "wormhole_application_lag_seconds",
+            "Age of the oldest update the application has not acknowledged (0 when caught up).",
+            labels=labels,
+        ),
+        GaugeMetricFamily(
+            "wormhole_application_subscribers",
+            "Subscribers connected to this publisher for the application.",
+            labels=labels,
+        ),
+        GaugeMetricFamily(
+            "wormhole_application_failed",
+            "1 if the application was stopped by an error of its own, else 0.",
+            labels=labels,
+        ),
+    )
+
+
+def _flow_families() -> tuple[
+    GaugeMetricFamily, GaugeMetricFamily, GaugeMetricFamily, GaugeMetricFamily
+]:
+    """The per-flow families: delivered position, datamarker, lag in updates and in seconds."""
+    labels = ["application", "shard"]
+    return (
+        GaugeMetricFamily(
+            "wormhole_flow_delivered_position",
+            "Publisher-log position up to which the flow was handed to its subscriber.",
+            labels=labels,
+        ),
+        GaugeMetricFamily(
+            "wormhole_flow_acknowledged_position",
+            "The flow's datamarker: the position before which its subscriber acknowledged "
+            "everything.",
+            labels=labels,
+        ),
+        GaugeMetricFamily(
+            "wormhole_flow_lag_updates",
+            "Publisher-log positions between the log's end and the flow's datamarker.",
+            labels=labels,
+        ),
+        GaugeMetricFamily(
+            "wormhole_flow_lag_seconds",
+            "Age of the flow's oldest unacknowledged update (0 when caught up).",
+            labels=labels,
+        ),
+    )
+
+
+def _caravan_lag(caravans: Any, end: int) -> GaugeMetricFamily:
+    """How far behind the log's end the caravan carrying each application is."""
+    carried = GaugeMetricFamily(
+        "wormhole_application_caravan_lag_updates",
+        "Publisher-log positions between the log's end and the position of the "
+        "caravan carrying the application (absent while no caravan carries it).",
+        labels=["application"],
+    )
+    for caravan in list(caravans.caravans):
+        for app in list(caravan.applications):
+            carried.add_metric([app.name], max(0, end - caravan.position))
+    return carried

@@ -52,6 +52,34 @@ class LiveStatus:
         source_updates: int | None = None,
     ) -> dict[str, Any]:
         now = time.monotonic()
+        listed = self._caravan_figures(caravans, now)
+        applications = self._application_figures(publisher_log, hub, now)
+        source: dict[str, Any] = {}
+        if source_updates is not None:
+            source = {
+                "updates": source_updates,
+                "read_rate": self._rate("source", now, source_updates),
+            }
+        status = {
+            "pid": os.getpid(),
+            "updated_ms": int(time.time() * 1000),
+            "log": {"first": publisher_log.first_seq, "end": publisher_log.next_seq},
+            "caravans": listed,
+            "applications": sorted(hub.applications),
+            "application_figures": applications,
+            "source": source,
+            "metrics": self.metrics,
+            "progress": self.progress.tasks() if self.progress is not None else [],
+            "failed": {name: str(error) for name, error in hub.failed.items()},
+            "datastore": hub.datastore,
+            "flows": _flows(hub),
+        }
+        self._save(status)
+        return status
+
+    def _caravan_figures(self, caravans: list[Caravan], now: float) -> list[dict[str, Any]]:
+        """Each caravan's applications, position and reads, with its read rate since the last
+        write."""
         listed = []
         rates: dict[int, tuple[Caravan, float, int]] = {}
         for caravan in caravans:
@@ -72,6 +100,12 @@ class LiveStatus:
                 }
             )
         self._rates = rates  # caravans that are gone are forgotten
+        return listed
+
+    def _application_figures(
+        self, publisher_log: PublisherLog, hub: Hub, now: float
+    ) -> dict[str, dict[str, Any]]:
+        """Each application's counts, rates, subscribers, oldest datamarker and lag."""
         end = publisher_log.next_seq
         now_ns = time.monotonic_ns()
         applications = {}
@@ -101,43 +135,30 @@ class LiveStatus:
                     else 0.0
                 ),
             }
-        source: dict[str, Any] = {}
-        if source_updates is not None:
-            source = {
-                "updates": source_updates,
-                "read_rate": self._rate("source", now, source_updates),
-            }
-        status = {
-            "pid": os.getpid(),
-            "updated_ms": int(time.time() * 1000),
-            "log": {"first": publisher_log.first_seq, "end": publisher_log.next_seq},
-            "caravans": listed,
-            "applications": sorted(hub.applications),
-            "application_figures": applications,
-            "source": source,
-            "metrics": self.metrics,
-            "progress": self.progress.tasks() if self.progress is not None else [],
-            "failed": {name: str(error) for name, error in hub.failed.items()},
-            "datastore": hub.datastore,
-            "flows": {
-                name: [
-                    {
-                        "shard": shard,
-                        "datamarker": flow.datamarker,
-                        "owner": getattr(owner, "instance", None) if owner else None,
-                    }
-                    for shard, (flow, owner) in enumerate(zip(app.flows, app.owner, strict=False))
-                ]
-                for name, app in hub.applications.items()
-            },
-        }
+        return applications
+
+    def _save(self, status: dict[str, Any]) -> None:
         temporary = self.path.with_name(f".{FILENAME}.tmp")
         try:
             temporary.write_text(json.dumps(status))
             os.replace(temporary, self.path)
         except OSError as exc:  # status only: never fatal
             log.debug("cannot write %s: %s", self.path, exc)
-        return status
+
+
+def _flows(hub: Hub) -> dict[str, list[dict[str, Any]]]:
+    """Each application's flows: shard, datamarker and the subscriber instance owning it."""
+    return {
+        name: [
+            {
+                "shard": shard,
+                "datamarker": flow.datamarker,
+                "owner": getattr(owner, "instance", None) if owner else None,
+            }
+            for shard, (flow, owner) in enumerate(zip(app.flows, app.owner, strict=False))
+        ]
+        for name, app in hub.applications.items()
+    }
 
 
 def read_live_status(state_dir: Path) -> dict[str, Any] | None:

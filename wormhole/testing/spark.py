@@ -148,26 +148,47 @@ def start_spark_cluster(
     spark_class = spark_home / "bin" / "spark-class"
     require(spark_class.is_file(), f"{spark_class} (from the pyspark wheel)")
     directory = Path(tempfile.mkdtemp(prefix="wormhole-spark-cluster-"))
-    env = _daemon_env(directory, spark_home)
-    daemons: list[_Daemon] = []
+    launcher = _Launcher(spark_class, directory, _daemon_env(directory, spark_home))
+    try:
+        cluster = start_on_free_port(launcher.start_master)
+        for n in range(workers):
+            cluster.workers.append(launcher.start_worker(cluster, n, cores, memory))
+        _wait_for_workers(cluster, workers)
+        yield cluster
+    finally:
+        for daemon in reversed(launcher.daemons):
+            daemon.stop(kill=True)
+        shutil.rmtree(directory, ignore_errors=True)
 
-    def launch(name: str, *args: str) -> _Daemon:
-        log = directory / f"{name}.log"
+
+class _Launcher:
+    """Starts a cluster's daemons with ``spark-class``, each logging to ``<name>.log`` in
+    ``directory``; keeps every one it started in ``daemons``."""
+
+    def __init__(self, spark_class: Path, directory: Path, env: dict[str, str]) -> None:
+        self.spark_class = spark_class
+        self.directory = directory
+        self.env = env
+        self.daemons: list[_Daemon] = []
+
+    def launch(self, name: str, *args: str) -> _Daemon:
+        log = self.directory / f"{name}.log"
         with open(log, "wb") as out:
             process = subprocess.Popen(
-                ["bash", str(spark_class), *args],
-                env=env,
+                ["bash", str(self.spark_class), *args],
+                env=self.env,
                 stdout=out,
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
             )
         daemon = _Daemon(process, log)
-        daemons.append(daemon)
+        self.daemons.append(daemon)
         return daemon
 
-    def start_master(port: int) -> SparkCluster:
+    def start_master(self, port: int) -> SparkCluster:
+        """A master on ``port`` (and a free web UI port), once its state says ALIVE."""
         web = free_port()
-        master = launch(
+        master = self.launch(
             f"master-{port}",
             "org.apache.spark.deploy.master.Master",
             "--host",
@@ -178,7 +199,7 @@ def start_spark_cluster(
             str(web),
         )
         cluster = SparkCluster(
-            f"spark://127.0.0.1:{port}", f"http://127.0.0.1:{web}", directory, master
+            f"spark://127.0.0.1:{port}", f"http://127.0.0.1:{web}", self.directory, master
         )
 
         def answers() -> bool:
@@ -190,42 +211,38 @@ def start_spark_cluster(
         master.wait_ready("Spark master", port, answers, master.log, timeout=60)
         return cluster
 
-    try:
-        cluster = start_on_free_port(start_master)
-        for n in range(workers):
-            work = directory / "work" / f"worker-{n}"
-            work.mkdir(parents=True)
-            cluster.workers.append(
-                launch(
-                    f"worker-{n}",
-                    "org.apache.spark.deploy.worker.Worker",
-                    "--host",
-                    "127.0.0.1",
-                    "--webui-port",
-                    str(free_port()),
-                    "--cores",
-                    str(cores),
-                    "--memory",
-                    memory,
-                    "--work-dir",
-                    str(work),
-                    cluster.master_url,
-                )
-            )
-        deadline = time.monotonic() + 60
-        while cluster.alive_workers() < workers:
-            for w in cluster.workers:
-                if not w.running():
-                    tail = w.log.read_text(errors="replace")[-2000:]
-                    raise RuntimeError(f"a Spark worker exited:\n{tail}")
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"{workers} Spark workers did not register in 60s")
-            time.sleep(0.05)  # polling the master's state: nothing to wait on
-        yield cluster
-    finally:
-        for daemon in reversed(daemons):
-            daemon.stop(kill=True)
-        shutil.rmtree(directory, ignore_errors=True)
+    def start_worker(self, cluster: SparkCluster, n: int, cores: int, memory: str) -> _Daemon:
+        work = self.directory / "work" / f"worker-{n}"
+        work.mkdir(parents=True)
+        return self.launch(
+            f"worker-{n}",
+            "org.apache.spark.deploy.worker.Worker",
+            "--host",
+            "127.0.0.1",
+            "--webui-port",
+            str(free_port()),
+            "--cores",
+            str(cores),
+            "--memory",
+            memory,
+            "--work-dir",
+            str(work),
+            cluster.master_url,
+        )
+
+
+def _wait_for_workers(cluster: SparkCluster, workers: int) -> None:
+    """Until the master lists ``workers`` alive workers; an error naming a worker that
+    exited, or after 60 s."""
+    deadline = time.monotonic() + 60
+    while cluster.alive_workers() < workers:
+        for w in cluster.workers:
+            if not w.running():
+                tail = w.log.read_text(errors="replace")[-2000:]
+                raise RuntimeError(f"a Spark worker exited:\n{tail}")
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"{workers} Spark workers did not register in 60s")
+        time.sleep(0.05)  # polling the master's state: nothing to wait on
 
 
 @dataclass

@@ -366,8 +366,6 @@ def read_manifest(target: Path) -> dict[str, Any] | None:
 def _refresh_table(
     spark: Any, root: Path, table: str, directory: Path, sample: int, horizon_ns: int | None
 ) -> None:
-    from pyspark.sql import functions as F
-
     target = root / "current" / table
     target.parent.mkdir(parents=True, exist_ok=True)
     _remove_unfinished_versions(target)
@@ -390,6 +388,26 @@ def _refresh_table(
         )
         rows = added if rows is None else rows.unionByName(added)
     assert rows is not None
+    version = target.with_name(f".{target.name}.{time.time_ns()}.{uuid.uuid4().hex[:6]}")
+    _newest_state(rows, horizon_ns).write.parquet(str(version / STATE_DIR))
+    _write_live_rows(spark, version, sample)
+    _write_json(
+        version / MANIFEST,
+        {
+            "format": _MANIFEST_FORMAT,
+            "table": table,
+            "files": sorted(consumed | set(new)),
+            "refreshed_ms": int(time.time() * 1000),
+        },
+    )
+    _point(target, version)
+
+
+def _newest_state(rows: Any, horizon_ns: int | None) -> Any:
+    """Each key's newest update and each shard's newest truncate among ``rows``, without
+    what is forgotten past the retention horizon."""
+    from pyspark.sql import functions as F
+
     # Each key's newest update: the highest version, then the latest arrival (deletes
     # included, so that a replayed older update cannot bring a deleted key back) ...
     order = F.struct(F.col("version"), F.col("arrival"))
@@ -420,8 +438,14 @@ def _refresh_table(
             (F.col("op") == "t") | F.col("_live") | (F.col("arrival") >= horizon_ns)
         )
         state = state.select(*_STATE_COLUMNS)
-    version = target.with_name(f".{target.name}.{time.time_ns()}.{uuid.uuid4().hex[:6]}")
-    state.write.parquet(str(version / STATE_DIR))
+    return state
+
+
+def _write_live_rows(spark: Any, version: Path, sample: int) -> None:
+    """The table's rows (the live keys' newest values) as Parquet in ``version``, next to
+    the state written there."""
+    from pyspark.sql import functions as F
+
     kept = spark.read.parquet(str(version / STATE_DIR))
     live = _with_live(kept).where(F.col("_live")).select("after", "arrival")
     # The columns: inferred on the driver from the newest rows (a column added by an
@@ -434,16 +458,6 @@ def _refresh_table(
     else:
         frame = spark.createDataFrame([], "id string")
     frame.write.mode("append").parquet(str(version))
-    _write_json(
-        version / MANIFEST,
-        {
-            "format": _MANIFEST_FORMAT,
-            "table": table,
-            "files": sorted(consumed | set(new)),
-            "refreshed_ms": int(time.time() * 1000),
-        },
-    )
-    _point(target, version)
 
 
 def _with_live(state: Any) -> Any:

@@ -52,7 +52,7 @@ from wormhole.connectors.tcp import protocol as p
 from wormhole.core.backoff import Backoff
 from wormhole.core.errors import Stopped, WormholeError
 from wormhole.core.metrics import reconnecting
-from wormhole.plugins.components import Flow
+from wormhole.plugins.components import Flow, PublisherEntry
 from wormhole.plugins.subscriber import Handlers, run_handlers
 
 log = logging.getLogger("wormhole.subscriber")
@@ -193,12 +193,7 @@ class Subscriber(Handlers):
 
     # ---------------------------------------------------------- registry
     def _run_registered(self) -> None:
-        from wormhole.core.registry import (
-            open_registry,
-            registry_component,
-            wait_for_application,
-        )
-        from wormhole.plugins.components import PublisherEntry, SubscriberEntry
+        from wormhole.core.registry import open_registry, registry_component
 
         component = (
             registry_component(self.registry) if isinstance(self.registry, str) else self.registry
@@ -209,17 +204,10 @@ class Subscriber(Handlers):
         except Stopped as exc:
             log.info("%s/%s: %s", self.app, self.instance, exc)
             return  # stopped before it subscribed: nothing to leave
-        entries: dict[str, PublisherEntry] = {}
-        lock = threading.Lock()
+        publishers = _KnownPublishers()
 
         def changed(found: list[PublisherEntry]) -> None:
-            with lock:
-                before = dict(entries)
-                entries.clear()
-                # Copies of one datastore (multiple-copy delivery) are separate publishers.
-                entries.update({e.node: e for e in found if e.address})
-                back = [node for node, e in entries.items() if before.get(node) != e]
-            for node in back:
+            for node in publishers.replace(found):
                 # Registered again (back after a partition or a restart) or moved: a link
                 # waiting out its backoff tries it now.
                 link = self._links.get(node)
@@ -227,63 +215,74 @@ class Subscriber(Handlers):
                     link.retry.set()
             self._wake.set()
 
-        def addresses(node: str) -> Callable[[], list[str]]:
-            def current() -> list[str]:
-                with lock:
-                    entry = entries.get(node)
-                return [entry.address] if entry is not None else []
-
-            return current
-
         threads: dict[str, threading.Thread] = {}
         try:
-            if registry.application_store() is not None:
-                found = wait_for_application(registry, self.dataset, self.app, self._stop.is_set)
-                if found is None:
-                    return
-            registry.register_subscriber(
-                self.app,
-                SubscriberEntry(instance=self.instance, host=socket.gethostname(), pid=os.getpid()),
-            )
-            registry.watch_publishers(changed)
-            log.info(
-                "%s/%s: subscribing to dataset %s through %s",
-                self.app,
-                self.instance,
-                self.dataset,
-                registry.describe(),
-            )
-            while not self._stop.is_set() and self._failure is None:
-                self._wake.wait(1.0)
-                self._wake.clear()
-                with lock:
-                    known = {node: e.datastore for node, e in entries.items()}
-                for node in sorted(set(known) - set(threads)):
-                    link = _Link(self, known[node], addresses(node))
-                    self._links[node] = link
-                    thread = threading.Thread(
-                        target=self._run_link,
-                        args=(link,),
-                        name=f"subscriber link {node}",
-                        daemon=True,
-                    )
-                    threads[node] = thread
-                    thread.start()
-                for node, thread in list(threads.items()):
-                    if not thread.is_alive():
-                        del threads[node]  # its publisher left; started again if it returns
-                        self._links.pop(node, None)
+            if not self._join(registry, changed):
+                return
+            self._follow(publishers, threads)
         finally:
-            self._stop.set()
-            for link in list(self._every_link):
-                link.retry.set()
-            for thread in threads.values():
-                thread.join(self.heartbeat_timeout + 5.0)
-            with contextlib.suppress(Exception):
-                registry.unregister_subscriber(self.app, self.instance)
-            registry.close()
+            self._leave(registry, threads)
         if self._failure is not None:
             raise self._failure
+
+    def _join(self, registry: Any, changed: Callable[[list[PublisherEntry]], None]) -> bool:
+        """Wait for the application in the registry's store (if it has one), register this
+        subscriber and watch the publishers; False when stopped while waiting."""
+        from wormhole.core.registry import wait_for_application
+        from wormhole.plugins.components import SubscriberEntry
+
+        assert self.dataset is not None
+        if registry.application_store() is not None:
+            found = wait_for_application(registry, self.dataset, self.app, self._stop.is_set)
+            if found is None:
+                return False
+        registry.register_subscriber(
+            self.app,
+            SubscriberEntry(instance=self.instance, host=socket.gethostname(), pid=os.getpid()),
+        )
+        registry.watch_publishers(changed)
+        log.info(
+            "%s/%s: subscribing to dataset %s through %s",
+            self.app,
+            self.instance,
+            self.dataset,
+            registry.describe(),
+        )
+        return True
+
+    def _follow(self, publishers: _KnownPublishers, threads: dict[str, threading.Thread]) -> None:
+        """Until stopped or failed: a link (and its thread) per registered publisher, forgotten
+        when its thread ends (its publisher left; started again if it returns)."""
+        while not self._stop.is_set() and self._failure is None:
+            self._wake.wait(1.0)
+            self._wake.clear()
+            known = publishers.datastores()
+            for node in sorted(set(known) - set(threads)):
+                link = _Link(self, known[node], publishers.addresses(node))
+                self._links[node] = link
+                thread = threading.Thread(
+                    target=self._run_link,
+                    args=(link,),
+                    name=f"subscriber link {node}",
+                    daemon=True,
+                )
+                threads[node] = thread
+                thread.start()
+            for node, thread in list(threads.items()):
+                if not thread.is_alive():
+                    del threads[node]  # its publisher left; started again if it returns
+                    self._links.pop(node, None)
+
+    def _leave(self, registry: Any, threads: dict[str, threading.Thread]) -> None:
+        """Stop every link, wait for their threads, unregister and close the registry."""
+        self._stop.set()
+        for link in list(self._every_link):
+            link.retry.set()
+        for thread in threads.values():
+            thread.join(self.heartbeat_timeout + 5.0)
+        with contextlib.suppress(Exception):
+            registry.unregister_subscriber(self.app, self.instance)
+        registry.close()
 
     def _run_link(self, link: _Link) -> None:
         try:
@@ -622,3 +621,34 @@ class _Link:
                 owner.processed += len(updates)
         datamarkers = {s: pos for s, pos in frame.datamarkers.items() if s in assigned}
         self._send(p.encode(p.ACK, p.Ack(id=frame.id, datamarkers=datamarkers, credits=1)))
+
+
+class _KnownPublishers:
+    """The publishers the registry last listed, by node (copies of one datastore, in
+    multiple-copy delivery, are separate publishers)."""
+
+    def __init__(self) -> None:
+        self._entries: dict[str, PublisherEntry] = {}
+        self._lock = threading.Lock()
+
+    def replace(self, found: list[PublisherEntry]) -> list[str]:
+        """Keep ``found`` (those with an address); the nodes that are new or changed."""
+        with self._lock:
+            before = dict(self._entries)
+            self._entries.clear()
+            self._entries.update({e.node: e for e in found if e.address})
+            return [node for node, e in self._entries.items() if before.get(node) != e]
+
+    def datastores(self) -> dict[str, str]:
+        with self._lock:
+            return {node: e.datastore for node, e in self._entries.items()}
+
+    def addresses(self, node: str) -> Callable[[], list[str]]:
+        """The current address of ``node``, for its link to read at each connection."""
+
+        def current() -> list[str]:
+            with self._lock:
+                entry = self._entries.get(node)
+            return [entry.address] if entry is not None else []
+
+        return current

@@ -406,6 +406,18 @@ class TcpTransport:
             ).start()
 
     def _handshake(self, raw: socket.socket, peer: str) -> None:
+        greeted = self._greet(raw, peer)
+        if greeted is None:
+            return
+        sock, hello = greeted
+        if hello.mode == "read":
+            self._serve_reader(sock, peer, hello)
+        else:
+            self._serve_subscriber(sock, peer, hello)
+
+    def _greet(self, raw: socket.socket, peer: str) -> tuple[socket.socket, p.Hello] | None:
+        """Read the preamble and hello, answer with a welcome; None when the connection was
+        refused or closed (and logged)."""
         sock: socket.socket = raw
         # For the whole handshake, not per read: a client trickling bytes in is closed too.
         deadline = time.monotonic() + HANDSHAKE_TIMEOUT
@@ -422,54 +434,21 @@ class TcpTransport:
                     f"protocol version {version} is not supported; this "
                     f"publisher speaks versions {', '.join(map(str, p.VERSIONS))}",
                 )
-                return
+                return None
             kind, hello = p.read_frame(sock, 1 << 16, deadline)
             if kind != p.HELLO:
                 raise p.ProtocolError(f"expected hello, got {p.NAMES.get(kind, kind)}")
-            if hello.version != version or hello.credits < 1:
-                self._refuse(
-                    sock,
-                    peer,
-                    f"bad hello: version {hello.version} (preamble said "
-                    f"{version}), credits {hello.credits} (must be at least 1)",
-                )
-                return
-            token = self.options.token
-            if token and not hmac.compare_digest(hello.token.encode(), token.encode()):
-                self._refuse(sock, peer, "authentication failed: wrong token")
-                return
-            reader = hello.mode == "read"
-            problem = self._check_mode(hello) if reader or hello.mode != "subscribe" else None
+            problem = self._hello_problem(version, hello)
             if problem:
                 self._refuse(sock, peer, problem)
-                return
-            if not reader and hello.application not in self.hub.applications:
-                known = ", ".join(sorted(self.hub.applications))
-                self._refuse(
-                    sock,
-                    peer,
-                    f"unknown application {hello.application!r}; this pipeline has: {known}",
-                )
-                return
-            sock.sendall(
-                p.encode(
-                    p.WELCOME,
-                    p.Welcome(
-                        version=version,
-                        publisher=self.publisher_id,
-                        pipeline=self.hub.pipeline.name,
-                        shards=self.hub.shards,
-                        heartbeat_ms=self.options.heartbeat_ms,
-                        datastore=self.hub.pipeline.datastore,
-                    ),
-                )
-            )
+                return None
+            sock.sendall(self._welcome(version))
             sock.settimeout(self.options.heartbeat_timeout_ms / 1000.0)
         except p.PeerClosed:
             # A port probe or health check: connected and left without a word.
             log.debug("connection from %s closed before its hello", peer)
             p.close_socket(sock)
-            return
+            return None
         except TimeoutError:
             log.warning(
                 "closing connection from %s: no complete handshake within %gs",
@@ -477,26 +456,63 @@ class TcpTransport:
                 HANDSHAKE_TIMEOUT,
             )
             p.close_socket(sock)
-            return
+            return None
         except (p.ProtocolError, ssl.SSLError, OSError) as exc:
             log.warning("closing connection from %s: %s", peer, exc)
             p.close_socket(sock)
-            return
-        if reader:
-            from wormhole.connectors.tcp.ranges import ReaderSession
+            return None
+        return sock, hello
 
-            reader_session = ReaderSession(self, sock, peer, hello)
+    def _hello_problem(self, version: int, hello: p.Hello) -> str | None:
+        """Why this hello is refused (None: it is not)."""
+        if hello.version != version or hello.credits < 1:
+            return (
+                f"bad hello: version {hello.version} (preamble said "
+                f"{version}), credits {hello.credits} (must be at least 1)"
+            )
+        token = self.options.token
+        if token and not hmac.compare_digest(hello.token.encode(), token.encode()):
+            return "authentication failed: wrong token"
+        reader = hello.mode == "read"
+        problem = self._check_mode(hello) if reader or hello.mode != "subscribe" else None
+        if problem:
+            return problem
+        if not reader and hello.application not in self.hub.applications:
+            known = ", ".join(sorted(self.hub.applications))
+            return f"unknown application {hello.application!r}; this pipeline has: {known}"
+        return None
+
+    def _welcome(self, version: int) -> bytes:
+        return p.encode(
+            p.WELCOME,
+            p.Welcome(
+                version=version,
+                publisher=self.publisher_id,
+                pipeline=self.hub.pipeline.name,
+                shards=self.hub.shards,
+                heartbeat_ms=self.options.heartbeat_ms,
+                datastore=self.hub.pipeline.datastore,
+            ),
+        )
+
+    def _serve_reader(self, sock: socket.socket, peer: str, hello: p.Hello) -> None:
+        """Serve a log reader (mode ``read``) on this thread until it leaves."""
+        from wormhole.connectors.tcp.ranges import ReaderSession
+
+        reader_session = ReaderSession(self, sock, peer, hello)
+        with self.sessions_lock:
+            if self.stopping.is_set():
+                p.close_socket(sock)
+                return
+            self.readers.add(reader_session)
+        try:
+            reader_session.run()
+        finally:
             with self.sessions_lock:
-                if self.stopping.is_set():
-                    p.close_socket(sock)
-                    return
-                self.readers.add(reader_session)
-            try:
-                reader_session.run()
-            finally:
-                with self.sessions_lock:
-                    self.readers.discard(reader_session)
-            return
+                self.readers.discard(reader_session)
+
+    def _serve_subscriber(self, sock: socket.socket, peer: str, hello: p.Hello) -> None:
+        """Attach a subscriber's session to its application and start it."""
         session = TcpSession(self, sock, peer, hello)
         with self.sessions_lock:
             if self.stopping.is_set():
