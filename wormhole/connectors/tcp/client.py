@@ -193,19 +193,12 @@ class Subscriber(Handlers):
 
     # ---------------------------------------------------------- registry
     def _run_registered(self) -> None:
-        from wormhole.core.registry import (
-            open_registry,
-            registry_component,
-            wait_for_application,
-        )
         from wormhole.plugins.components import PublisherEntry, SubscriberEntry
+        from wormhole.plugins.engine import open_registry, wait_for_application
 
-        component = (
-            registry_component(self.registry) if isinstance(self.registry, str) else self.registry
-        )
         assert self.dataset is not None
         try:
-            registry = open_registry(component, self.dataset, self._stop)
+            registry = open_registry(self.registry, self.dataset, self._stop)
         except Stopped as exc:
             log.info("%s/%s: %s", self.app, self.instance, exc)
             return  # stopped before it subscribed: nothing to leave
