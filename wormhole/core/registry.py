@@ -31,12 +31,10 @@ from wormhole.plugins.components import (
     PublisherEntry,
     SubscriberEntry,
 )
-from wormhole.plugins.engine import wait_for_application
+from wormhole.plugins.engine import RawApplications, wait_for_application
 from wormhole.plugins.views import ComponentView
 
 log = logging.getLogger("wormhole.registry")
-
-RawApplications = dict[str, dict[str, Any] | InvalidEntry]
 
 
 def open_registry(component: ComponentView, dataset: str, stop: threading.Event) -> DatasetRegistry:

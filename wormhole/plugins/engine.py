@@ -30,16 +30,20 @@ from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any, Protocol
 
 from wormhole.core.errors import ConfigError
+from wormhole.plugins.components import DatasetRegistry, InvalidEntry
 
 if TYPE_CHECKING:
     from wormhole.core.update import Update
-    from wormhole.plugins.components import DatasetRegistry, InvalidEntry
     from wormhole.plugins.views import ComponentView, PipelineView
 
 log = logging.getLogger("wormhole.registry")
 
 LogDir = str | os.PathLike[str]
 """A publisher log's directory: ``<state_dir>/log``."""
+
+RawApplications = dict[str, dict[str, Any] | InvalidEntry]
+"""A registry's applications by name: each one's mapping as in a pipeline file, or what is
+wrong with it."""
 
 
 class Engine(Protocol):
@@ -119,7 +123,7 @@ def open_registry(
 
 def wait_for_application(
     registry: DatasetRegistry, dataset: str, name: str, stopped: Callable[[], bool]
-) -> dict[str, dict[str, Any] | InvalidEntry] | None:
+) -> RawApplications | None:
     """The registered applications once ``name`` is among them (None if ``stopped()``
     first): a subscriber may start before its dataset's first publisher has registered
     the applications. The registry must hold them (an application store); a warning is
@@ -127,10 +131,10 @@ def wait_for_application(
     store = registry.application_store()
     if store is None:
         raise ConfigError(f"{registry.describe()} holds no applications: {name} is in the file")
-    seen: dict[str, dict[str, dict[str, Any] | InvalidEntry]] = {}
+    seen: dict[str, RawApplications] = {}
     arrived = threading.Event()
 
-    def changed(raw: dict[str, dict[str, Any] | InvalidEntry]) -> None:
+    def changed(raw: RawApplications) -> None:
         seen["raw"] = raw
         if name in raw:
             arrived.set()
