@@ -5,7 +5,9 @@ import json
 import os
 import subprocess
 import sys
+import threading
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -314,3 +316,100 @@ def test_a_third_party_datamarker_store_keeps_the_datamarkers(
     assert run_cli("forget", str(pipeline("a")), "b", cwd=tmp_path, env=env).returncode == 0
     stored = json.loads((tmp_path / "state" / "datamarkers.json").read_text())
     assert not any(k.startswith("b/") for k in stored["datamarkers"])
+
+
+LIBRARY = """
+import json, sys, threading
+from wormhole.core.errors import ConfigError
+from wormhole.plugins.engine import load_pipeline, log_range, open_registry, read_log_range
+
+ENGINE = ("wormhole.core.engine", "wormhole.core.pipeline", "wormhole.core.offline_log",
+          "wormhole.core.registry")
+engine_before = sorted(m for m in sys.modules if m in ENGINE)
+pipeline = load_pipeline(sys.argv[1])
+app = pipeline.applications["analytics"]
+log = pipeline.state_dir / "log"
+first, end = log_range(log)
+rows = [[seq, u.key["id"], u.shard] for seq, u in read_log_range(log, 2, end)]
+try:
+    list(read_log_range(log, 0, end + 3))
+    past = ""
+except LookupError as exc:
+    past = str(exc)
+registry = open_registry(sys.argv[2], pipeline.name, threading.Event())
+seen, live = threading.Event(), []
+
+def changed(entries):
+    live[:] = [[e.datastore, e.address] for e in entries]
+    if entries:
+        seen.set()
+
+registry.watch_publishers(changed)
+seen.wait(30)
+registry.close()
+try:
+    open_registry("nosuch://h:1/x", pipeline.name, threading.Event())
+    bad = ""
+except ConfigError as exc:
+    bad = str(exc)
+print(json.dumps({
+    "engine_before": engine_before,
+    "pipeline": [pipeline.name, pipeline.shards, pipeline.datastore, app.external],
+    "range": [first, end], "rows": rows, "past": past, "live": live, "bad": bad,
+}))
+"""
+
+
+def test_a_library_started_outside_a_command_reaches_the_engine_through_the_contract(
+    tmp_path: Path, zookeeper_server: Any
+) -> None:
+    """What KafkaSubscriber.from_pipeline, the Spark data source (in a fresh executor) and
+    wormhole.Subscriber(registry=...) use, in a fresh process that imports only the contract:
+    a pipeline file loaded, the publisher log's extent and a range of it read from its files,
+    and a registry opened from a URL; the engine is loaded on first use, not by the import."""
+    from wormhole.core.publisher_log import PublisherLog
+    from wormhole.core.registry import open_registry, registry_component
+    from wormhole.core.update import Update
+    from wormhole.plugins.components import PublisherEntry
+
+    state = tmp_path / "state"
+    pipeline = write_pipeline(
+        tmp_path / "lib.yml",
+        {
+            "pipeline": "lib",
+            "state_dir": str(state),
+            "dataset": {"shards": 4},
+            "source": {"type": "filelog", "path": str(tmp_path / "data")},
+            "applications": {"analytics": {"external": True}},
+        },
+    )
+    plog = PublisherLog(state / "log")
+    plog.open()
+    written = [
+        Update.create(op="c", key={"id": i}, table="t", after={"id": i}, shard=i % 4)
+        for i in range(6)
+    ]
+    plog.append(written, {"pos": 1})
+    plog.close()
+    url = f"zookeeper://{zookeeper_server.hosts}/library"
+    publisher = open_registry(registry_component(url), "lib", threading.Event())
+    try:
+        publisher.register_publisher(PublisherEntry(datastore="lib", address="127.0.0.1:7001"))
+        result = subprocess.run(
+            [sys.executable, "-c", LIBRARY, str(pipeline), url],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            env={**os.environ, "WORMHOLE_DISABLE_PLUGIN_AUTOLOAD": "1"},
+        )
+    finally:
+        publisher.close()
+    assert result.returncode == 0, result.stderr
+    out = json.loads(result.stdout)
+    assert out["engine_before"] == []
+    assert out["pipeline"] == ["lib", 4, "lib", True]
+    assert out["range"] == [0, 6]
+    assert out["rows"] == [[i, i, written[i].shard] for i in range(2, 6)]
+    assert "updates 6 to 8 are not in the log" in out["past"]
+    assert out["live"] == [["lib", "127.0.0.1:7001"]]
+    assert "unknown registry type 'nosuch'" in out["bad"]

@@ -31,13 +31,13 @@ from wormhole.plugins.components import (
     PublisherEntry,
     SubscriberEntry,
 )
+from wormhole.plugins.engine import RawApplications, wait_for_application
+from wormhole.plugins.views import ComponentView
 
 log = logging.getLogger("wormhole.registry")
 
-RawApplications = dict[str, dict[str, Any] | InvalidEntry]
 
-
-def open_registry(component: Component, dataset: str, stop: threading.Event) -> DatasetRegistry:
+def open_registry(component: ComponentView, dataset: str, stop: threading.Event) -> DatasetRegistry:
     """Create and open the pipeline's registry component (:class:`Stopped` when ``stop`` is
     set before it is open: not a failure)."""
     registry: DatasetRegistry = component.create()
@@ -151,47 +151,6 @@ def _alive(pid: int) -> bool:
     except (OSError, IndexError):
         return True
     return state not in (b"Z", b"X")
-
-
-def wait_for_application(
-    registry: DatasetRegistry, dataset: str, name: str, stopped: Callable[[], bool]
-) -> RawApplications | None:
-    """The registered applications once ``name`` is among them (None if ``stopped()``
-    first): a subscriber may start before its dataset's first publisher has registered
-    the applications. The registry must hold them (an application store)."""
-    store = registry.application_store()
-    if store is None:
-        raise ConfigError(f"{registry.describe()} holds no applications: {name} is in the file")
-    seen: dict[str, RawApplications] = {}
-    arrived = threading.Event()
-
-    def changed(raw: RawApplications) -> None:
-        seen["raw"] = raw
-        if name in raw:
-            arrived.set()
-
-    store.watch_applications(changed)
-    started = time.monotonic()
-    warn_at = started + 10.0
-    while not arrived.wait(0.5):
-        if stopped():
-            return None
-        if time.monotonic() < warn_at:
-            continue
-        warn_at += 30.0
-        known = ", ".join(sorted(seen.get("raw", {}))) or "none"
-        log.warning(
-            "application %s is not registered in %s for dataset %s (registered: %s) after "
-            "%.0fs; waiting for it (a publisher of %s registers its file's applications, or "
-            "add it with `wormhole apps add`)",
-            name,
-            registry.describe(),
-            dataset,
-            known,
-            time.monotonic() - started,
-            dataset,
-        )
-    return seen["raw"]
 
 
 def advertised(address: str) -> str:
@@ -392,5 +351,4 @@ __all__ = [
     "registered_applications",
     "registry_component",
     "subscriber_application",
-    "wait_for_application",
 ]

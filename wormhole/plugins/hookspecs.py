@@ -25,6 +25,7 @@ import pluggy
 
 if TYPE_CHECKING:
     from wormhole.plugins.components import ComponentSpec
+    from wormhole.plugins.views import PipelineView
 
 PROJECT = "wormhole"
 hookspec = pluggy.HookspecMarker(PROJECT)
@@ -95,11 +96,12 @@ def wormhole_registries() -> list[ComponentSpec]:
 class CommandLine(Protocol):
     """What a plugin's command may ask of the command line (``wormhole_commands``' ``cli``)."""
 
-    def load_pipeline(self, path: str) -> Any:
-        """The pipeline file ``path``, read and validated: the
-        :class:`wormhole.core.pipeline.Pipeline` a run of it would use (``source``,
-        ``transport``, ``applications``, each component's validated ``options``). Raises
-        :class:`wormhole.core.errors.ConfigError` naming every problem."""
+    def load_pipeline(self, path: str) -> PipelineView:
+        """The pipeline file ``path``, read and validated, as a run of it would use it
+        (:class:`wormhole.plugins.views.PipelineView`: ``source``, ``transport``,
+        ``applications``, each component's validated ``options``). Raises
+        :class:`wormhole.core.errors.ConfigError` naming every problem. Outside a command,
+        :func:`wormhole.plugins.engine.load_pipeline` does the same."""
 
 
 @hookspec

@@ -36,6 +36,18 @@ BUILTIN_PLUGINS = (
     "wormhole.plugins.filters",
 )
 
+ENGINE = "wormhole.core.engine"
+"""The engine's module: importing it installs the engine's implementation of the contract's
+:class:`wormhole.plugins.engine.Engine` (loaded by name, as the built-in plugins are: the
+contract sits below the engine)."""
+
+
+def load_engine() -> None:
+    """Install the engine (import :data:`ENGINE`) if it is not installed yet: for a library
+    started outside a command, in a fresh process (a Spark executor)."""
+    importlib.import_module(ENGINE)
+
+
 _HOOK_BY_KIND: dict[Kind, str] = {
     "source": "wormhole_sources",
     "sink": "wormhole_sinks",

@@ -15,7 +15,6 @@ import socket
 import threading
 import time
 import uuid
-from pathlib import Path
 from typing import Any
 
 from wormhole.connectors.kafka.common import (
@@ -27,12 +26,13 @@ from wormhole.connectors.kafka.common import (
 )
 from wormhole.connectors.kafka.options import ConfigValue, KafkaOptions
 from wormhole.core.errors import ConfigError, WormholeError
-from wormhole.core.pipeline import Pipeline, load_pipeline, sink_application
 from wormhole.core.update import Update, decode_envelope
 from wormhole.plugins.assignment import shards_of
 from wormhole.plugins.debezium import decode_message
+from wormhole.plugins.engine import load_pipeline
 from wormhole.plugins.filters import BatchFilter, application_filter
 from wormhole.plugins.subscriber import Handlers
+from wormhole.plugins.views import ApplicationView, PipelineView
 
 log = logging.getLogger("wormhole.subscriber")
 
@@ -123,7 +123,7 @@ class KafkaSubscriber(Handlers):
     @classmethod
     def from_pipeline(
         cls,
-        pipeline: str | os.PathLike[str] | Pipeline,
+        pipeline: str | os.PathLike[str] | PipelineView,
         app: str,
         *,
         instance: str | None = None,
@@ -131,9 +131,10 @@ class KafkaSubscriber(Handlers):
         shards: list[int] | None = None,
     ) -> KafkaSubscriber:
         """A subscriber of ``app`` as the pipeline file configures it (topics, filter,
-        start, librdkafka settings)."""
-        if not isinstance(pipeline, Pipeline):
-            pipeline = load_pipeline(Path(pipeline))
+        start, librdkafka settings). ``pipeline``: the file, or a pipeline already loaded
+        (:func:`wormhole.plugins.engine.load_pipeline`)."""
+        if isinstance(pipeline, str | os.PathLike):
+            pipeline = load_pipeline(pipeline)
         options = pipeline.transport.options
         if not isinstance(options, KafkaOptions):
             raise ConfigError(
@@ -141,18 +142,18 @@ class KafkaSubscriber(Handlers):
                 f"transport (use wormhole.Subscriber for tcp)",
                 pipeline.file,
             )
-        application = pipeline.applications.get(app)
-        if application is None:
-            known = ", ".join(sorted(pipeline.applications))
-            raise ConfigError(f"--app: unknown application {app!r} (known: {known})", pipeline.file)
-        if isinstance(application.start, dict) and "backfill" in application.start:
-            start = start if start is not None else "latest"  # the backfill brings the rest
-        if isinstance(application.start, dict) and start is None:
-            raise ConfigError(
-                f"applications.{app}.start: a publisher-log position or a time cannot be "
-                f"mapped to Kafka offsets; with the kafka transport use earliest or latest",
-                pipeline.file,
-            )
+        application = _application(pipeline, app)
+        if start is None:
+            if not isinstance(application.start, dict):
+                start = application.start
+            elif "backfill" in application.start:
+                start = "latest"  # the backfill brings the rest
+            else:
+                raise ConfigError(
+                    f"applications.{app}.start: a publisher-log position or a time cannot be "
+                    f"mapped to Kafka offsets; with the kafka transport use earliest or latest",
+                    pipeline.file,
+                )
         topics = (
             [dataset_topic(options, pipeline.name)]
             if options.topic_naming == "dataset"
@@ -162,7 +163,7 @@ class KafkaSubscriber(Handlers):
             app,
             options.bootstrap_servers,
             topics,
-            start=start if start is not None else application.start,
+            start=start,
             config=client_config(options, options.consumer),
             filter=application_filter(application),
             instance=instance,
@@ -419,13 +420,26 @@ class KafkaSubscriber(Handlers):
                 fn(assigned, revoked)
 
 
-def subscribe_command(pipeline: Pipeline, app_name: str, instance: int) -> int:
-    """``wormhole subscribe`` with the kafka transport: the application's sink, in a
-    consumer group named after the application."""
+def _application(pipeline: PipelineView, name: str) -> ApplicationView:
+    application = pipeline.applications.get(name)
+    if application is None:
+        known = ", ".join(sorted(pipeline.applications))
+        raise ConfigError(f"--app: unknown application {name!r} (known: {known})", pipeline.file)
+    return application
 
-    app, sink_component = sink_application(
-        pipeline, app_name, "wormhole.connectors.kafka.KafkaSubscriber"
-    )
+
+def subscribe_command(pipeline: PipelineView, app_name: str, instance: int) -> int:
+    """``wormhole subscribe`` with the kafka transport: the application's sink, in a
+    consumer group named after the application (the pipeline file's application: the
+    consumer's filter is the file's too)."""
+    app = _application(pipeline, app_name)
+    sink_component = app.sink
+    if sink_component is None:
+        raise ConfigError(
+            f"applications.{app_name}.sink: none configured; this application's subscribers "
+            f"are programs using wormhole.connectors.kafka.KafkaSubscriber",
+            pipeline.file,
+        )
     if not 0 <= instance < app.subscribers:
         raise ConfigError(
             f"--instance: {instance} is not below applications.{app_name}.subscribers "

@@ -221,7 +221,7 @@ def _arrow_schema() -> Any:
 
 
 def _read_shard(partition: ShardRange) -> Iterator[Any]:
-    from wormhole.core.publisher_log import read_log_range
+    from wormhole.plugins.engine import read_log_range
 
     shard = partition.shard
     application = getattr(partition, "application", "")
@@ -290,7 +290,7 @@ class _Flows:
 
     def __init__(self, options: dict[str, str]) -> None:
         from wormhole.core.errors import ConfigError
-        from wormhole.core.pipeline import load_pipeline
+        from wormhole.plugins.engine import load_pipeline
 
         path = options.get("pipeline", "")
         self.application = options.get("application", "")
@@ -323,14 +323,14 @@ class _Flows:
         return store
 
     def stored(self) -> dict[str, int]:
-        from wormhole.core.publisher_log import inspect_log
+        from wormhole.plugins.engine import log_range
 
         store = self._store()
         try:
             markers = store.load()
         finally:
             store.close()
-        first = inspect_log(self.log_dir).first_seq
+        first, _ = log_range(self.log_dir)
         out = {}
         for shard in range(self.shards):
             marker = markers.get((self.application, shard))
@@ -338,9 +338,9 @@ class _Flows:
         return out
 
     def end(self) -> int:
-        from wormhole.core.publisher_log import inspect_log
+        from wormhole.plugins.engine import log_range
 
-        return inspect_log(self.log_dir).next_seq
+        return log_range(self.log_dir)[1]
 
     def save(self, offsets: dict[str, int]) -> None:
         from wormhole.plugins.components import Datamarker
@@ -420,12 +420,11 @@ class _NetworkFlows:
         import threading
 
         from wormhole.core.errors import WormholeError
-        from wormhole.core.registry import open_registry, registry_component
+        from wormhole.plugins.engine import open_registry
 
         if self._registry is None:
             try:
-                component = registry_component(self.registry_url)
-                registry = open_registry(component, self.dataset, threading.Event())
+                registry = open_registry(self.registry_url, self.dataset, threading.Event())
             except WormholeError as exc:
                 raise ValueError(f"wormhole source: option registry: {exc}") from exc
             seen = threading.Event()

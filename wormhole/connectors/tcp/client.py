@@ -193,14 +193,11 @@ class Subscriber(Handlers):
 
     # ---------------------------------------------------------- registry
     def _run_registered(self) -> None:
-        from wormhole.core.registry import open_registry, registry_component
+        from wormhole.plugins.engine import open_registry
 
-        component = (
-            registry_component(self.registry) if isinstance(self.registry, str) else self.registry
-        )
         assert self.dataset is not None
         try:
-            registry = open_registry(component, self.dataset, self._stop)
+            registry = open_registry(self.registry, self.dataset, self._stop)
         except Stopped as exc:
             log.info("%s/%s: %s", self.app, self.instance, exc)
             return  # stopped before it subscribed: nothing to leave
@@ -228,8 +225,8 @@ class Subscriber(Handlers):
     def _join(self, registry: Any, changed: Callable[[list[PublisherEntry]], None]) -> bool:
         """Wait for the application in the registry's store (if it has one), register this
         subscriber and watch the publishers; False when stopped while waiting."""
-        from wormhole.core.registry import wait_for_application
         from wormhole.plugins.components import SubscriberEntry
+        from wormhole.plugins.engine import wait_for_application
 
         assert self.dataset is not None
         if registry.application_store() is not None:
