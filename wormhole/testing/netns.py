@@ -35,6 +35,7 @@ import os
 import random
 import shutil
 import subprocess
+import time
 from collections.abc import Generator, Iterable, Sequence
 from dataclasses import dataclass, field
 
@@ -122,6 +123,32 @@ class Network:
             for port in self._ports(a, b):
                 _ip("-n", self.switch, "link", "set", port, "up")
             self.down.discard(frozenset((a, b)))
+        for a, b in wires:
+            self._wait_carrying(a, b)
+
+    def _wait_carrying(self, x: str, y: str, timeout: float = 10.0) -> None:
+        """Until the wire between ``x`` and ``y`` carries packets: both switch ports up and
+        forwarding, both hosts' ends up. The kernel reports a carrier change a moment after
+        the link is set up (later on a loaded machine), and a packet sent in that moment
+        is dropped as on a cut wire."""
+        ends = [(self.namespace(x), f"to-{y}"[:15]), (self.namespace(y), f"to-{x}"[:15])]
+        deadline = time.monotonic() + timeout
+        while True:
+            ports = [
+                _ip("-n", self.switch, "-d", "-o", "link", "show", "dev", port).stdout
+                for port in self._ports(x, y)
+            ]
+            hosts = [_ip("-n", ns, "-o", "link", "show", "dev", link).stdout for ns, link in ends]
+            if all("state UP" in p and "state forwarding" in p for p in ports) and all(
+                "state UP" in h for h in hosts
+            ):
+                return
+            if time.monotonic() > deadline:
+                raise NetworkError(
+                    f"the wire between {x} and {y} did not come up within {timeout}s: "
+                    f"{ports} {hosts}"
+                )
+            time.sleep(0.01)
 
     def reaches(self, x: str, y: str) -> bool:
         """Whether the wire between ``x`` and ``y`` is up (as this object set it)."""
