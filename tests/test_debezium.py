@@ -562,6 +562,23 @@ def test_kafka_needs_a_topic_per_table_for_debezium_events(tmp_path: Path) -> No
     assert "set topic_naming: table" in result.stderr + result.stdout
 
 
+def test_transaction_metadata_needs_the_debezium_envelope(tmp_path: Path) -> None:
+    pipeline = write_pipeline(
+        tmp_path / "p.yml",
+        {
+            "pipeline": "p",
+            "source": {"type": "filelog", "path": str(tmp_path / "data")},
+            "applications": {
+                "a": {"sink": {"type": "jsonl", "path": "x.jsonl", "transaction_metadata": True}}
+            },
+        },
+    )
+    result = run_cli("validate", str(pipeline))
+    assert result.returncode == 2
+    assert "applications.a.sink: transaction_metadata" in result.stderr + result.stdout
+    assert "set envelope: debezium" in result.stderr + result.stdout
+
+
 def test_the_source_describes_updates_only_when_asked(postgres_dsn: str, tmp_path: Path) -> None:
     from wormhole.core.publisher_log import read_log_range
     from wormhole.core.update import NULL, decode_columns

@@ -26,7 +26,7 @@ from decimal import MAX_EMAX, MAX_PREC, MIN_EMIN, Context, Decimal, InvalidOpera
 from typing import Any, Literal
 
 import msgspec
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from wormhole.core.update import NULL, TRUNCATE, ColumnType, Update, decode_columns
 from wormhole.plugins.components import Options
@@ -90,6 +90,15 @@ class DebeziumFields(Options):
         description="envelope debezium: write a truncate as an op t event (key null), as "
         "Debezium does when skipped.operations leaves t out; off: none, its default",
     )
+
+    @model_validator(mode="after")
+    def _transactions_need_debezium(self) -> DebeziumFields:
+        if self.transaction_metadata and self.envelope != "debezium":
+            raise ValueError(
+                "transaction_metadata is Debezium's transaction block and BEGIN/END events: "
+                "set envelope: debezium as well, or leave transaction_metadata out"
+            )
+        return self
 
 
 @dataclass(frozen=True)
