@@ -23,7 +23,6 @@ from typing import Any
 from pydantic import ValidationError
 
 from wormhole.core.errors import ConfigError
-from wormhole.core.metrics import Listen, parse_listen
 from wormhole.core.pipeline_model import (
     NAME_PATTERN,
     OPS,
@@ -47,6 +46,7 @@ from wormhole.core.pipeline_yaml import (
     load_yaml,
 )
 from wormhole.plugins.components import ComponentUse, Kind, Registered
+from wormhole.plugins.metrics_endpoint import Listen, parse_listen
 
 if typing.TYPE_CHECKING:
     from wormhole.plugins.manager import Registry

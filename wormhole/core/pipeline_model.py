@@ -13,8 +13,8 @@ from typing import Any, Literal
 from pydantic import ByteSize, Field, field_validator, model_validator
 
 from wormhole.core.errors import ConfigError
-from wormhole.core.metrics import DEFAULT_LISTEN, parse_listen
 from wormhole.plugins.components import Options
+from wormhole.plugins.metrics_endpoint import DEFAULT_LISTEN, parse_listen
 
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]*$"
 OPS = Literal["c", "u", "d", "r", "t"]

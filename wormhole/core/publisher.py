@@ -31,16 +31,14 @@ from wormhole.core.errors import (
 )
 from wormhole.core.flows import AheadOfLog
 from wormhole.core.hub import Hub
-from wormhole.core.metrics import REGISTRY, MetricsServer, PublisherCollector, serve
 from wormhole.core.pipeline import Pipeline
-from wormhole.core.progress import Progress
 from wormhole.core.publisher_apps import Applications
 from wormhole.core.publisher_log import PublisherLog
 from wormhole.core.publisher_state import check_meta, open_state
 from wormhole.core.publisher_summary import ApplicationSummary, RunSummary, once_progress, summarize
 from wormhole.core.registry import PublisherMembership
 from wormhole.core.retention import Retention
-from wormhole.core.status import LiveStatus
+from wormhole.core.snapshot import RunSnapshot
 from wormhole.core.tailer import Tailer
 from wormhole.plugins.components import (
     DatamarkerStore,
@@ -49,6 +47,7 @@ from wormhole.plugins.components import (
     SourceContext,
     Transport,
 )
+from wormhole.plugins.progress import Progress
 
 log = logging.getLogger("wormhole.publisher")
 
@@ -77,10 +76,12 @@ class Publisher:
         self.publisher_log: PublisherLog | None = None
         self.tailer: Tailer | None = None
         self.retention: Retention | None = None
-        self.live = LiveStatus(pipeline.state_dir)
+        self.snapshot = RunSnapshot()
+        """What the run is doing now, taken every datamarker interval for the plugins
+        (``wormhole_publisher_snapshot``) and the registry."""
         self.progress = Progress.for_stderr(None, pipeline.progress_interval)
         """Where long work (a source's snapshot, ``--once``) reports how far it is."""
-        self.live.progress = self.progress
+        self.snapshot.progress = self.progress
         self.transport_reads_log = pipeline.transport.registered.spec.reads_log
         self.start_failures: dict[str, Exception] = {}
         self.caravans: CaravanManager | None = None
@@ -92,8 +93,6 @@ class Publisher:
         """The backfill queue (``<state_dir>/backfills.sqlite``), while running."""
         self.backfiller: Backfiller | None = None
         """Runs the queue, when the source can backfill."""
-        self.metrics_server: MetricsServer | None = None
-        """The metrics endpoint (``metrics.listen``), while running."""
         self.reached_end = False
         """``run --once``: every application acknowledged the end position."""
         self.truncated: list[str] = []
@@ -120,7 +119,7 @@ class Publisher:
         pipeline = self.pipeline
         started = time.monotonic()
         with contextlib.ExitStack() as cleanup:
-            self._serve_metrics(cleanup)
+            self._observe(cleanup)
             cleanup.callback(self.progress.close)
             store = open_state(self.pipeline, cleanup)
             check_meta(self.pipeline, store)
@@ -170,17 +169,12 @@ class Publisher:
             return summary
         raise AssertionError("unreachable")  # pragma: no cover - mypy: the with returns
 
-    def _serve_metrics(self, cleanup: contextlib.ExitStack) -> None:
-        """With ``metrics``: this publisher's figures in the process's registry, served."""
-        config = self.pipeline.metrics
-        if config is None:
-            return
-        collector = PublisherCollector(self, flows=config.flows)
-        REGISTRY.register(collector)
-        cleanup.callback(REGISTRY.unregister, collector)
-        server = self.metrics_server = serve(config.listen)
-        cleanup.callback(server.close)
-        self.live.metrics = server.address
+    def _observe(self, cleanup: contextlib.ExitStack) -> None:
+        """The plugins that observe a run (the built-in one serves metrics) see it start and,
+        however it ends, end."""
+        hook = self.pipeline.registry.pm.hook
+        cleanup.callback(hook.wormhole_publisher_closed, publisher=self)
+        hook.wormhole_publisher_opened(publisher=self)
 
     def _join_registry(self, cleanup: contextlib.ExitStack) -> None:
         """Claim this publisher's datastore in the registry; take the applications from it
@@ -384,12 +378,13 @@ class Publisher:
     def persist(self, publisher_log: PublisherLog, hub: Hub) -> None:
         assert self.retention is not None
         self.retention.persist(hub)
-        status = self.live.write(
+        status = self.snapshot.take(
             publisher_log,
             hub,
             list(self.caravans.caravans if self.caravans else []),
             self.tailer.updates if self.tailer else None,
         )
+        self.pipeline.registry.pm.hook.wormhole_publisher_snapshot(publisher=self, snapshot=status)
         if self.copies is not None:
             status["copies"] = self.copies.status()
         if self.membership is not None:
