@@ -30,6 +30,8 @@ class Applications:
         self.publisher = publisher
 
     def initial(self, store: Any, publisher_log: PublisherLog) -> dict[str, ApplicationRuntime]:
+        """The applications the run starts with; those that cannot start are in the
+        publisher's ``start_failures`` (or wait for a refilled log)."""
         stored = store.load()
         apps = {}
         new: list[Datamarker] = []
