@@ -39,6 +39,7 @@ from typing import Any, BinaryIO
 import msgspec
 from msgspec import Raw
 
+from wormhole.core.append_times import AppendTimes
 from wormhole.core.errors import LogCorruptError, SourceError, StateError, file_problem
 from wormhole.core.log_recovery import (
     check_continuity,
@@ -46,7 +47,6 @@ from wormhole.core.log_recovery import (
     recover_segment,
     write_session_file,
 )
-from wormhole.core.metrics import AppendTimes
 
 # Read from outside the publisher (offline_log); also importable from here, as they were.
 from wormhole.core.offline_log import LogInfo as LogInfo

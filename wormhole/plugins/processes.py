@@ -34,7 +34,7 @@ from typing import Any
 
 from wormhole.core.backoff import Backoff
 from wormhole.core.errors import WormholeError
-from wormhole.core.metrics import SubscriberPorts
+from wormhole.plugins.metrics_endpoint import SubscriberPorts
 
 log = logging.getLogger("wormhole.subscriber")
 
