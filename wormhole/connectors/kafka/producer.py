@@ -38,7 +38,7 @@ from wormhole.core.errors import ConfigError, WormholeError
 from wormhole.core.update import TRUNCATE, envelope
 from wormhole.plugins.components import Datamarker, LogBatch, PublisherView
 from wormhole.plugins.debezium import DebeziumEncoder
-from wormhole.plugins.processes import SubscriberProcesses
+from wormhole.subscriber.processes import SubscriberProcesses
 
 log = logging.getLogger("wormhole.kafka")
 

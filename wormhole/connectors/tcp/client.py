@@ -53,7 +53,7 @@ from wormhole.core.backoff import Backoff
 from wormhole.core.errors import Stopped, WormholeError
 from wormhole.core.metrics import reconnecting
 from wormhole.plugins.components import Flow, PublisherEntry
-from wormhole.plugins.subscriber import Handlers, run_handlers
+from wormhole.subscriber.handlers import Handlers, run_handlers
 
 log = logging.getLogger("wormhole.subscriber")
 

@@ -19,7 +19,7 @@ from wormhole.connectors.tcp.reads import ReadService
 from wormhole.connectors.tcp.session import TcpSession
 from wormhole.core.errors import StateError
 from wormhole.plugins.components import PublisherView
-from wormhole.plugins.processes import SubscriberProcesses
+from wormhole.subscriber.processes import SubscriberProcesses
 
 log = logging.getLogger("wormhole.tcp")
 
