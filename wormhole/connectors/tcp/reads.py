@@ -15,10 +15,9 @@ import threading
 from collections.abc import Callable, Iterator
 from typing import Any
 
-import msgspec
-
 from wormhole.connectors.tcp import protocol as p
 from wormhole.connectors.tcp.options import TcpOptions
+from wormhole.connectors.tcp.protocol import ReadBatch
 from wormhole.connectors.tcp.range_cache import CACHE_UPDATES, RangeCache
 from wormhole.core.update import ColumnRow, Update, UpdateColumns, split_columns
 from wormhole.plugins.components import Datamarker, LogBatch, PublisherView
@@ -34,18 +33,6 @@ FRAME_UPDATES = 2000
 """Updates per ``batch`` frame of a read, at most (and at most ``max_batch_frame`` bytes)."""
 FRAME_ROWS = 8192
 """Updates per ``columns`` frame of a read, at most (and at most ``max_batch_frame`` bytes)."""
-
-
-class ReadBatch(msgspec.Struct, kw_only=True):
-    """A ``batch`` frame of a read: ``seqs[i]`` is the publisher-log seq of ``updates[i]``."""
-
-    id: int
-    first: int
-    end: int
-    appended_ns: int = 0
-    datamarkers: dict[int, int] = {}
-    seqs: list[int]
-    updates: list[Update]
 
 
 class ReadService:

@@ -14,11 +14,10 @@ from typing import Any
 import msgspec
 
 from wormhole.connectors.tcp import protocol as p
-from wormhole.connectors.tcp.reads import ReadBatch
 from wormhole.core.update import Update, UpdateColumns, columns_of
 from wormhole.plugins.components import LogPositions, RemoteLogError, RemoteLogRequest
 
-_decode_read_batch = msgspec.json.Decoder(ReadBatch).decode
+_decode_read_batch = msgspec.json.Decoder(p.ReadBatch).decode
 
 
 class TcpRemoteLog:
