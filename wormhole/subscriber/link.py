@@ -13,17 +13,33 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from wormhole.core.backoff import Backoff
 from wormhole.core.errors import WormholeError
 from wormhole.core.metrics import reconnecting
 from wormhole.core.update import Update
 
-if TYPE_CHECKING:
-    from wormhole.subscriber.connected import ConnectedSubscriber
-
 log = logging.getLogger("wormhole.subscriber")
+
+
+class LinkOwner(Protocol):
+    """What a link uses of its subscriber
+    (:class:`~wormhole.subscriber.connected.ConnectedSubscriber`)."""
+
+    reconnect: bool
+    max_backoff: float
+    give_up_s: float | None
+    processed: int
+    frame_appended_ns: int
+    _stop: threading.Event
+    _handling: threading.Lock
+    _every_link: list[Link]
+    _flow_epochs: dict[Any, int]
+
+    def _flows_changed(self, assigned: list[Any], revoked: list[Any]) -> None: ...
+
+    def _handle_for(self, datastore: str | None, updates: list[Any]) -> None: ...
 
 
 class SubscriberRefused(WormholeError):
@@ -57,7 +73,7 @@ class Link:
 
     def __init__(
         self,
-        owner: ConnectedSubscriber,
+        owner: LinkOwner,
         datastore: str | None,
         addresses: Callable[[], list[str]],
     ) -> None:
@@ -183,6 +199,7 @@ class Link:
 __all__ = [
     "ConnectionClosed",
     "Link",
+    "LinkOwner",
     "SubscriberGaveUp",
     "SubscriberRefused",
     "why",

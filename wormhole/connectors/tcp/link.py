@@ -9,27 +9,41 @@ import contextlib
 import logging
 import queue
 import socket
+import ssl
 import threading
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from wormhole.connectors.tcp import protocol as p
-from wormhole.subscriber.link import ConnectionClosed, Link, SubscriberRefused
-
-if TYPE_CHECKING:
-    from wormhole.connectors.tcp.client import Subscriber
+from wormhole.subscriber.link import ConnectionClosed, Link, LinkOwner, SubscriberRefused
 
 log = logging.getLogger("wormhole.subscriber")
+
+
+class TcpLinkOwner(LinkOwner, Protocol):
+    """What a TCP link reads of its subscriber
+    (:class:`wormhole.connectors.tcp.client.Subscriber`)."""
+
+    app: str
+    instance: str
+    token: str
+    tls: ssl.SSLContext | None
+    server_name: str | None
+    credits: int
+    heartbeat: float
+    heartbeat_timeout: float
+    max_frame: int
+    publisher: str | None
 
 
 class TcpLink(Link):
     """One TCP connection of a subscriber: to one publisher (trying each address in turn)."""
 
     lost_errors = (p.PeerClosed, p.ProtocolError)
-    owner: Subscriber
+    owner: TcpLinkOwner
 
     def __init__(
-        self, owner: Subscriber, datastore: str | None, addresses: Callable[[], list[str]]
+        self, owner: TcpLinkOwner, datastore: str | None, addresses: Callable[[], list[str]]
     ) -> None:
         super().__init__(owner, datastore, addresses)
         self._beat_interval = owner.heartbeat
