@@ -183,7 +183,7 @@ def test_an_application_with_a_subscriber_is_never_parked_behind_one_without(
     from wormhole.core.pipeline import parse_pipeline
     from wormhole.core.publisher_log import PublisherLog
     from wormhole.core.update import Update
-    from wormhole.plugins.subscriber import LocalSubscriber
+    from wormhole.subscriber.local import LocalSubscriber
     from wormhole.testing import wait_until
 
     pipeline = parse_pipeline(

@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 from wormhole.core.errors import WormholeError
 from wormhole.core.pipeline import OnErrorConfig
 from wormhole.core.update import Update
-from wormhole.plugins import dead_letters as dl
+from wormhole.subscriber import dead_letters as dl
 
 
 def update(key: int, n: int, shard: int | None = None) -> Update:

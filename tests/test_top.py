@@ -258,7 +258,7 @@ def test_top_counts_each_applications_dead_letters(tmp_path: Path) -> None:
     from wormhole.core.pipeline import load_pipeline
     from wormhole.core.update import Update
     from wormhole.observability.top import read, render
-    from wormhole.plugins import dead_letters as dl
+    from wormhole.subscriber import dead_letters as dl
     from wormhole.testing import write_pipeline
 
     state = tmp_path / "state"

@@ -14,7 +14,7 @@ from wormhole.core.registry import subscriber_application
 from wormhole.plugins.components import SubscribeRequest
 from wormhole.plugins.hookspecs import hookimpl
 from wormhole.plugins.metrics_endpoint import parse_listen, serve
-from wormhole.plugins.subscriber import catch_stop_signals
+from wormhole.subscriber.handlers import catch_stop_signals
 
 
 @hookimpl(tryfirst=True)

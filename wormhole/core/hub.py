@@ -163,7 +163,7 @@ class Hub:
         self, app: ApplicationRuntime, index: int, max_frames: int
     ) -> LocalSubscriberSession:
         """A subscriber of ``app`` on a thread of this process (see the PublisherView)."""
-        from wormhole.plugins.subscriber import local_subscriber
+        from wormhole.subscriber.local import local_subscriber
 
         return local_subscriber(self, app, index, max_frames)
 

@@ -25,7 +25,7 @@ from wormhole.connectors.kafka.reports import DeliveryReports, ProduceFailed
 from wormhole.core.errors import ConfigError, WormholeError
 from wormhole.plugins.components import Datamarker, PublisherView
 from wormhole.plugins.debezium import DebeziumEncoder
-from wormhole.plugins.processes import SubscriberProcesses
+from wormhole.subscriber.processes import SubscriberProcesses
 
 __all__ = ["DEFAULTS", "SAFETY", "KafkaTransport", "ProduceFailed", "dataset_key", "table_key"]
 
