@@ -69,7 +69,7 @@ class CopyElection:
         hub = self.coordinator.hub
         app = hub.applications.get(state.name)
         with hub.lock:
-            registered = len(hub.registered.get(state.name, []))
+            registered = len(hub.subscriptions.registered.get(state.name, []))
             connected = app is not None and bool(app.sessions)
         if connected or not registered:
             state.unreached_since = None
