@@ -23,7 +23,14 @@ from pydantic import BaseModel, ByteSize, Field, ValidationError, field_validato
 
 from wormhole.core.errors import ConfigError
 from wormhole.core.metrics import DEFAULT_LISTEN, Listen, parse_listen
-from wormhole.plugins.components import ComponentUse, Kind, Options, Registered
+from wormhole.plugins.components import (
+    Capabilities,
+    ComponentUse,
+    Kind,
+    Options,
+    Registered,
+    capabilities_of,
+)
 
 if typing.TYPE_CHECKING:
     from wormhole.plugins.manager import Registry
@@ -394,6 +401,15 @@ class Component:
     def create(self) -> Any:
         return self.registered.spec.factory(self.options)
 
+    @property
+    def capabilities(self) -> Capabilities:
+        """What its spec declares it offers."""
+        return capabilities_of(self.registered.spec)
+
+    def capabilities_of(self, instance: Any) -> Capabilities:
+        """What its spec declares it offers, checked against ``instance`` (one it created)."""
+        return capabilities_of(self.registered.spec, instance)
+
 
 @dataclass
 class Application:
@@ -740,7 +756,7 @@ def _applications(
 ) -> dict[str, Application]:
     """Each application with its components (sink, plugin filters) resolved; problems are
     appended to ``problems``."""
-    requires_sink = transport is not None and transport.registered.spec.requires_sink
+    requires_sink = transport is not None and transport.capabilities.requires_sink
     apps: dict[str, Application] = {}
     raw_apps = data.get("applications")
     if not isinstance(raw_apps, dict):
@@ -836,7 +852,7 @@ def _check_copies(model: PipelineModel, registry: Component | None, problems: li
                 "that mode too, or remove copy"
             )
         return
-    if registry is not None and not registry.registered.spec.shared:
+    if registry is not None and not registry.capabilities.shared_registry:
         problems.append(
             "delivery.mode: multiple-copy keeps datamarkers as logical positions in a shared "
             "registry, where the copies of a datastore claim applications: set registry: "

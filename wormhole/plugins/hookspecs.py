@@ -121,16 +121,17 @@ def wormhole_commands(commands: Any, cli: CommandLine) -> None:
 
 
 @hookspec
-def wormhole_pipeline_started(pipeline: Any) -> None:
+def wormhole_pipeline_started(pipeline: PipelineView) -> None:
     """Called after the publisher opened its state and source, before delivery starts.
 
-    ``pipeline`` is the validated :class:`wormhole.core.pipeline.Pipeline`.
+    ``pipeline`` is the validated pipeline, as :class:`wormhole.plugins.views.PipelineView`
+    promises it.
     Return value ignored.
     """
 
 
 @hookspec
-def wormhole_pipeline_stopped(pipeline: Any, summary: Any) -> None:
+def wormhole_pipeline_stopped(pipeline: PipelineView, summary: Any) -> None:
     """Called after a run ended cleanly and datamarkers were persisted.
 
     ``summary`` is the :class:`wormhole.core.publisher.RunSummary`. Return value ignored.

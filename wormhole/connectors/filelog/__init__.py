@@ -48,12 +48,13 @@ from wormhole.connectors.filelog.rejects import (
 from wormhole.core.errors import LogCorruptError, SourceError
 from wormhole.core.update import NULL, OPS, Update
 from wormhole.plugins.components import (
-    ComponentSpec,
+    Capabilities,
     NoOptions,
     Options,
     SourceBatch,
     SourceContext,
     Version,
+    log_reader,
 )
 from wormhole.plugins.framing import (
     FILE_MAGIC,
@@ -66,7 +67,6 @@ from wormhole.plugins.framing import (
     TornTail,
     read_records,
 )
-from wormhole.plugins.hookspecs import hookimpl
 
 log = logging.getLogger("wormhole.filelog")
 
@@ -845,27 +845,12 @@ def _line_number(path: Path, offset: int) -> int:
         return 0
 
 
-@hookimpl
-def wormhole_sources() -> list[ComponentSpec]:
-    return [
-        ComponentSpec(
-            kind="source",
-            name="filelog",
-            factory=FilelogSource,
-            options=FilelogOptions,
-            description="Tail JSON-lines files or LogWriter logs (deduplicated by publisher seq).",
-        )
-    ]
-
-
-@hookimpl
-def wormhole_position_mappers() -> list[ComponentSpec]:
-    return [
-        ComponentSpec(
-            kind="position_mapper",
-            name="filelog",
-            factory=FilelogPositionMapper,
-            options=NoOptions,
-            description="File name and offset, or LogWriter publisher seq, as per-key versions.",
-        )
-    ]
+wormhole_sources, wormhole_position_mappers = log_reader(
+    "filelog",
+    source=FilelogSource,
+    options=FilelogOptions,
+    description="Tail JSON-lines files or LogWriter logs (deduplicated by publisher seq).",
+    capabilities=Capabilities(lag=True),
+    mapper=FilelogPositionMapper,
+    mapper_description="File name and offset, or LogWriter publisher seq, as per-key versions.",
+)
