@@ -120,7 +120,7 @@ def test_options_are_validated_and_describe_names_the_ensemble() -> None:
     assert registry.describe() == "zookeeper 10.0.0.1:2181,10.0.0.2:2181/wormhole"
     spec = default_registry().get("registry", "zookeeper").spec
     assert spec.options is ZooKeeperOptions
-    assert spec.shared
+    assert spec.capabilities is not None and spec.capabilities.shared_registry
     from wormhole.core.registry import registry_component
 
     component = registry_component("zookeeper://zk1:2181,zk2:2181/wr")
