@@ -76,9 +76,6 @@ REQUIRES: dict[str, tuple[str, ...]] = {
 }
 """What an instance declaring each capability must have (checked when it is created)."""
 
-NONE = Capabilities()
-"""A component with no optional feature."""
-
 
 def capabilities_of(spec: ComponentSpec, instance: Any = None) -> Capabilities:
     """The capabilities of ``spec``'s components; with ``instance`` (one the spec's factory
@@ -121,4 +118,4 @@ def _undeclared(spec: ComponentSpec, instance: Any) -> Capabilities:
     return Capabilities(**values)
 
 
-__all__ = ["NONE", "Capabilities", "capabilities_of"]
+__all__ = ["REQUIRES", "Capabilities", "capabilities_of"]
