@@ -39,13 +39,8 @@ from wormhole.core.errors import SourceError, SourceStopped, first_line
 from wormhole.core.metrics import reconnecting
 from wormhole.core.progress import Progress, ProgressTask
 from wormhole.core.update import NULL, Update
-from wormhole.plugins.components import Capabilities, SourceBatch, SourceContext
+from wormhole.plugins.components import SourceBatch, SourceContext
 from wormhole.plugins.transactions import TransactionMarker
-
-DATABASE_SOURCE = Capabilities(backfill=True, snapshot_pending=True, lag=True)
-"""What the built-in database sources offer: backfills (:class:`DatabaseSource` answers
-``backfill_ready`` and ``backfill_unseen``; a source adds the rest), the tables whose
-initial snapshot is pending, and their lag."""
 
 _encode = msgspec.json.Encoder().encode
 _Raw = msgspec.Raw

@@ -8,8 +8,7 @@ from pydantic import Field
 
 from wormhole.connectors.mysql.options import MySQLOptions
 from wormhole.core.update import Update
-from wormhole.plugins.components import Options, Version, log_reader
-from wormhole.plugins.database_source import DATABASE_SOURCE
+from wormhole.plugins.components import Capabilities, Options, Version, log_reader
 
 
 def _source(options: MySQLOptions) -> Any:
@@ -118,7 +117,7 @@ wormhole_sources, wormhole_position_mappers = log_reader(
     source=_source,
     options=MySQLOptions,
     description="MariaDB / MySQL row-based binlog, with an initial snapshot and GTIDs.",
-    capabilities=DATABASE_SOURCE,
+    capabilities=Capabilities(backfill=True, snapshot_pending=True, lag=True),
     mapper=MySQLPositionMapper,
     mapper_options=MapperOptions,
     mapper_description="binlog file:offset:index <-> GTID, looked up on the server.",

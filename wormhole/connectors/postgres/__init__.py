@@ -7,8 +7,7 @@ from typing import Any
 
 from wormhole.connectors.postgres.options import PostgresOptions
 from wormhole.core.update import Update
-from wormhole.plugins.components import Version, log_reader
-from wormhole.plugins.database_source import DATABASE_SOURCE
+from wormhole.plugins.components import Capabilities, Version, log_reader
 from wormhole.plugins.hookspecs import CommandLine, hookimpl
 
 
@@ -54,7 +53,7 @@ wormhole_sources, wormhole_position_mappers = log_reader(
     source=_source,
     options=PostgresOptions,
     description="PostgreSQL logical decoding (pgoutput), with an initial snapshot.",
-    capabilities=DATABASE_SOURCE,
+    capabilities=Capabilities(backfill=True, snapshot_pending=True, lag=True),
     mapper=lambda _options: PostgresPositionMapper(),
     mapper_description="Commit LSN plus change index <-> commit LSN (origin LSN if replicated).",
 )
