@@ -468,7 +468,7 @@ def test_an_application_removed_and_added_again_keeps_one_watch_of_each_kind(
     its serving claim; removing the application ends both watches, so applications removed
     and added again, or removed for good, leave no watch behind (each one is read again
     after every reconnect, and told of changes of an application that is gone)."""
-    from wormhole.core.copies import CopyCoordinator
+    from wormhole.core.copies import CopyCoordinator, copy_registry
     from wormhole.core.flows import FlowState
     from wormhole.core.hub import ApplicationRuntime, Hub
     from wormhole.core.pipeline import load_pipeline
@@ -489,7 +489,7 @@ def test_an_application_removed_and_added_again_keeps_one_watch_of_each_kind(
     membership.hub = hub
     told: list[Any] = []
     try:
-        coordinator = CopyCoordinator(pipeline, registry, hub, plog)
+        coordinator = CopyCoordinator(pipeline, copy_registry(registry), hub, plog)
         coordinator._serving = lambda name, claim: told.append(claim)  # type: ignore[method-assign]
         watches = registry.session.dispatcher.watched
         before = watches()
