@@ -13,7 +13,7 @@ Each ``wormhole_<kind>s`` hook returns a list of
 collects them from every plugin. Two plugins that declare the same kind and name
 are an error naming both distributions. A hook that only returns specs can be made
 from them: ``wormhole_sinks = offer(ComponentSpec(...))``
-(:func:`wormhole.plugins.components.offer`; the built-ins declare theirs so).
+(:func:`wormhole.plugins.components.offer`; several built-ins declare theirs so).
 
 Set ``WORMHOLE_DISABLE_PLUGIN_AUTOLOAD=1`` to load no entry points (built-ins
 still load) and ``WORMHOLE_PLUGINS=mod1,mod2`` to load plugin modules by name.
