@@ -45,7 +45,13 @@ from wormhole.core.pipeline_yaml import (
     interpolate,
     load_yaml,
 )
-from wormhole.plugins.components import ComponentUse, Kind, Registered
+from wormhole.plugins.components import (
+    Capabilities,
+    ComponentUse,
+    Kind,
+    Registered,
+    capabilities_of,
+)
 from wormhole.plugins.metrics_endpoint import Listen, parse_listen
 
 if typing.TYPE_CHECKING:
@@ -85,6 +91,15 @@ class Component:
 
     def create(self) -> Any:
         return self.registered.spec.factory(self.options)
+
+    @property
+    def capabilities(self) -> Capabilities:
+        """What its spec declares it offers."""
+        return capabilities_of(self.registered.spec)
+
+    def capabilities_of(self, instance: Any) -> Capabilities:
+        """What its spec declares it offers, checked against ``instance`` (one it created)."""
+        return capabilities_of(self.registered.spec, instance)
 
 
 @dataclass
@@ -261,7 +276,7 @@ def _applications(
 ) -> dict[str, Application]:
     """Each application with its components (sink, plugin filters) resolved; problems are
     appended to ``problems``."""
-    requires_sink = transport is not None and transport.registered.spec.requires_sink
+    requires_sink = transport is not None and transport.capabilities.requires_sink
     apps: dict[str, Application] = {}
     raw_apps = data.get("applications")
     if not isinstance(raw_apps, dict):
@@ -357,7 +372,7 @@ def _check_copies(model: PipelineModel, registry: Component | None, problems: li
                 "that mode too, or remove copy"
             )
         return
-    if registry is not None and not registry.registered.spec.shared:
+    if registry is not None and not registry.capabilities.shared_registry:
         problems.append(
             "delivery.mode: multiple-copy keeps datamarkers as logical positions in a shared "
             "registry, where the copies of a datastore claim applications: set registry: "

@@ -18,7 +18,7 @@ import gc
 import logging
 import threading
 import time
-from typing import Any
+from typing import Any, cast
 
 from wormhole.core.backfill import Backfiller, BackfillStore
 from wormhole.core.caravan import CaravanManager
@@ -82,7 +82,7 @@ class Publisher:
         self.progress = Progress.for_stderr(None, pipeline.progress_interval)
         """Where long work (a source's snapshot, ``--once``) reports how far it is."""
         self.snapshot.progress = self.progress
-        self.transport_reads_log = pipeline.transport.registered.spec.reads_log
+        self.transport_reads_log = pipeline.transport.capabilities.reads_log
         self.start_failures: dict[str, Exception] = {}
         self.caravans: CaravanManager | None = None
         self.membership: PublisherMembership | None = None
@@ -136,8 +136,9 @@ class Publisher:
             source = self.source = pipeline.source.create()
             source.open(self._source_context(), recovery.checkpoint)
             cleanup.callback(source.close)
-            pending = getattr(source, "snapshot_pending", None)
-            self.snapshot_pending = set(pending() if pending is not None else [])
+            offers = pipeline.source.capabilities_of(source)
+            pending = source.snapshot_pending() if offers.snapshot_pending else []
+            self.snapshot_pending = set(pending)
             end = source.capture_end() if self.once else None
             backfills = self.backfills = BackfillStore(pipeline.state_dir)
             cleanup.callback(backfills.close)
@@ -240,9 +241,8 @@ class Publisher:
         transport.start(hub)
         cleanup.callback(self._abort_transport)
         assert self.membership is not None
-        self.membership.attach(
-            hub, getattr(transport, "address", ""), getattr(transport, "protocol_version", 0)
-        )
+        offers = pipeline.transport.capabilities_of(transport)
+        self.membership.attach(hub, transport.address if offers.listens else "", offers.protocol)
         if pipeline.mode == "multiple-copy":
             registry = copy_registry(self.membership.registry)
             self.copies = CopyCoordinator(pipeline, registry, hub, publisher_log)
@@ -298,9 +298,9 @@ class Publisher:
         store = self.backfills
         if store is None:
             return None
-        if isinstance(source, SourceBackfill):
+        if self.pipeline.source.capabilities_of(source).backfill:
             return Backfiller(
-                source,
+                cast(SourceBackfill, source),
                 store,
                 self.pipeline.name,
                 self.progress,

@@ -106,7 +106,7 @@ def subscriber_application(pipeline: Pipeline, name: str, library: str) -> Appli
     from wormhole.core.pipeline import sink_application
 
     component = pipeline.dataset_registry
-    if component is None or not component.registered.spec.shared:
+    if component is None or not component.capabilities.shared_registry:
         return sink_application(pipeline, name, library)[0]
     from wormhole.subscriber.handlers import stop_signalled
 

@@ -67,9 +67,9 @@ class PublisherCollector(Collector):
                 read.add_metric([table, op], count)
         yield read
         source = publisher.source
-        lag = getattr(source, "lag", None)
-        if lag is None:
+        if source is None or not publisher.pipeline.source.capabilities_of(source).lag:
             return
+        lag = source.lag
         try:
             values = lag()
         except Exception as exc:  # the datastore is away: no figures this time

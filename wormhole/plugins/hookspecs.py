@@ -11,7 +11,9 @@ register through these same hooks. Third-party plugins are found through the
 Each ``wormhole_<kind>s`` hook returns a list of
 :class:`wormhole.plugins.components.ComponentSpec` of that kind; the registry
 collects them from every plugin. Two plugins that declare the same kind and name
-are an error naming both distributions.
+are an error naming both distributions. A hook that only returns specs can be made
+from them: ``wormhole_sinks = offer(ComponentSpec(...))``
+(:func:`wormhole.plugins.components.offer`; several built-ins declare theirs so).
 
 Set ``WORMHOLE_DISABLE_PLUGIN_AUTOLOAD=1`` to load no entry points (built-ins
 still load) and ``WORMHOLE_PLUGINS=mod1,mod2`` to load plugin modules by name.
@@ -121,16 +123,17 @@ def wormhole_commands(commands: Any, cli: CommandLine) -> None:
 
 
 @hookspec
-def wormhole_pipeline_started(pipeline: Any) -> None:
+def wormhole_pipeline_started(pipeline: PipelineView) -> None:
     """Called after the publisher opened its state and source, before delivery starts.
 
-    ``pipeline`` is the validated :class:`wormhole.core.pipeline.Pipeline`.
+    ``pipeline`` is the validated pipeline, as :class:`wormhole.plugins.views.PipelineView`
+    promises it.
     Return value ignored.
     """
 
 
 @hookspec
-def wormhole_pipeline_stopped(pipeline: Any, summary: Any) -> None:
+def wormhole_pipeline_stopped(pipeline: PipelineView, summary: Any) -> None:
     """Called after a run ended cleanly and datamarkers were persisted.
 
     ``summary`` is the :class:`wormhole.core.publisher.RunSummary`. Return value ignored.

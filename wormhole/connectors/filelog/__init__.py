@@ -25,8 +25,7 @@ from wormhole.connectors.filelog.options import FilelogOptions
 from wormhole.connectors.filelog.positions import FilelogPositionMapper, natural_key, natural_name
 from wormhole.connectors.filelog.source import FilelogSource
 from wormhole.connectors.filelog.stream import Stream
-from wormhole.plugins.components import ComponentSpec, NoOptions
-from wormhole.plugins.hookspecs import hookimpl
+from wormhole.plugins.components import Capabilities, log_reader
 
 __all__ = [
     "FilelogOptions",
@@ -38,27 +37,12 @@ __all__ = [
 ]
 
 
-@hookimpl
-def wormhole_sources() -> list[ComponentSpec]:
-    return [
-        ComponentSpec(
-            kind="source",
-            name="filelog",
-            factory=FilelogSource,
-            options=FilelogOptions,
-            description="Tail JSON-lines files or LogWriter logs (deduplicated by publisher seq).",
-        )
-    ]
-
-
-@hookimpl
-def wormhole_position_mappers() -> list[ComponentSpec]:
-    return [
-        ComponentSpec(
-            kind="position_mapper",
-            name="filelog",
-            factory=FilelogPositionMapper,
-            options=NoOptions,
-            description="File name and offset, or LogWriter publisher seq, as per-key versions.",
-        )
-    ]
+wormhole_sources, wormhole_position_mappers = log_reader(
+    "filelog",
+    source=FilelogSource,
+    options=FilelogOptions,
+    description="Tail JSON-lines files or LogWriter logs (deduplicated by publisher seq).",
+    capabilities=Capabilities(lag=True),
+    mapper=FilelogPositionMapper,
+    mapper_description="File name and offset, or LogWriter publisher seq, as per-key versions.",
+)

@@ -13,13 +13,15 @@ from __future__ import annotations
 from typing import Any
 
 from wormhole.connectors.tcp.options import TcpOptions, TlsOptions
+from wormhole.connectors.tcp.protocol import VERSION
 from wormhole.plugins.components import (
+    Capabilities,
     ComponentSpec,
     RemoteLog,
     RemoteLogRequest,
     SubscribeRequest,
+    offer,
 )
-from wormhole.plugins.hookspecs import hookimpl
 
 
 def _transport(options: TcpOptions) -> Any:
@@ -40,21 +42,20 @@ def _subscribe(request: SubscribeRequest) -> None:
     subscribe(request)
 
 
-@hookimpl
-def wormhole_transports() -> list[ComponentSpec]:
-    return [
-        ComponentSpec(
-            kind="transport",
-            name="tcp",
-            factory=_transport,
-            options=TcpOptions,
-            description="Subscribers connect over TCP/TLS: one connection per subscriber, "
-            "credits, heartbeats.",
-            subscribe=_subscribe,
-            remote_log=_remote_log,
-            default=True,
-        )
-    ]
+wormhole_transports = offer(
+    ComponentSpec(
+        kind="transport",
+        name="tcp",
+        factory=_transport,
+        options=TcpOptions,
+        description="Subscribers connect over TCP/TLS: one connection per subscriber, "
+        "credits, heartbeats.",
+        default=True,
+        capabilities=Capabilities(listens=True, protocol=VERSION),
+        subscribe=_subscribe,
+        remote_log=_remote_log,
+    )
+)
 
 
 __all__ = ["TcpOptions", "TlsOptions"]
