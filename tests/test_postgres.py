@@ -732,7 +732,7 @@ def test_an_unchanged_toasted_key_missing_from_the_wal_stops_with_the_fix_named(
         "CREATE PUBLICATION p FOR TABLE b1, ints, whole",
     )
     source = PostgresSource(PostgresOptions(dsn=postgres_dsn))
-    source.conn = source._connect()
+    source.conn = source.admin.connect()
     source.publication = "p"
     try:
         for version, warned in ((140002, True), (140003, False), (150004, False)):
@@ -761,7 +761,7 @@ def test_an_unchanged_toasted_key_missing_from_the_wal_stops_with_the_fix_named(
         op, _, before, after, unchanged, full = pg.parse_change(message, {7: relation})
         assert (op, before, unchanged) == ("u", None, ["k"])
         with pytest.raises(SourceError) as raised:
-            source._change(op, relation, before, after, unchanged, full)
+            source.stream.changes.change(op, relation, before, after, unchanged, full)
         text = str(raised.value)
         assert "update of public.b1" in text and "key column(s) k unchanged" in text
         assert 'ALTER TABLE "public"."b1" REPLICA IDENTITY FULL' in text
