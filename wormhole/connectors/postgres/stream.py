@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import collections
 import time
+from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 from wormhole.connectors.postgres import pgoutput as pg
@@ -23,6 +24,7 @@ from wormhole.connectors.postgres.stream_reader import (
     Change,
     Commit,
     LogicalMessage,
+    Message,
     Origin,
     RelationMessage,
     StreamReader,
@@ -30,6 +32,7 @@ from wormhole.connectors.postgres.stream_reader import (
 )
 from wormhole.core.update import Update
 from wormhole.plugins.components import SourceBatch, Watermark
+from wormhole.plugins.transactions import TransactionMarker
 
 if TYPE_CHECKING:
     from wormhole.connectors.postgres.source import PostgresSource
@@ -65,6 +68,12 @@ class PostgresStream:
         """The last transactions the stream read (their commit records are written)."""
         self.bad: list[tuple[str, bytes]] = []
         """The text values of the change being decoded that are not UTF-8."""
+        self.messages: Iterator[Message | None] = iter(())
+        """The reader's messages (None: none has arrived)."""
+        # Read for each change: kept here (the options are fixed; attach sets the others).
+        self.heartbeat_tables = source.options.heartbeat_tables
+        self.describe = False
+        self.marker: TransactionMarker | None = None
 
     # ------------------------------------------------------------ positions
     def start_at(self, lsn: int) -> None:
@@ -80,8 +89,12 @@ class PostgresStream:
         self.changes.last_commit_lsn = f'\\"{position.flush}\\"'
 
     def attach(self, cursor: Any) -> None:
-        """Read the messages of ``cursor``, which has just started replication."""
+        """Read the messages of ``cursor``, which has just started replication (after
+        ``open`` set the source's ``describe`` and ``marker``)."""
         self.reader = StreamReader(cursor)
+        self.messages = self.reader.messages()
+        self.describe = self.source.describe
+        self.marker = self.source.marker
 
     def rewind(self) -> None:
         """After a reconnect: the server resends from the slot; resume after what was
@@ -115,8 +128,8 @@ class PostgresStream:
         source = self.source
         reader = self.reader
         assert reader is not None
-        next_message = reader.next
-        marker = source.marker
+        next_message = self.messages.__next__
+        marker = self.marker
         limit = source.options.batch_updates
         updates: list[Update] = []
         self.pending, self.emitted = self.position, None
@@ -128,19 +141,19 @@ class PostgresStream:
         while True:
             message = next_message()
             match message:
-                case None:
-                    if self._idle(updates, deadline):
-                        return self._end(updates)
-                case Change() | Truncate() | LogicalMessage() if full:
-                    reader.hold(message)
-                    return self._batch(updates)
-                case Change():
+                case Change() if not full:  # the most frequent, first
                     self._change(message, updates)
                     if len(updates) >= limit:
                         # A large transaction goes out in chunks: memory stays bounded.
                         if marker is None:
                             return self._batch(updates)
                         full = True
+                case None:
+                    if self._idle(updates, deadline):
+                        return self._end(updates)
+                case Change() | Truncate() | LogicalMessage() if full:
+                    reader.hold(message)
+                    return self._batch(updates)
                 case Begin():
                     self._begin(message)
                 case Commit():
@@ -185,7 +198,7 @@ class PostgresStream:
                     history.save()
                 self.confirmed = max(self.confirmed, reader.wal_end)
         remaining = deadline - time.monotonic()
-        if remaining <= 0 and (source.marker is None or not in_txn):
+        if remaining <= 0 and (self.marker is None or not in_txn):
             # (With transaction metadata, not inside a transaction: see ``full`` in read.
             # The server sends a decoded transaction's messages without a pause.)
             return True
@@ -197,14 +210,14 @@ class PostgresStream:
         lsn = message.final_lsn
         source.txn_lsn, source.txn_ts, source.txn_id = lsn, message.ts_ms, message.xid
         self.streamed_txids.append(message.xid)
-        if source.describe:
+        if self.describe:
             self.changes.describe_transaction(message.commit_us)
         source.txn_position = source.txn_logical = pg.lsn_text(lsn)
         source.txn_index = -1
         self.pending_watermark = None
         source.in_txn = True
-        if source.marker is not None:
-            source.marker.begin(f"{message.xid}:{message.wal}", message.ts_ms)
+        if self.marker is not None:
+            self.marker.begin(f"{message.xid}:{message.wal}", message.ts_ms)
         self.resuming = lsn == self.resume.lsn
         self.skip_txn = self.resume.skips(lsn)
 
@@ -216,20 +229,24 @@ class PostgresStream:
         return not (self.skip_txn or (self.resuming and source.txn_index <= self.resume.index))
 
     def _change(self, message: Change, updates: list[Update]) -> None:
-        if not self._counted():
-            return
+        # The hot path: one call per change, what it reads hoisted (see _counted).
         source = self.source
+        index = source.txn_index = source.txn_index + 1
+        if self.skip_txn or (self.resuming and index <= self.resume.index):
+            return
         changes = self.changes
         bad = self.bad
-        op, relation, before, after, unchanged, whole = message.decode(self.relations, bad)
+        op, relation, before, after, unchanged, whole = pg.parse_change(
+            message.data, self.relations, bad
+        )
         if bad:
             changes.undecodable(relation, bad)
-        heartbeat_tables = source.options.heartbeat_tables
+        heartbeat_tables = self.heartbeat_tables
         if heartbeat_tables and relation.table in heartbeat_tables:
             return
-        if source.describe:
+        if self.describe:
             changes.describe_change(relation, message.wal)
-        marker = source.marker
+        marker = self.marker
         if op == "c":
             update = changes.insert(relation, after)
             updates.append(update)
@@ -241,22 +258,21 @@ class PostgresStream:
             if marker is not None:
                 for update in made:
                     marker.mark(update, f"{source.txn_id}:{message.wal}")
-        self.emitted = source.txn_index
+        self.emitted = index
 
     def _truncate(self, message: Truncate, updates: list[Update]) -> None:
         if not self._counted():
             return
         source = self.source
-        heartbeat_tables = source.options.heartbeat_tables
         for oid in message.oids:
             relation = self.relations[oid]
-            if relation.table not in heartbeat_tables:
-                if source.describe:
+            if relation.table not in self.heartbeat_tables:
+                if self.describe:
                     self.changes.describe_change(relation, message.wal)
                 update = self.changes.truncate(relation)
                 updates.append(update)
-                if source.marker is not None:
-                    source.marker.mark(update, f"{source.txn_id}:{message.wal}")
+                if self.marker is not None:
+                    self.marker.mark(update, f"{source.txn_id}:{message.wal}")
         self.emitted = source.txn_index
 
     def _logical_message(self, message: LogicalMessage, updates: list[Update]) -> None:
@@ -288,8 +304,8 @@ class PostgresStream:
             return None
         self.pending = StreamPosition(source.txn_lsn, source.txn_index, True, end_lsn)
         self.emitted = None
-        if source.marker is not None:
-            source.marker.commit(f"{source.txn_id}:{message.wal}")
+        if self.marker is not None:
+            self.marker.commit(f"{source.txn_id}:{message.wal}")
         if self.pending_watermark is not None:
             # A backfill watermark: the batch ends here (see SourceBatch.watermark).
             token, self.pending_watermark = self.pending_watermark, None

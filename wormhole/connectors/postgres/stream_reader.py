@@ -3,23 +3,25 @@
 :class:`StreamReader` reads the messages the server sends and decodes each into one of the
 message classes below (by its first byte, the message type of "Logical Replication Message
 Formats"); the stream (:mod:`stream`) dispatches on their classes. A change's rows are
-decoded only when they are wanted (:meth:`Change.decode`): a change emitted before a
-restart is skipped undecoded. Message types the source has no use for (``Y``, a type) are
-read and dropped here.
+decoded only when they are wanted (:func:`pgoutput.parse_change`): a change emitted before
+a restart is skipped undecoded. Message types the source has no use for (``Y``, a type) are
+read and dropped here. The messages are msgspec structs (made in C, without a ``__init__``
+in Python: one for each change) that hold no reference cycles, so the garbage collector
+does not track them.
 """
 
 from __future__ import annotations
 
 import select
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator
 from typing import Any
+
+import msgspec
 
 from wormhole.connectors.postgres import pgoutput as pg
 
 
-@dataclass(slots=True)
-class Begin:
+class Begin(msgspec.Struct, gc=False):
     """``B``: a transaction begins."""
 
     final_lsn: int
@@ -33,8 +35,7 @@ class Begin:
     """The message's own WAL position."""
 
 
-@dataclass(slots=True)
-class Commit:
+class Commit(msgspec.Struct, gc=False):
     """``C``: the transaction commits."""
 
     end_lsn: int
@@ -42,47 +43,36 @@ class Commit:
     wal: int
 
 
-@dataclass(slots=True)
-class Change:
+class Change(msgspec.Struct, gc=False):
     """``I``, ``U`` or ``D``: a row inserted, updated or deleted."""
 
     data: bytes
+    """The message, whose rows :func:`pgoutput.parse_change` decodes."""
     wal: int
 
-    def decode(
-        self, relations: dict[int, pg.Relation], bad: list[tuple[str, bytes]]
-    ) -> tuple[str, pg.Relation, dict[str, Any] | None, dict[str, Any] | None, list[str], bool]:
-        """(op, relation, before, after, unchanged, full_before): see
-        :func:`pgoutput.parse_change`."""
-        return pg.parse_change(self.data, relations, bad)
 
-
-@dataclass(slots=True)
-class Truncate:
+class Truncate(msgspec.Struct, gc=False):
     """``T``: tables truncated."""
 
     oids: list[int]
     wal: int
 
 
-@dataclass(slots=True)
-class RelationMessage:
+class RelationMessage(msgspec.Struct, gc=False):
     """``R``: a table's columns and replica identity, before its first change (again after
     each change of them)."""
 
     relation: pg.Relation
 
 
-@dataclass(slots=True)
-class Origin:
+class Origin(msgspec.Struct, gc=False):
     """``O``: the transaction was replicated from another server."""
 
     lsn: int
     """Its commit LSN on the origin server."""
 
 
-@dataclass(slots=True)
-class LogicalMessage:
+class LogicalMessage(msgspec.Struct, gc=False):
     """``M``: a logical decoding message (``pg_logical_emit_message``)."""
 
     transactional: bool
@@ -141,27 +131,30 @@ class StreamReader:
     def __init__(self, cursor: Any) -> None:
         self.cursor = cursor
         self.held: Message | None = None
-        """A message read when a batch was full: :meth:`next` returns it first."""
+        """A message read when a batch was full: :meth:`messages` gives it first."""
 
-    def next(self) -> Message | None:
-        """The next message, or None when none has arrived."""
-        held = self.held
-        if held is not None:
-            self.held = None
-            return held
+    def messages(self) -> Iterator[Message | None]:
+        """The messages as they arrive, None each time none has (a message held comes
+        first)."""
         read = self.cursor.read_message
         decoders = _DECODERS
         while True:
+            held = self.held
+            if held is not None:
+                self.held = None
+                yield held
+                continue
             raw = read()
             if raw is None:
-                return None
+                yield None
+                continue
             data = raw.payload
             decoder = decoders.get(data[0])
             if decoder is not None:
-                return decoder(data, raw.data_start)
+                yield decoder(data, raw.data_start)
 
     def hold(self, message: Message) -> None:
-        """Return ``message`` again from the next :meth:`next`."""
+        """Give ``message`` again, first."""
         self.held = message
 
     def feedback(self, flush_lsn: int) -> None:
