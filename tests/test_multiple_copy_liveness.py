@@ -444,14 +444,14 @@ def test_a_registry_interruption_during_a_hand_over_takes_the_hand_over_with_it(
         epoch = registry.claim_serving("search", "db1", "a")
         assert epoch
         state = coordinator.apps["search"]
-        coordinator._take_over(state, epoch, coordinator.generation)
+        coordinator.election.take_over(state, epoch, coordinator.generation)
         assert runtime.active and state.epoch == epoch
         # Copy b is the one to hand the application to (as `apps move` or failback ask).
-        coordinator._hand_over_to = lambda state, app: "b"  # type: ignore[method-assign]
+        coordinator.serving.hand_over_to = lambda state, app: "b"  # type: ignore[method-assign]
         now = time.monotonic()
         if step == "finish":
             state.handing_over = state.settled_at = now - 1
-        coordinator._serve(state, now)
+        coordinator.serving.serve(state, now)
         assert state.epoch == 0 and not runtime.active
         assert state.handing_over is None and state.settled_at is None
         assert released == []

@@ -18,7 +18,7 @@ from wormhole.core import backfill as bf
 from wormhole.core.deployment import application_names
 from wormhole.core.errors import BackfillError
 from wormhole.core.pipeline import Pipeline
-from wormhole.core.status import read_live_status
+from wormhole.observability.status import read_live_status
 from wormhole.plugins.components import SourceBackfill
 from wormhole.plugins.hookspecs import hookimpl
 

@@ -108,7 +108,7 @@ def subscriber_application(pipeline: Pipeline, name: str, library: str) -> Appli
     component = pipeline.dataset_registry
     if component is None or not component.registered.spec.shared:
         return sink_application(pipeline, name, library)[0]
-    from wormhole.plugins.subscriber import stop_signalled
+    from wormhole.subscriber.handlers import stop_signalled
 
     registry = open_registry(component, pipeline.name, stop_signalled)
     try:

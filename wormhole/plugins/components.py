@@ -20,8 +20,8 @@ from typing import Any, Literal, NamedTuple, Protocol, runtime_checkable
 from pydantic import BaseModel, ConfigDict, ValidationInfo, field_validator
 
 from wormhole.core.errors import StateError
-from wormhole.core.progress import Progress
 from wormhole.core.update import Update, UpdateColumns
+from wormhole.plugins.progress import Progress
 
 Kind = Literal[
     "source", "sink", "filter", "transport", "position_mapper", "datamarker_store", "registry"

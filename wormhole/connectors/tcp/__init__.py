@@ -1,8 +1,11 @@
 """The ``tcp`` transport: subscribers connect to the publisher over TCP (optionally TLS).
 
-Publisher side: :mod:`wormhole.connectors.tcp.server`. Subscriber side (the
-library applications embed): :mod:`wormhole.connectors.tcp.client`. The wire
-protocol: :mod:`wormhole.connectors.tcp.protocol` and docs/protocol.md.
+Publisher side: :mod:`wormhole.connectors.tcp.server` (with each subscriber's
+:mod:`~wormhole.connectors.tcp.session` and the log readers' :mod:`~wormhole.connectors.tcp.reads`).
+Subscriber side (the library applications embed): :mod:`wormhole.connectors.tcp.client`, whose
+connection is :mod:`~wormhole.connectors.tcp.link` (the rest is :mod:`wormhole.subscriber`'s);
+log readers: :mod:`~wormhole.connectors.tcp.remote_log`. The wire protocol:
+:mod:`wormhole.connectors.tcp.protocol` and docs/protocol.md.
 """
 
 from __future__ import annotations
@@ -26,7 +29,7 @@ def _transport(options: TcpOptions) -> Any:
 
 
 def _remote_log(request: RemoteLogRequest) -> RemoteLog:
-    from wormhole.connectors.tcp.ranges import TcpRemoteLog
+    from wormhole.connectors.tcp.remote_log import TcpRemoteLog
 
     return TcpRemoteLog(request)
 
