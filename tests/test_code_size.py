@@ -19,10 +19,6 @@ REASON = re.compile(r"^\s*# long: \S")
 
 # (path relative to the repository, qualified function name) -> why it is still long.
 ALLOWED: dict[tuple[str, str], str] = {
-    ("wormhole/connectors/postgres/source.py", "PostgresSource._read_stream"): (
-        "the pgoutput stream's state machine (one loop over messages and keepalives); "
-        "split into per-message handlers pending"
-    ),
     ("wormhole/connectors/mysql/source.py", "MySQLSource._read_stream"): (
         "the binlog stream's state machine (one loop over events and reconnects); "
         "split into per-event handlers pending"

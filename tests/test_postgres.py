@@ -732,7 +732,7 @@ def test_an_unchanged_toasted_key_missing_from_the_wal_stops_with_the_fix_named(
         "CREATE PUBLICATION p FOR TABLE b1, ints, whole",
     )
     source = PostgresSource(PostgresOptions(dsn=postgres_dsn))
-    source.conn = source._connect()
+    source.conn = source.admin.connect()
     source.publication = "p"
     try:
         for version, warned in ((140002, True), (140003, False), (150004, False)):
@@ -761,7 +761,7 @@ def test_an_unchanged_toasted_key_missing_from_the_wal_stops_with_the_fix_named(
         op, _, before, after, unchanged, full = pg.parse_change(message, {7: relation})
         assert (op, before, unchanged) == ("u", None, ["k"])
         with pytest.raises(SourceError) as raised:
-            source._change(op, relation, before, after, unchanged, full)
+            source.stream.changes.change(op, relation, before, after, unchanged, full)
         text = str(raised.value)
         assert "update of public.b1" in text and "key column(s) k unchanged" in text
         assert 'ALTER TABLE "public"."b1" REPLICA IDENTITY FULL' in text
@@ -1017,3 +1017,29 @@ def test_a_snapshot_reader_that_loses_its_connection_stops_the_run_and_the_next_
     assert result.returncode == 0, result
     assert "was interrupted" in result.stderr, result.stderr
     _assert_the_snapshot_taken_again(postgres_dsn, out)
+
+
+def test_a_stream_position_is_stored_as_the_checkpoint_every_log_holds() -> None:
+    """The stream's position goes into the publisher log as the same JSON, byte for byte
+    (keys, their order, their types), and comes back from it; a checkpoint of an older
+    version (without ``index``, ``complete`` or ``flush``) still resumes."""
+    import msgspec
+
+    from wormhole.connectors.postgres.position import StreamPosition
+
+    stored = b'{"phase":"stream","lsn":"0/16B3748","index":41,"complete":false,"flush":"0/16B3500"}'
+    position = StreamPosition.from_checkpoint(msgspec.json.decode(stored))
+    assert position == StreamPosition(0x16B3748, 41, False, 0x16B3500)
+    assert msgspec.json.encode(position.checkpoint()) == stored
+    older = StreamPosition.from_checkpoint({"phase": "stream", "lsn": "1/A"})
+    assert older == StreamPosition((1 << 32) | 0xA, -1, True, (1 << 32) | 0xA)
+    assert StreamPosition.start(0x20).checkpoint() == {
+        "phase": "stream",
+        "lsn": "0/20",
+        "index": -1,
+        "complete": True,
+        "flush": "0/20",
+    }
+    # A resent transaction: skipped whole before the position, or up to its index in it.
+    assert position.skips(0x16B3747) and not position.skips(0x16B3748)
+    assert StreamPosition(0x16B3748, 41, True, 0).skips(0x16B3748)

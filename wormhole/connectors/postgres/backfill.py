@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 import msgspec
 
 from wormhole.connectors.postgres import pgoutput as pg
+from wormhole.connectors.postgres.driver import psycopg2
 from wormhole.connectors.postgres.sql import (
     ROW_ESTIMATE,
     identifier,
@@ -31,12 +32,6 @@ from wormhole.plugins.database_source import close_quietly
 
 if TYPE_CHECKING:
     from wormhole.connectors.postgres.source import PostgresSource
-
-try:  # optional dependency: the `postgres` extra
-    import psycopg2
-    import psycopg2.extensions
-except ImportError:  # pragma: no cover - reported at open()
-    pass
 
 _Raw = msgspec.Raw
 
@@ -92,7 +87,7 @@ class PostgresBackfill:
         """Check ``table`` and ``where`` against the catalog (see SourceBackfill)."""
         source = self.source
         if source.conn is None:
-            source.conn = source._connect()
+            source.conn = source.admin.connect()
             (version,) = source._query("SHOW server_version_num")[0]
             source.server_version = int(version)
         if not source.slot:
@@ -253,7 +248,7 @@ class PostgresBackfill:
         """A transactional logical decoding message: it reaches the stream at its commit."""
         source = self.source
         if source.conn is None:
-            source.conn = source._connect()
+            source.conn = source.admin.connect()
         # Flushed at its commit even where synchronous_commit is off: the stream only sees
         # flushed WAL, and the backfill waits for the watermark to come round.
         statement = "SET synchronous_commit TO on; SELECT pg_logical_emit_message(true, %s, %s)"
@@ -262,7 +257,7 @@ class PostgresBackfill:
         except (psycopg2.OperationalError, psycopg2.InterfaceError):
             # This connection alone may have gone (the stream's has its own): once more.
             close_quietly(source.conn)
-            source.conn = source._connect()
+            source.conn = source.admin.connect()
             source._query(statement, (source.watermark_prefix, token))
 
     def chunk(self, plan: BackfillPlan, after: list[Any] | None, limit: int) -> list[Update]:
@@ -347,7 +342,7 @@ class PostgresBackfill:
             )
             xmax, running, committed = cur.fetchone()
             unseen = Invisible(xmax, running)
-            if not committed and not any(t in unseen for t in source.streamed_txids):
+            if not committed and not any(t in unseen for t in source.stream.streamed_txids):
                 self.chunk_unseen = unseen
                 return
             cur.execute("ROLLBACK")

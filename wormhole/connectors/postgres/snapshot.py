@@ -6,11 +6,13 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import time
 from typing import TYPE_CHECKING, Any
 
 import msgspec
 
 from wormhole.connectors.postgres import pgoutput as pg
+from wormhole.connectors.postgres.driver import psycopg2
 from wormhole.connectors.postgres.sql import (
     ROW_ESTIMATE,
     json_row_select,
@@ -24,12 +26,6 @@ from wormhole.plugins.database_source import PartsCursor, SnapshotTable, close_q
 
 if TYPE_CHECKING:
     from wormhole.connectors.postgres.source import PostgresSource
-
-try:  # optional dependency: the `postgres` extra
-    import psycopg2
-    import psycopg2.extensions
-except ImportError:  # pragma: no cover - reported at open()
-    pass
 
 _Raw = msgspec.Raw
 
@@ -54,6 +50,40 @@ class PostgresSnapshot:
         self.details_mid = ""
         self.details_tail = ""
 
+    def begin(self, snapshot_name: str) -> None:
+        """Enter the slot's exported snapshot ``snapshot_name`` on the source's connection
+        (the catalog as of the slot's start, for the schema history, even when no rows are
+        read), and set the rows' ``details``; with ``snapshot: initial``, the readers import
+        it too."""
+        source = self.source
+        source.conn.autocommit = False
+        with source.conn.cursor() as cur:
+            cur.execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
+            cur.execute("SET TRANSACTION SNAPSHOT %s", (snapshot_name,))
+            snapshot_txid: Any = "null"
+            if source.describe:  # Debezium's snapshot events name the snapshot's transaction
+                cur.execute("SELECT txid_current()")
+                (snapshot_txid,) = cur.fetchone()
+        snapshot_us = int(time.time() * 1_000_000)
+        lsn = source.snapshot_lsn
+        self.details_head = '{"connector":"postgresql",'
+        self.details_mid = (
+            f'"db":{source.database_json},"sequence":"[null,\\"{lsn}\\"]",'
+            f'"ts_us":{snapshot_us},"ts_ns":{snapshot_us}000,'
+        )
+        self.details_tail = (
+            f'"txId":{snapshot_txid},"lsn":{lsn},"xmin":null,"origin":null,"origin_lsn":null}}'
+        )
+        if source.options.snapshot == "initial":
+            self.open_readers(snapshot_name, source.options.snapshot_readers)
+
+    def end(self) -> None:
+        """End the snapshot's transaction (every table was read, or none is to be)."""
+        source = self.source
+        source.conn.commit()
+        source.conn.autocommit = True
+        self.close_readers()
+
     def open_readers(self, snapshot_name: str, readers: int) -> None:
         """Every reader imports the snapshot now: it can be imported only until the
         replication connection runs its next command."""
@@ -63,7 +93,7 @@ class PostgresSnapshot:
         """A connection in the exported snapshot ``snapshot_name``, read-only, with text as
         bytes (each row's JSON goes into its update as it came)."""
         source = self.source
-        conn = source._connect()
+        conn = source.admin.connect()
         try:
             conn.autocommit = False
             conn.set_session(isolation_level="REPEATABLE READ", readonly=True)
