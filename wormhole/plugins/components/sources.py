@@ -8,8 +8,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
-from wormhole.plugins.progress import Progress
 from wormhole.core.update import Update
+from wormhole.plugins.progress import Progress
 
 
 @dataclass
