@@ -24,12 +24,8 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import queue
-import threading
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 import msgspec
@@ -38,9 +34,17 @@ from wormhole.core.backoff import Backoff
 from wormhole.core.errors import SourceError, SourceStopped, first_line
 from wormhole.core.update import NULL, Update
 from wormhole.plugins.components import SourceBatch, SourceContext
+from wormhole.plugins.database_snapshot import PartsCursor, SnapshotReader, SnapshotTable
 from wormhole.plugins.events import reconnecting
-from wormhole.plugins.progress import Progress, ProgressTask
 from wormhole.plugins.transactions import TransactionMarker
+
+__all__ = [
+    "DatabaseSource",
+    "PartsCursor",
+    "SnapshotReader",
+    "SnapshotTable",
+    "close_quietly",
+]
 
 _encode = msgspec.json.Encoder().encode
 _Raw = msgspec.Raw
@@ -52,120 +56,6 @@ def close_quietly(*resources: Any) -> None:
         if resource is not None:
             with contextlib.suppress(Exception):
                 resource.close()
-
-
-@dataclass
-class SnapshotTable:
-    """One table of the initial snapshot, being read."""
-
-    name: str
-    """The updates' ``table`` (``schema.table``)."""
-    keys: list[str]
-    """The key columns."""
-    cursor: Any
-    """The table's rows: ``fetchmany(n)`` gives up to ``n`` of them, ``close()`` ends it."""
-    rows: Callable[[list[Any]], list[Any]]
-    """Rows as fetched -> rows as column -> JSON value dicts, or with ``encoded``, ->
-    ``(key dict, the row's JSON object as bytes)`` pairs."""
-    columns: msgspec.Raw = field(default_factory=lambda: NULL)
-    """The updates' ``columns`` (:func:`wormhole.core.update.encode_columns`), if known."""
-    details: str = ""
-    """The table's part of the updates' ``details`` (see
-    :meth:`DatabaseSource._snapshot_details`)."""
-    read: int = 0
-    """Rows of it made into updates so far."""
-    encoded: bool = False
-    """The database wrote each row's JSON (with the stream's value rules): it goes into its
-    update as it came, with no dict and no encoding in Python."""
-
-
-class PartsCursor:
-    """A table read in parts on several connections at once, as one cursor.
-
-    Each part is read by a thread of its own connection (``connections[i]`` reads the
-    parts ``i``, ``i + n``, …): ``open_part(connection, part)`` returns a cursor of that
-    part's rows, read ``batch`` rows at a time. Drivers that release the GIL while they
-    wait for the server (psycopg2 does) overlap the server's work on the next rows with
-    the work done on the rows already read. ``fetchmany`` hands the rows on in the order
-    they arrive; at most two batches per connection wait in memory. An error of a reader is
-    raised by ``fetchmany``.
-    """
-
-    def __init__(
-        self,
-        connections: list[Any],
-        parts: list[Any],
-        open_part: Callable[[Any, Any], Any],
-        batch: int,
-    ) -> None:
-        self.open_part = open_part
-        self.batch = batch
-        readers = min(len(connections), len(parts))
-        self.arrived: queue.Queue[Any] = queue.Queue(maxsize=2 * readers)
-        self.halt = threading.Event()
-        self.buffer: list[Any] = []
-        self.running = readers
-        self.threads = [
-            threading.Thread(
-                target=self._read,
-                args=(connections[i], parts[i::readers]),
-                name=f"snapshot-reader-{i}",
-                daemon=True,
-            )
-            for i in range(readers)
-        ]
-        for thread in self.threads:
-            thread.start()
-
-    def _read(self, connection: Any, parts: list[Any]) -> None:
-        try:
-            for part in parts:
-                cursor = self.open_part(connection, part)
-                try:
-                    while not self.halt.is_set():
-                        rows = cursor.fetchmany(self.batch)
-                        if not rows:
-                            break
-                        self._put(rows)
-                finally:
-                    cursor.close()
-            self._put(None)
-        except BaseException as exc:  # handed to the reading thread
-            self._put(exc)
-
-    def _put(self, item: Any) -> None:
-        while not self.halt.is_set():
-            try:
-                self.arrived.put(item, timeout=0.1)
-                return
-            except queue.Full:
-                continue
-
-    def fetchmany(self, size: int) -> list[Any]:
-        while not self.buffer and self.running:
-            item = self.arrived.get()
-            if item is None:
-                self.running -= 1
-            elif isinstance(item, BaseException):
-                self.close()
-                raise item
-            else:
-                self.buffer = item
-        rows = self.buffer
-        if size >= len(rows):
-            self.buffer = []
-            return rows
-        self.buffer = rows[size:]
-        return rows[:size]
-
-    def close(self) -> None:
-        """Stop the readers (each after the batch it is reading)."""
-        self.halt.set()
-        with contextlib.suppress(queue.Empty):
-            while True:
-                self.arrived.get_nowait()
-        for thread in self.threads:
-            thread.join(5.0)
 
 
 class DatabaseSource(ABC):
@@ -208,17 +98,14 @@ class DatabaseSource(ABC):
         self.snapshot_position = ""
         """The snapshot's native position; row ``n`` is at ``<snapshot_position>:<n>``."""
         self.snapshot_logical = ""
-        self.snapshot_index = 0
-        self.snapshot_progress: ProgressTask | None = None
+        self.snapshot_reader = SnapshotReader(self)
+        """Reads the snapshot (``snapshot_tables``), then starts the stream."""
         self.describe = False
         """Fill ``Update.columns`` and ``Update.details`` (``SourceContext.describe_updates``,
         set by :meth:`open`)."""
         self.marker: TransactionMarker | None = None
         """Numbers each transaction's updates (``SourceContext.transaction_metadata``, set
         by :meth:`open`); None: not asked."""
-        self.snapshot_held: tuple[Update, SnapshotTable, bool, bool] | None = None
-        """The last snapshot row read, held back until what follows it is known (its
-        ``details`` say whether it is the last of its table, or of the snapshot)."""
         self.change_columns: msgspec.Raw = NULL
         """The ``columns`` of the change being read (see :meth:`_update`)."""
         self.change_details: msgspec.Raw = NULL
@@ -241,7 +128,7 @@ class DatabaseSource(ABC):
             return SourceBatch([], self._checkpoint())
         if self.phase == "snapshot":
             try:
-                return self._read_snapshot()
+                return self.snapshot_reader.read()
             except SourceError:
                 raise
             except Exception as exc:  # not retried: the snapshot is taken again instead
@@ -256,7 +143,7 @@ class DatabaseSource(ABC):
             except SourceError:
                 raise
             except Exception as exc:
-                self._recover(exc)
+                recover(self, exc)
                 if time.monotonic() >= deadline:
                     return None
                 continue
@@ -378,132 +265,23 @@ class DatabaseSource(ABC):
             cur.execute(sql, args)
             return list(cur.fetchall()) if cur.description else []
 
-    # ------------------------------------------------------------ the snapshot
-    def _read_snapshot(self) -> SourceBatch | None:
-        progress = self.snapshot_progress
-        if progress is None:
-            progress = self.snapshot_progress = self._start_progress()
-        limit = self.batch_updates
-        updates: list[Update] = []
-        while len(updates) < limit:
-            table = self.snapshot
-            if table is None:
-                if not self.snapshot_tables:
-                    self._release_held(updates, last=True)
-                    self._finish_snapshot()
-                    break
-                table = self.snapshot = self._open_snapshot_table(self.snapshot_tables.pop(0))
-            rows = table.cursor.fetchmany(limit - len(updates))
-            if not rows:
-                table.cursor.close()
-                self.snapshot = None
-                continue
-            self._snapshot_reads(table, rows, updates)
-            progress.advance(len(rows), table.name)
-        checkpoint: Any = {"phase": "snapshot"} if self.phase == "snapshot" else self._checkpoint()
-        return SourceBatch(updates, checkpoint) if updates or self.phase == "stream" else None
 
-    def _snapshot_reads(self, table: SnapshotTable, rows: list[Any], updates: list[Update]) -> None:
-        position, logical = self.snapshot_position, self.snapshot_logical
-        keys, name, connector = table.keys, table.name, self.connector
-        now_ms = int(time.time() * 1000)
-        index = self.snapshot_index
-        columns = table.columns
-        pairs: Iterable[tuple[dict[str, Any], bytes]]
-        if table.encoded:  # (key, encoded row) pairs already
-            pairs = table.rows(rows)
-        else:
-            encode = _encode
-            pairs = (({k: row[k] for k in keys}, encode(row)) for row in table.rows(rows))
-        raw = _Raw
-        made = [
-            Update(
-                op="r",
-                key=key,
-                after=raw(document),
-                table=name,
-                connector=connector,
-                position=f"{position}:{index + n}",
-                logical=logical,
-                ts_ms=now_ms,
-                columns=columns,
-            )
-            for n, (key, document) in enumerate(pairs, 1)
-        ]
-        if not made:
-            return
-        first_overall = index == 0
-        self.snapshot_index = index + len(made)
-        if not self.describe:
-            updates += made
-            return
-        # Each row goes out once the next one is read: only then is it known whether it
-        # is the last of its table, or of the snapshot.
-        self._release_held(updates, last=False, following=table)
-        for n, update in enumerate(made):
-            if n:
-                self._release_held(updates, last=False, following=table)
-            self.snapshot_held = (update, table, table.read == 0, first_overall and n == 0)
-            table.read += 1
-
-    def _release_held(
-        self, updates: list[Update], last: bool, following: SnapshotTable | None = None
-    ) -> None:
-        """Append the held snapshot row with its ``details``, now that what follows it is
-        known: nothing (``last``), or a row of ``following``."""
-        if self.snapshot_held is None:
-            return
-        update, table, first_in_table, first_overall = self.snapshot_held
-        self.snapshot_held = None
-        if last:
-            flag = "last"
-        elif first_overall:
-            flag = "first"
-        elif first_in_table:
-            flag = "first_in_data_collection"
-        elif following is not table:
-            flag = "last_in_data_collection"
-        else:
-            flag = "true"
-        details = self._snapshot_details(table, flag)
-        if details is not NULL:
-            update.details = details
-        updates.append(update)
-
-    def _start_progress(self) -> ProgressTask:
-        try:
-            total = self._snapshot_estimate()
-        except Exception as exc:  # statistics only: the snapshot goes on without them
-            self.logger.debug("no row estimate for the snapshot: %s", exc)
-            total = None
-        progress = self.context.progress if self.context is not None else Progress(self.logger)
-        return progress.task("initial snapshot", total, "rows")
-
-    def _finish_snapshot(self) -> None:
-        self._end_snapshot()
-        if self.snapshot_progress is not None:
-            self.snapshot_progress.finish()
-        self.logger.info(
-            "initial snapshot done (%d rows); streaming from %s",
-            self.snapshot_index,
-            self.snapshot_position,
-        )
-        self._start_stream()
-
-    # ------------------------------------------------------------ reconnecting
-    def _recover(self, exc: Exception) -> None:
-        reason: str | None = self._lost(exc)
-        backoff = Backoff(
-            self.logger,
-            first=self.first_backoff_s,
-            cap=self.max_backoff_s,
-            stop=self.context.stop if self.context else None,
-        )
-        while reason is not None:
-            self._disconnect()
-            reconnecting(self.logger.name)
-            if not backoff.wait("lost %s (%s); reconnecting in %.1fs", self.stream_name, reason):
-                # Asked to stop while the server is away: nothing is lost (the source
-                # resumes from its checkpoint), so the run ends as a graceful stop does.
-                raise SourceStopped(self.stopped_reconnecting) from exc
-            reason = self._reconnect()
+def recover(source: DatabaseSource, exc: Exception) -> None:
+    """Reconnect ``source`` after its stream failed with ``exc``, with backoff, until its
+    ``_reconnect`` works; raise what a reconnect cannot fix (``_lost`` says), or
+    :class:`SourceStopped` when the pipeline stops meanwhile."""
+    reason: str | None = source._lost(exc)
+    backoff = Backoff(
+        source.logger,
+        first=source.first_backoff_s,
+        cap=source.max_backoff_s,
+        stop=source.context.stop if source.context else None,
+    )
+    while reason is not None:
+        source._disconnect()
+        reconnecting(source.logger.name)
+        if not backoff.wait("lost %s (%s); reconnecting in %.1fs", source.stream_name, reason):
+            # Asked to stop while the server is away: nothing is lost (the source
+            # resumes from its checkpoint), so the run ends as a graceful stop does.
+            raise SourceStopped(source.stopped_reconnecting) from exc
+        reason = source._reconnect()
