@@ -16,8 +16,8 @@ from typing import Any
 
 from wormhole.connectors.postgres.pgoutput import undecoded
 from wormhole.connectors.postgres.sql import escaped, is_utf8
-from wormhole.core import metrics
 from wormhole.core.errors import SourceError
+from wormhole.plugins import events
 
 log = logging.getLogger("wormhole.postgres")
 
@@ -49,7 +49,7 @@ class DecodeErrors:
                 f"{_FIX}. The {kept} keeps the value: set source.on_decode_error: fallback to "
                 f'deliver it as {{"undecoded": "<hex>"}}'
             )
-        metrics.undecoded_value(table, column)
+        events.undecoded_value(table, column)
         self._warn(table, column, f"cannot decode {where}: not valid UTF-8", raw)
         return undecoded(raw)
 
@@ -81,7 +81,7 @@ class DecodeErrors:
                 f"source.on_decode_error: fallback to ignore it, and stop the program that "
                 f"writes it"
             )
-        metrics.undecoded_value("pg_logical_emit_message", prefix)
+        events.undecoded_value("pg_logical_emit_message", prefix)
         self._warn(
             "pg_logical_emit_message",
             prefix,
