@@ -23,15 +23,7 @@ ALLOWED: dict[tuple[str, str], str] = {
         "the pgoutput stream's state machine (one loop over messages and keepalives); "
         "split into per-message handlers pending"
     ),
-    ("wormhole/connectors/mysql/source.py", "MySQLSource._read_stream"): (
-        "the binlog stream's state machine (one loop over events and reconnects); "
-        "split into per-event handlers pending"
-    ),
     ("wormhole/connectors/postgres/backfill.py", "PostgresBackfill.plan"): (
-        "a backfill's checks (server, table, key, where) in the order a user meets their errors; "
-        "the module is being reworked elsewhere, split pending"
-    ),
-    ("wormhole/connectors/mysql/backfill.py", "MySQLBackfill.plan"): (
         "a backfill's checks (server, table, key, where) in the order a user meets their errors; "
         "the module is being reworked elsewhere, split pending"
     ),

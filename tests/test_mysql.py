@@ -469,7 +469,9 @@ def test_a_savepoint_does_not_end_its_transaction(
             after = source.read(1.0)
             if after is None or after.checkpoint["pos"] != start.checkpoint["pos"]:
                 break
-        assert source.emitted["pos"] > start.checkpoint["pos"] or after is None
+        emitted = source.binlog.emitted
+        assert emitted is not None
+        assert emitted.pos > start.checkpoint["pos"] or after is None
     finally:
         source.close()
 
