@@ -84,3 +84,8 @@ def parse_gtid_state(text: str) -> dict[int, str]:
     for part in filter(None, (p.strip() for p in (text or "").split(","))):
         state[int(part.split("-")[0])] = part
     return state
+
+
+def seen_sequences(state: dict[int, str]) -> dict[int, int]:
+    """The sequence number of each domain's GTID of a GTID state (MariaDB)."""
+    return {d: int(g.rsplit("-", 1)[1]) for d, g in state.items() if "-" in g}

@@ -32,7 +32,12 @@ from wormhole.connectors.mysql.events import (
     Statement,
     TableMap,
 )
-from wormhole.connectors.mysql.position import BinlogPosition, gtid_state_text, parse_gtid_state
+from wormhole.connectors.mysql.position import (
+    BinlogPosition,
+    gtid_state_text,
+    parse_gtid_state,
+    seen_sequences,
+)
 from wormhole.connectors.mysql.server import json_text
 from wormhole.core.errors import SourceError
 from wormhole.core.update import NULL, Update
@@ -143,9 +148,7 @@ class BinlogStream:
         source = self.source
         self.held = None
         self.skip_gtid, self.skip_index = self.partial_gtid, self.partial_index
-        self.seen_seq = {
-            d: int(g.rsplit("-", 1)[1]) for d, g in self.gtid_state.items() if "-" in g
-        }
+        self.seen_seq = seen_sequences(self.gtid_state)
         source.in_txn = False
         self.skip_txn = False
         self.pending_watermark = None
