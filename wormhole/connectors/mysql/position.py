@@ -79,13 +79,15 @@ def gtid_state_text(state: dict[int, str]) -> str:
 
 
 def parse_gtid_state(text: str) -> dict[int, str]:
-    """A GTID state (``0-1-41,1-2-7``) by domain."""
+    """A GTID state (``0-1-41,1-2-7``) by domain; MySQL's last GTID (``uuid:sequence``,
+    which belongs to no domain) as domain 0."""
     state: dict[int, str] = {}
     for part in filter(None, (p.strip() for p in (text or "").split(","))):
-        state[int(part.split("-")[0])] = part
+        state[0 if ":" in part else int(part.split("-")[0])] = part
     return state
 
 
 def seen_sequences(state: dict[int, str]) -> dict[int, int]:
-    """The sequence number of each domain's GTID of a GTID state (MariaDB)."""
-    return {d: int(g.rsplit("-", 1)[1]) for d, g in state.items() if "-" in g}
+    """The sequence number of each domain's GTID of a GTID state (MariaDB; none of MySQL's
+    ``uuid:sequence``)."""
+    return {d: int(g.rsplit("-", 1)[1]) for d, g in state.items() if "-" in g and ":" not in g}
