@@ -64,11 +64,11 @@ applications:
 
     def scrape() -> None:
         while not done.wait(scrape_interval):
-            server = publisher.metrics_server
-            if server is None:
+            address = publisher.snapshot.metrics  # set once the endpoint serves
+            if address is None:
                 continue
             try:
-                with urllib.request.urlopen(f"http://{server.address}/metrics", timeout=5) as r:
+                with urllib.request.urlopen(f"http://{address}/metrics", timeout=5) as r:
                     r.read()
                 scrapes[0] += 1
             except OSError:

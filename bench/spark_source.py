@@ -81,7 +81,7 @@ class _MemoryReader(DataSourceReader):
     def read(self, partition: InputPartition) -> Iterator[Any]:
         import pyarrow as pa
 
-        from wormhole.connectors.spark.stream import _arrow_schema
+        from wormhole.connectors.spark.ranges import _arrow_schema
 
         schema = _arrow_schema()
         n = self.rows // self.count

@@ -24,9 +24,9 @@ from wormhole.connectors.postgres.backfill import Invisible
 from wormhole.connectors.postgres.options import PostgresOptions
 from wormhole.connectors.postgres.source import PostgresSource
 from wormhole.core.backfill import Backfiller, BackfillStore
-from wormhole.core.progress import Progress
 from wormhole.core.update import Update
 from wormhole.plugins.components import SourceContext
+from wormhole.plugins.progress import Progress
 from wormhole.testing.helpers import read_updates
 from wormhole.testing.postgres import run_sql as sql
 

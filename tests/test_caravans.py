@@ -183,7 +183,7 @@ def test_an_application_with_a_subscriber_is_never_parked_behind_one_without(
     from wormhole.core.pipeline import parse_pipeline
     from wormhole.core.publisher_log import PublisherLog
     from wormhole.core.update import Update
-    from wormhole.plugins.subscriber import LocalSubscriber
+    from wormhole.subscriber.local import LocalSubscriber
     from wormhole.testing import wait_until
 
     pipeline = parse_pipeline(
@@ -255,7 +255,8 @@ def test_read_rates_of_caravans_that_are_gone_are_forgotten(tmp_path: Path) -> N
     from wormhole.core.hub import Hub
     from wormhole.core.pipeline import parse_pipeline
     from wormhole.core.publisher_log import PublisherLog
-    from wormhole.core.status import LiveStatus
+    from wormhole.core.snapshot import RunSnapshot
+    from wormhole.observability.status import save
 
     pipeline = parse_pipeline(
         "pipeline: rates\n"
@@ -266,13 +267,13 @@ def test_read_rates_of_caravans_that_are_gone_are_forgotten(tmp_path: Path) -> N
     pipeline.state_dir.mkdir()
     plog = PublisherLog(tmp_path / "log")
     plog.open()
-    live = LiveStatus(pipeline.state_dir)
+    live = RunSnapshot()
     hub = Hub(pipeline, {})
     for round_ in range(50):
         caravan = SimpleNamespace(
             applications=[], position=round_, batches=0, updates_read=round_, bytes_read=0
         )
-        live.write(plog, hub, [caravan])  # type: ignore[list-item]
+        save(pipeline.state_dir, live.take(plog, hub, [caravan]))  # type: ignore[list-item]
     assert len(live._rates) == 1
     status = json.loads((pipeline.state_dir / "live.json").read_text())
     assert status["caravans"][0]["read_rate"] == 0.0  # a new caravan: no rate yet

@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 from wormhole.core.errors import WormholeError
 from wormhole.core.pipeline import OnErrorConfig
 from wormhole.core.update import Update
-from wormhole.plugins import dead_letters as dl
+from wormhole.subscriber import dead_letters as dl
 
 
 def update(key: int, n: int, shard: int | None = None) -> Update:
@@ -212,7 +212,7 @@ def test_every_dead_letter_reaches_the_hook(tmp_path: Path) -> None:
 
 
 def test_dead_letters_and_parked_updates_are_counted_in_the_metrics(tmp_path: Path) -> None:
-    from wormhole.core.metrics import REGISTRY
+    from wormhole.plugins.events import REGISTRY
 
     def count(name: str) -> float:
         return REGISTRY.get_sample_value(name, {"application": "app"}) or 0.0

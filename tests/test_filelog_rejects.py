@@ -16,8 +16,8 @@ from test_filelog import read_all
 from wormhole.connectors.filelog import FilelogOptions, FilelogSource
 from wormhole.connectors.filelog.rejects import REJECTS_FILE
 from wormhole.core.errors import SourceError
-from wormhole.core.metrics import REJECTED
 from wormhole.plugins.components import SourceContext
+from wormhole.plugins.events import REJECTED
 from wormhole.plugins.framing import KIND_MESSAGES, frame
 from wormhole.publish import LogWriter
 

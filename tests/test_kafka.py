@@ -499,7 +499,9 @@ def test_once_fails_naming_an_application_that_did_not_consume_everything(
             "stuck": {"sink": {"type": "gate", "gate": str(tmp_path / "never")}},
             "fine": {"sink": {"type": "jsonl", "path": str(out)}},
         },
-        drain_timeout_s=2,
+        # Long enough for "fine"'s subscriber to start and consume on a loaded machine (with
+        # 2 s it once made no progress in time while its process was still starting).
+        drain_timeout_s=10,
     )
     result = run_cli("run", str(pipeline), "--once", cwd=tmp_path, env=support_env, timeout=120)
     assert result.returncode != 0, result

@@ -505,7 +505,8 @@ def test_a_subscriber_drops_a_flows_batches_from_a_copy_with_an_older_epoch() ->
     what the copy with epoch 1 still sends of it is dropped (and not acknowledged), while
     its other flows are handled."""
     from wormhole.connectors.tcp import protocol as p
-    from wormhole.connectors.tcp.client import Subscriber, _Link
+    from wormhole.connectors.tcp.client import Subscriber
+    from wormhole.connectors.tcp.link import TcpLink
     from wormhole.core.update import Update
 
     sub = Subscriber(app="search", registry="zookeeper://127.0.0.1:1/x", dataset="shop")
@@ -513,7 +514,7 @@ def test_a_subscriber_drops_a_flows_batches_from_a_copy_with_an_older_epoch() ->
     notices: list[tuple[list[Any], list[Any]]] = []
     sub.on_batch(lambda updates: handled.extend((u.shard, u.after_row()["n"]) for u in updates))
     sub.on_shard_notice(lambda a, r: notices.append((a, r)))
-    old, new = (_Link(sub, "db1", lambda: ["127.0.0.1:1"]) for _ in range(2))
+    old, new = (TcpLink(sub, "db1", lambda: ["127.0.0.1:1"]) for _ in range(2))
     sub._links = {"db1@a": old, "db1@b": new}
     acks: dict[str, list[dict[int, int]]] = {"old": [], "new": []}
 

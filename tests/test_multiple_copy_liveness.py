@@ -206,7 +206,7 @@ def test_a_standby_behind_reads_on_from_where_its_last_scan_ended(
     """A standby whose log has not reached the shared datamarkers (none mapped yet) looks
     for them at every tick: it reads on from where its previous scan ended, not its whole
     log again, and maps them once its log reaches them."""
-    from wormhole.core.copies import CopyCoordinator
+    from wormhole.core.copies import CopyCoordinator, copy_registry
     from wormhole.core.hub import Hub
     from wormhole.core.pipeline import load_pipeline
     from wormhole.core.publisher_log import PublisherLog
@@ -240,11 +240,11 @@ def test_a_standby_behind_reads_on_from_where_its_last_scan_ended(
     plog = PublisherLog(tmp_path / "log")  # a new session: the log is read from disk
     plog.open()
     try:
-        epoch = serving.claim_serving("search", "db1", "a")
+        epoch = serving.serving_claims().claim_serving("search", "db1", "a")
         assert epoch is not None
         marker = SharedDatamarker("orders:1020", (1020,), epoch)
-        assert serving.save_datamarkers("search", "db1", epoch, {0: marker})
-        coordinator = CopyCoordinator(pipeline, standby, Hub(pipeline, {}), plog)
+        assert serving.serving_claims().save_datamarkers("search", "db1", epoch, {0: marker})
+        coordinator = CopyCoordinator(pipeline, copy_registry(standby), Hub(pipeline, {}), plog)
         coordinator.add("search")
         read = [plog.bytes_read]
         for _ in range(3):
@@ -368,10 +368,10 @@ def test_claims_that_come_and_go_do_not_hold_a_ready_copy_off(
 
     def claim_and_give_back() -> None:
         while not done.is_set():
-            epoch = churn.claim_serving("search", "db1", "a")
+            epoch = churn.serving_claims().claim_serving("search", "db1", "a")
             if epoch is not None:
                 claims.append(epoch)
-                churn.release_serving("search", "db1", epoch)
+                churn.serving_claims().release_serving("search", "db1", epoch)
             done.wait(0.05)
 
     thread = threading.Thread(target=claim_and_give_back, daemon=True)
@@ -403,7 +403,7 @@ def test_a_registry_interruption_during_a_hand_over_takes_the_hand_over_with_it(
     handling inside the status read."""
     import time
 
-    from wormhole.core.copies import CopyCoordinator
+    from wormhole.core.copies import CopyCoordinator, copy_registry
     from wormhole.core.flows import FlowState
     from wormhole.core.hub import ApplicationRuntime, Hub
     from wormhole.core.pipeline import load_pipeline
@@ -414,6 +414,7 @@ def test_a_registry_interruption_during_a_hand_over_takes_the_hand_over_with_it(
     assert pipeline.dataset_registry is not None
     registry = pipeline.dataset_registry.create()
     registry.open("shop", threading.Event())
+    parts = copy_registry(registry)
     plog = PublisherLog(tmp_path / "log")
     plog.open()
     flows = [FlowState("search", s, 0, 0, 0) for s in range(pipeline.shards)]
@@ -428,7 +429,7 @@ def test_a_registry_interruption_during_a_hand_over_takes_the_hand_over_with_it(
         """The registry, with an interruption handled while the statuses are read."""
 
         def __getattr__(self, name: str) -> Any:
-            return getattr(registry, name)
+            return getattr(parts, name)
 
         def statuses(self) -> dict[str, Any]:
             coordinator._connection(False)
@@ -436,22 +437,22 @@ def test_a_registry_interruption_during_a_hand_over_takes_the_hand_over_with_it(
 
         def release_serving(self, application: str, datastore: str, epoch: int) -> None:
             released.append(epoch)
-            registry.release_serving(application, datastore, epoch)
+            parts.release_serving(application, datastore, epoch)
 
     try:
         coordinator = CopyCoordinator(pipeline, Interrupted(), hub, plog)
         coordinator.add("search")
-        epoch = registry.claim_serving("search", "db1", "a")
+        epoch = parts.claim_serving("search", "db1", "a")
         assert epoch
         state = coordinator.apps["search"]
-        coordinator._take_over(state, epoch, coordinator.generation)
+        coordinator.election.take_over(state, epoch, coordinator.generation)
         assert runtime.active and state.epoch == epoch
         # Copy b is the one to hand the application to (as `apps move` or failback ask).
-        coordinator._hand_over_to = lambda state, app: "b"  # type: ignore[method-assign]
+        coordinator.serving.hand_over_to = lambda state, app: "b"  # type: ignore[method-assign]
         now = time.monotonic()
         if step == "finish":
             state.handing_over = state.settled_at = now - 1
-        coordinator._serve(state, now)
+        coordinator.serving.serve(state, now)
         assert state.epoch == 0 and not runtime.active
         assert state.handing_over is None and state.settled_at is None
         assert released == []
@@ -467,7 +468,7 @@ def test_an_application_removed_and_added_again_keeps_one_watch_of_each_kind(
     its serving claim; removing the application ends both watches, so applications removed
     and added again, or removed for good, leave no watch behind (each one is read again
     after every reconnect, and told of changes of an application that is gone)."""
-    from wormhole.core.copies import CopyCoordinator
+    from wormhole.core.copies import CopyCoordinator, copy_registry
     from wormhole.core.flows import FlowState
     from wormhole.core.hub import ApplicationRuntime, Hub
     from wormhole.core.pipeline import load_pipeline
@@ -488,7 +489,7 @@ def test_an_application_removed_and_added_again_keeps_one_watch_of_each_kind(
     membership.hub = hub
     told: list[Any] = []
     try:
-        coordinator = CopyCoordinator(pipeline, registry, hub, plog)
+        coordinator = CopyCoordinator(pipeline, copy_registry(registry), hub, plog)
         coordinator._serving = lambda name, claim: told.append(claim)  # type: ignore[method-assign]
         watches = registry.session.dispatcher.watched
         before = watches()

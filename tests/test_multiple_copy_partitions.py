@@ -351,7 +351,9 @@ def test_a_subscriber_waiting_out_its_backoff_connects_at_once_to_a_publisher_ba
     def register(address: str) -> Any:
         registry = default_registry().create("registry", "zookeeper", options)
         registry.open("shop", threading.Event())
-        registry.seed_applications({"search": {"sink": {"type": "jsonl", "path": "out.jsonl"}}})
+        registry.application_store().seed_applications(
+            {"search": {"sink": {"type": "jsonl", "path": "out.jsonl"}}}
+        )
         registry.register_publisher(dataclasses.replace(entry, address=address))
         return registry
 

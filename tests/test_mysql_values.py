@@ -324,7 +324,7 @@ def test_an_undecodable_value_is_delivered_as_its_bytes_with_a_warning_or_stops_
     mysql_database: str,
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    from wormhole.core.metrics import UNDECODED
+    from wormhole.plugins.events import UNDECODED
 
     db = mysql_database
     mariadb_server.sql(

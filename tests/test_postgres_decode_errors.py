@@ -18,9 +18,9 @@ import pytest
 from wormhole.connectors.postgres.options import PostgresOptions
 from wormhole.connectors.postgres.source import PostgresSource
 from wormhole.core.errors import SourceError
-from wormhole.core.metrics import UNDECODED
 from wormhole.core.update import Update
 from wormhole.plugins.components import SourceContext
+from wormhole.plugins.events import UNDECODED
 from wormhole.testing.helpers import read_updates
 from wormhole.testing.postgres import run_sql as sql
 

@@ -7,7 +7,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-from wormhole.core.progress import Progress
+from wormhole.plugins.progress import Progress
 from wormhole.testing import run_cli, write_pipeline
 from wormhole.testing.mysql import MariaDBServer
 from wormhole.testing.postgres import run_sql as sql

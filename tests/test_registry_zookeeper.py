@@ -120,14 +120,18 @@ def test_options_are_validated_and_describe_names_the_ensemble() -> None:
     assert registry.describe() == "zookeeper 10.0.0.1:2181,10.0.0.2:2181/wormhole"
     spec = default_registry().get("registry", "zookeeper").spec
     assert spec.options is ZooKeeperOptions
-    assert spec.shared
+    assert spec.capabilities is not None and spec.capabilities.shared_registry
     from wormhole.core.registry import registry_component
 
     component = registry_component("zookeeper://zk1:2181,zk2:2181/wr")
     made = component.create()
     assert made.describe() == "zookeeper zk1:2181,zk2:2181/wr"
     made.dataset = "shop"
-    assert made.application_path("search").endswith("node /wr/datasets/shop/applications/search")
+    assert (
+        made.application_store()
+        .application_path("search")
+        .endswith("node /wr/datasets/shop/applications/search")
+    )
 
 
 def test_open_gives_up_naming_the_hosts_when_nothing_listens() -> None:
@@ -256,7 +260,7 @@ def test_the_file_seeds_the_applications_once_even_when_publishers_race(
 
     def seed(registry: ZooKeeperRegistry) -> None:
         barrier.wait()
-        results.append(registry.seed_applications(apps))
+        results.append(registry.application_store().seed_applications(apps))
 
     threads = [threading.Thread(target=seed, args=(r,)) for r in racers]
     for t in threads:
@@ -264,23 +268,23 @@ def test_the_file_seeds_the_applications_once_even_when_publishers_race(
     for t in threads:
         t.join(WAIT)
     assert sorted(results) == [False, False, False, True]
-    assert racers[0].holds_applications()
-    assert racers[0].applications() == apps
+    assert racers[0].application_store() is not None
+    assert racers[0].application_store().applications() == apps
     # Removing them all does not make the next publisher seed again.
-    assert racers[1].remove_application("search")
-    assert racers[1].remove_application("audit")
-    assert not racers[2].seed_applications(apps)
-    assert racers[2].applications() == {}
+    assert racers[1].application_store().remove_application("search")
+    assert racers[1].application_store().remove_application("audit")
+    assert not racers[2].application_store().seed_applications(apps)
+    assert racers[2].application_store().applications() == {}
 
 
 def test_an_unreadable_application_names_its_node(
     registries: Callable[..., ZooKeeperRegistry], raw: Any, root: str
 ) -> None:
     registry = registries()
-    registry.put_application("good", {"sink": {"type": "jsonl"}})
+    registry.application_store().put_application("good", {"sink": {"type": "jsonl"}})
     raw.create(f"{root}/datasets/shop/applications/bad", b"{oops")
     raw.create(f"{root}/datasets/shop/applications/list", b"[1, 2]")
-    apps = registry.applications()
+    apps = registry.application_store().applications()
     assert apps["good"] == {"sink": {"type": "jsonl"}}
     bad, listed = apps["bad"], apps["list"]
     assert isinstance(bad, InvalidEntry) and isinstance(listed, InvalidEntry)
@@ -295,20 +299,20 @@ def test_put_and_remove_application_fire_the_watch(
     admin = registries()
     publisher = registries()
     seen: Recorder[dict[str, Any]] = Recorder()
-    publisher.watch_applications(seen)
+    publisher.application_store().watch_applications(seen)
     assert seen.next() == {}
-    admin.put_application("search", {"sink": {"type": "jsonl"}})
+    admin.application_store().put_application("search", {"sink": {"type": "jsonl"}})
     assert seen.until(lambda v: v != {}) == {"search": {"sink": {"type": "jsonl"}}}
-    admin.put_application("search", {"sink": {"type": "jsonl"}, "shards": 2})
+    admin.application_store().put_application("search", {"sink": {"type": "jsonl"}, "shards": 2})
     assert seen.until(lambda v: v["search"].get("shards") == 2)
     admin.register_subscriber("search", SubscriberEntry("s0"))
-    admin.put_application("audit", {})
+    admin.application_store().put_application("audit", {})
     assert set(seen.until(lambda v: len(v) == 2)) == {"search", "audit"}
-    assert admin.remove_application("search")  # its subscribers with it
+    assert admin.application_store().remove_application("search")  # its subscribers with it
     assert seen.until(lambda v: len(v) == 1) == {"audit": {}}
-    assert not admin.remove_application("search")
+    assert not admin.application_store().remove_application("search")
     with pytest.raises(ConfigError, match="cannot be a znode name"):
-        admin.put_application("a/b", {})
+        admin.application_store().put_application("a/b", {})
 
 
 # ------------------------------------------------------------------ subscribers
@@ -320,7 +324,7 @@ def test_subscribers_are_listed_in_registration_order(
     watcher = registries()
     with pytest.raises(ConfigError, match=r"unknown application 'search' of dataset shop"):
         one.register_subscriber("search", SubscriberEntry("s0"))
-    one.put_application("search", {"sink": {"type": "jsonl"}})
+    one.application_store().put_application("search", {"sink": {"type": "jsonl"}})
 
     seen: Recorder[list[SubscriberEntry]] = Recorder()
     watcher.watch_subscribers("search", seen)
@@ -337,9 +341,9 @@ def test_subscribers_are_listed_in_registration_order(
     assert [s.instance for s in seen.until(lambda v: len(v) == 2)] == ["s0", "s2"]
 
     # The application goes: no subscribers; it comes back: the watch still works.
-    watcher.remove_application("search")
+    watcher.application_store().remove_application("search")
     assert seen.until(lambda v: v == []) == []
-    watcher.put_application("search", {})
+    watcher.application_store().put_application("search", {})
     one.register_subscriber("search", SubscriberEntry("s9"))
     assert [s.instance for s in seen.until(lambda v: len(v) == 1)] == ["s9"]
 
@@ -356,7 +360,7 @@ def _subscriber_nodes(raw: Any, root: str) -> list[str]:
 
 
 def _registered(registry: ZooKeeperRegistry) -> Recorder[list[PublisherEntry]]:
-    registry.put_application("search", {})
+    registry.application_store().put_application("search", {})
     registry.register_publisher(entry(address="127.0.0.1:7070"))
     registry.publish_status("db1", {"flows": 1})
     registry.register_subscriber("search", SubscriberEntry("s0", host="alpha", pid=41))
@@ -370,7 +374,7 @@ def _wait_registered_again(raw: Any, root: str, registry: ZooKeeperRegistry, old
     base = f"{root}/datasets/shop"
     deadline = time.monotonic() + WAIT
     while True:
-        sid = registry._session_id()
+        sid = registry.session.session_id()
         owners = {
             _owner(raw, f"{base}/publishers/db1"),
             *(
@@ -389,7 +393,7 @@ def test_an_expired_session_registers_everything_again(
 ) -> None:
     registry = registries()
     seen = _registered(registry)
-    session = registry._client.client_id
+    session = registry.session.client.client_id
     # Closing another client of the same session expires it for its owner.
     from kazoo.client import KazooClient
 
@@ -414,7 +418,7 @@ def _a_status_from_before_an_expiry_comes_back_only_published_again(
     the publisher and subscriber nodes are back, the status is not, until published again."""
     assert registry.statuses() == {}
     registry.publish_status("db1", {"flows": 2})
-    assert _owner(raw, f"{root}/datasets/shop/status/db1") == registry._session_id()
+    assert _owner(raw, f"{root}/datasets/shop/status/db1") == registry.session.session_id()
     assert registry.statuses() == {"db1": {"flows": 2}}
 
 
@@ -428,7 +432,7 @@ def test_a_registration_held_by_another_after_expiry_is_logged_not_raised(
     registry = registries()
     registry.register_publisher(entry())
     path = f"{root}/datasets/shop/publishers/db1"
-    session = registry._client.client_id
+    session = registry.session.client.client_id
     from kazoo.client import KazooClient
 
     thief = KazooClient(hosts=zookeeper_server.hosts, client_id=session)
@@ -469,13 +473,15 @@ def test_a_paused_server_past_the_session_timeout(
         registry = registries(session_timeout_ms=4000, hosts=proxy.address)
         seen = _registered(registry)
         calls = seen.calls
-        old = registry._session_id()
+        old = registry.session.session_id()
         assert old is not None
         proxy.pause()
         zookeeper_server.pause()
         try:
             # Its pings go unanswered: the registry sees the connection lost.
-            wait_until(lambda: not registry._connected.is_set(), WAIT, "the registry to notice")
+            wait_until(
+                lambda: not registry.session.connected.is_set(), WAIT, "the registry to notice"
+            )
         finally:
             zookeeper_server.resume()
         client = zookeeper_server.client()
@@ -506,7 +512,7 @@ def test_a_restarted_server_keeps_or_regains_the_registrations(
     seen = _registered(registry)
     zookeeper_server.stop()
     try:
-        wait_until(lambda: not registry._connected.is_set(), WAIT, "the registry to notice")
+        wait_until(lambda: not registry.session.connected.is_set(), WAIT, "the registry to notice")
         # Meanwhile registrations are remembered, not refused.
         registry.register_publisher(entry("db2"))
         registry.publish_status("db2", {"flows": 2})
@@ -518,8 +524,8 @@ def test_a_restarted_server_keeps_or_regains_the_registrations(
         base = f"{root}/datasets/shop"
         deadline = time.monotonic() + WAIT
         while not (
-            _owner(client, f"{base}/publishers/db1") == registry._session_id()
-            and _owner(client, f"{base}/publishers/db2") == registry._session_id()
+            _owner(client, f"{base}/publishers/db1") == registry.session.session_id()
+            and _owner(client, f"{base}/publishers/db2") == registry.session.session_id()
             and len(_subscriber_nodes(client, root)) == 2
         ):
             assert time.monotonic() < deadline, "not registered after the restart"
@@ -528,7 +534,7 @@ def test_a_restarted_server_keeps_or_regains_the_registrations(
     finally:
         client.stop()
         client.close()
-    assert registry.applications() == {"search": {}}
+    assert registry.application_store().applications() == {"search": {}}
     assert registry.statuses() == {"db1": {"flows": 1}, "db2": {"flows": 2}}
     assert [e.datastore for e in seen.until(lambda v: len(v) == 2)] == ["db1", "db2"]
 
@@ -542,7 +548,7 @@ def _expire(zookeeper_server: Any, registry: ZooKeeperRegistry) -> int:
     """End the registry's session from another client of it; the old session id."""
     from kazoo.client import KazooClient
 
-    session = registry._client.client_id
+    session = registry.session.client.client_id
     thief = KazooClient(hosts=zookeeper_server.hosts, client_id=session)
     thief.start(timeout=WAIT)
     thief.stop()
@@ -590,56 +596,58 @@ def test_serving_claims_fence_datamarkers_and_hand_over(
 ) -> None:
     a, b, watcher = registries(), registries(), registries()
     claims: Recorder[ServingClaim | None] = Recorder()
-    watcher.watch_serving("search", "db1", claims)  # before any claim: no parent node yet
+    watcher.serving_claims().watch_serving(
+        "search", "db1", claims
+    )  # before any claim: no parent node yet
     assert claims.next() is None
 
-    assert a.claim_serving("search", "db1", "a") == 1
-    assert b.claim_serving("search", "db1", "b") is None
-    assert a.claim_serving("search", "db1", "a") is None  # held, by itself
+    assert a.serving_claims().claim_serving("search", "db1", "a") == 1
+    assert b.serving_claims().claim_serving("search", "db1", "b") is None
+    assert a.serving_claims().claim_serving("search", "db1", "a") is None  # held, by itself
     found = claims.until(lambda v: v is not None)
     assert found == ServingClaim("a", 1, socket.gethostname(), os.getpid())
 
     # The holder shares datamarkers, merged by shard.
-    assert b.load_datamarkers("search", "db1") == {}
-    assert a.save_datamarkers("search", "db1", 1, {0: _marker("l0", (1, 2), 1)})
-    assert a.save_datamarkers(
+    assert b.serving_claims().load_datamarkers("search", "db1") == {}
+    assert a.serving_claims().save_datamarkers("search", "db1", 1, {0: _marker("l0", (1, 2), 1)})
+    assert a.serving_claims().save_datamarkers(
         "search", "db1", 1, {1: _marker("l1", (1, 3), 1), 0: _marker("l0b", (1, 4), 1)}
     )
     expected = {0: _marker("l0b", (1, 4), 1), 1: _marker("l1", (1, 3), 1)}
-    assert b.load_datamarkers("search", "db1") == expected
+    assert b.serving_claims().load_datamarkers("search", "db1") == expected
     path = f"{root}/datasets/shop/datamarkers/db1/search"
     written = raw.get(path)[1].mzxid
 
     # A stale epoch or another process is fenced: nothing is written.
-    assert not a.save_datamarkers("search", "db1", 2, {0: _marker("x", (9,), 2)})
-    assert not b.save_datamarkers("search", "db1", 1, {0: _marker("x", (9,), 1)})
+    assert not a.serving_claims().save_datamarkers("search", "db1", 2, {0: _marker("x", (9,), 2)})
+    assert not b.serving_claims().save_datamarkers("search", "db1", 1, {0: _marker("x", (9,), 1)})
     assert raw.get(path)[1].mzxid == written
-    b.release_serving("search", "db1", 1)  # not b's: nothing happens
+    b.serving_claims().release_serving("search", "db1", 1)  # not b's: nothing happens
     assert raw.exists(f"{root}/datasets/shop/serving/db1/search") is not None
 
     # Released: the watch sees it free, the other copy claims under a greater epoch.
-    a.release_serving("search", "db1", 1)
+    a.serving_claims().release_serving("search", "db1", 1)
     assert claims.until(lambda v: v is None) is None
-    assert not a.save_datamarkers("search", "db1", 1, {0: _marker("x", (9,), 1)})
-    assert b.claim_serving("search", "db1", "b") == 2
+    assert not a.serving_claims().save_datamarkers("search", "db1", 1, {0: _marker("x", (9,), 1)})
+    assert b.serving_claims().claim_serving("search", "db1", "b") == 2
     assert claims.until(lambda v: v is not None) == ServingClaim(
         "b", 2, socket.gethostname(), os.getpid()
     )
     assert json.loads(raw.get(f"{root}/datasets/shop/epochs/db1/search")[0]) == 2
-    assert not a.save_datamarkers("search", "db1", 1, {0: _marker("x", (9,), 1)})
-    assert b.save_datamarkers("search", "db1", 2, {1: _marker("l1b", (2, 1), 2)})
-    assert a.load_datamarkers("search", "db1") == {
+    assert not a.serving_claims().save_datamarkers("search", "db1", 1, {0: _marker("x", (9,), 1)})
+    assert b.serving_claims().save_datamarkers("search", "db1", 2, {1: _marker("l1b", (2, 1), 2)})
+    assert a.serving_claims().load_datamarkers("search", "db1") == {
         0: _marker("l0b", (1, 4), 1),
         1: _marker("l1b", (2, 1), 2),
     }
     # Claims of other applications and datastores are separate.
-    assert a.claim_serving("audit", "db1", "a") == 1
-    assert a.claim_serving("search", "db2", "a") == 1
+    assert a.serving_claims().claim_serving("audit", "db1", "a") == 1
+    assert a.serving_claims().claim_serving("search", "db2", "a") == 1
 
     # Closing the holder removes its claim.
     b.close()
     assert claims.until(lambda v: v is None) is None
-    assert a.claim_serving("search", "db1", "a") == 3
+    assert a.serving_claims().claim_serving("search", "db1", "a") == 3
 
 
 def test_unreadable_shared_datamarkers_name_their_node(
@@ -649,10 +657,10 @@ def test_unreadable_shared_datamarkers_name_their_node(
     path = f"{root}/datasets/shop/datamarkers/db1/search"
     raw.create(path, b'{"0": {"logical": "x", "version": "nope"}}', makepath=True)
     with pytest.raises(StateError, match=f"znode {path}.*version is 'nope'"):
-        registry.load_datamarkers("search", "db1")
+        registry.serving_claims().load_datamarkers("search", "db1")
     raw.set(path, b"{oops")
     with pytest.raises(StateError, match=f"znode {path}.*not JSON"):
-        registry.load_datamarkers("search", "db1")
+        registry.serving_claims().load_datamarkers("search", "db1")
 
 
 def test_an_expired_session_loses_its_claims_for_good(
@@ -663,12 +671,12 @@ def test_an_expired_session_loses_its_claims_for_good(
     holder.watch_connection(connection)
     assert connection.next() is True
     claims: Recorder[ServingClaim | None] = Recorder()
-    other.watch_serving("search", "db1", claims)
+    other.serving_claims().watch_serving("search", "db1", claims)
     assert claims.next() is None
     holder.register_publisher(entry(copy="a"))
-    assert holder.claim_serving("search", "db1", "a") == 1
+    assert holder.serving_claims().claim_serving("search", "db1", "a") == 1
     assert claims.until(lambda v: v is not None).epoch == 1
-    assert holder.save_datamarkers("search", "db1", 1, {0: _marker("l0", (1,), 1)})
+    assert holder.serving_claims().save_datamarkers("search", "db1", 1, {0: _marker("l0", (1,), 1)})
 
     old = _expire(zookeeper_server, holder)
     assert connection.next() is False
@@ -679,16 +687,18 @@ def test_an_expired_session_loses_its_claims_for_good(
     wait_until(
         lambda: (
             _owner(raw, publisher) not in (None, old)
-            and _owner(raw, publisher) == holder._session_id()
+            and _owner(raw, publisher) == holder.session.session_id()
         ),
         WAIT,
         "the publisher registered again",
     )
     assert raw.exists(f"{root}/datasets/shop/serving/db1/search") is None
-    assert not holder.save_datamarkers("search", "db1", 1, {0: _marker("x", (9,), 1)})
-    assert other.load_datamarkers("search", "db1") == {0: _marker("l0", (1,), 1)}
+    assert not holder.serving_claims().save_datamarkers(
+        "search", "db1", 1, {0: _marker("x", (9,), 1)}
+    )
+    assert other.serving_claims().load_datamarkers("search", "db1") == {0: _marker("l0", (1,), 1)}
     # Claiming again gives a new epoch.
-    assert holder.claim_serving("search", "db1", "a") == 2
+    assert holder.serving_claims().claim_serving("search", "db1", "a") == 2
     assert claims.until(lambda v: v is not None).epoch == 2
 
 
@@ -699,14 +709,16 @@ def test_a_save_while_disconnected_fails_at_once_and_gives_the_claim_up(
     connection: Recorder[bool] = Recorder()
     holder.watch_connection(connection)
     assert connection.next() is True
-    assert holder.claim_serving("search", "db1", "a") == 1
-    session = holder._session_id()
+    assert holder.serving_claims().claim_serving("search", "db1", "a") == 1
+    session = holder.session.session_id()
     zookeeper_server.pause()
     try:
         assert connection.next() is False
         started = time.monotonic()
-        assert not holder.save_datamarkers("search", "db1", 1, {0: _marker("l0", (1,), 1)})
-        assert holder.claim_serving("search", "db1", "a") is None
+        assert not holder.serving_claims().save_datamarkers(
+            "search", "db1", 1, {0: _marker("l0", (1,), 1)}
+        )
+        assert holder.serving_claims().claim_serving("search", "db1", "a") is None
         assert time.monotonic() - started < 0.5
     finally:
         zookeeper_server.resume()
@@ -716,11 +728,11 @@ def test_a_save_while_disconnected_fails_at_once_and_gives_the_claim_up(
         # The session outlived the outage, the claim did not: its node is deleted.
         path = f"{root}/datasets/shop/serving/db1/search"
         wait_until(lambda: client.exists(path) is None, WAIT, "the claim given up")
-        assert holder._session_id() == session
+        assert holder.session.session_id() == session
     finally:
         client.stop()
         client.close()
-    assert holder.claim_serving("search", "db1", "a") == 2
+    assert holder.serving_claims().claim_serving("search", "db1", "a") == 2
 
 
 class _StoppedAsItConnects:

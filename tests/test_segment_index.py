@@ -12,7 +12,7 @@ import pytest
 from wormhole.core import offline_log
 from wormhole.core.errors import StateError
 from wormhole.core.publisher_log import PublisherLog, position_at_time, read_log_range
-from wormhole.core.segment import INDEX_MAGIC, index_path
+from wormhole.core.segment_format import INDEX_MAGIC, index_path
 from wormhole.core.update import Update
 
 BASE_TS = 1_700_000_000_000

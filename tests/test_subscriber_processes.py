@@ -105,3 +105,20 @@ def test_a_graceful_stop_while_its_subscribers_start_exits_0(
     finally:
         code = publisher.stop()
     assert code == 0, publisher.stderr
+
+
+def test_the_old_paths_of_the_subscriber_layer_name_the_same_objects() -> None:
+    """Plugins written against wormhole.plugins.{subscriber,processes,dead_letters} keep
+    working: those modules name what wormhole.subscriber defines."""
+    from wormhole.plugins import dead_letters as old_dead_letters
+    from wormhole.plugins import processes as old_processes
+    from wormhole.plugins import subscriber as old_subscriber
+    from wormhole.subscriber import dead_letters, handlers, local, processes
+
+    assert old_processes.SubscriberProcesses is processes.SubscriberProcesses
+    assert old_subscriber.Handlers is handlers.Handlers
+    assert old_subscriber.run_handlers is handlers.run_handlers
+    assert old_subscriber.LocalSubscriber is local.LocalSubscriber
+    assert old_subscriber.local_subscriber is local.local_subscriber
+    for name in dead_letters.__all__:
+        assert getattr(old_dead_letters, name) is getattr(dead_letters, name), name

@@ -224,7 +224,7 @@ def test_top_shows_a_postgres_sources_lag_and_snapshot_figures(
 def test_render_shows_progress_failures_and_what_metrics_lack() -> None:
     from rich.console import Console
 
-    from wormhole.core.top import Reading, render
+    from wormhole.observability.top import Reading, render
 
     live = {
         "pid": 1,
@@ -256,9 +256,9 @@ def test_top_counts_each_applications_dead_letters(tmp_path: Path) -> None:
     from rich.console import Console
 
     from wormhole.core.pipeline import load_pipeline
-    from wormhole.core.top import read, render
     from wormhole.core.update import Update
-    from wormhole.plugins import dead_letters as dl
+    from wormhole.observability.top import read, render
+    from wormhole.subscriber import dead_letters as dl
     from wormhole.testing import write_pipeline
 
     state = tmp_path / "state"

@@ -137,7 +137,7 @@ def test_a_columns_frame_that_does_not_add_up_is_refused() -> None:
 
 
 def test_the_spark_source_names_the_flow_of_columns_that_are_not_text() -> None:
-    from wormhole.connectors.spark.stream import _arrow_batches
+    from wormhole.connectors.spark.ranges import _arrow_batches
 
     batch = [Update.create(op="c", key={"id": 1}, table="t", after={"id": 1})]
     good = columns_of([5], batch)

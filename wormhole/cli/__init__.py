@@ -25,7 +25,7 @@ from wormhole.cli.shared import (
     report_error,
 )
 from wormhole.core.errors import ConfigError, Stopped, WormholeError, file_problem
-from wormhole.core.metrics import count_errors
+from wormhole.plugins.events import count_errors
 
 COMMANDS = (
     "wormhole.cli.run",

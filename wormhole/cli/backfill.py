@@ -18,8 +18,7 @@ from wormhole.core import backfill as bf
 from wormhole.core.deployment import application_names
 from wormhole.core.errors import BackfillError
 from wormhole.core.pipeline import Pipeline
-from wormhole.core.status import read_live_status
-from wormhole.plugins.components import SourceBackfill
+from wormhole.observability.status import read_live_status
 from wormhole.plugins.hookspecs import hookimpl
 
 
@@ -114,7 +113,7 @@ def _plan(pipeline: Pipeline, table: str, where: str | None) -> Any:
     """The source's plan for backfilling ``table`` (an error for a source that cannot)."""
     created: Any = pipeline.source.create()
     source = created
-    if not isinstance(source, SourceBackfill):
+    if not pipeline.source.capabilities_of(source).backfill:
         raise BackfillError(
             f"source.type {pipeline.source.type}: this source cannot backfill tables: it "
             f"reads a log of changes, not tables it could read again. Backfills need a "

@@ -11,8 +11,8 @@ from wormhole.cli.shared import EXIT_OK, load, pipeline_command
 from wormhole.core.deployment import application_names
 from wormhole.core.errors import WormholeError
 from wormhole.core.pipeline import Pipeline
-from wormhole.plugins import dead_letters as dl
 from wormhole.plugins.hookspecs import hookimpl
+from wormhole.subscriber import dead_letters as dl
 
 ACTIONS = (
     ("list", "the application's dead letters, oldest first"),
@@ -123,7 +123,7 @@ def _purge(args: argparse.Namespace, pipeline: Pipeline, dead: dl.DeadLetterLog)
 
 def _replay(args: argparse.Namespace, pipeline: Pipeline, dead: dl.DeadLetterLog) -> int:
     from wormhole.core.registry import subscriber_application
-    from wormhole.plugins.subscriber import open_sink
+    from wormhole.subscriber.handlers import open_sink
 
     name = args.app
     app = subscriber_application(pipeline, name, "wormhole.Subscriber")

@@ -9,7 +9,7 @@ from typing import Any
 from wormhole.cli.shared import EXIT_OK, load, pipeline_command
 from wormhole.core.deployment import application_names
 from wormhole.core.errors import WormholeError
-from wormhole.core.status import read_live_status
+from wormhole.observability.status import read_live_status
 from wormhole.plugins.hookspecs import hookimpl
 
 

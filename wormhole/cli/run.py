@@ -20,10 +20,10 @@ from wormhole.cli.shared import (
     report_error,
 )
 from wormhole.core.errors import Stopped
-from wormhole.core.metrics import parse_listen
 from wormhole.core.pipeline import MetricsSettings, Pipeline
 from wormhole.core.publisher import Publisher, RunSummary, tune_gc
 from wormhole.plugins.hookspecs import hookimpl
+from wormhole.plugins.metrics_endpoint import parse_listen
 
 EPILOG = (
     "exit status: 0 when stopped or done; 2 on an error (named on an `error:` line); 3 when "

@@ -15,9 +15,9 @@ from wormhole.core.deployment import deployment as deployment_view
 from wormhole.core.lag import measure, removed_applications, stored_datamarkers
 from wormhole.core.offline_log import inspect_log
 from wormhole.core.pipeline import Pipeline
-from wormhole.core.status import read_live_status
-from wormhole.plugins.dead_letters import count_dead_letters
+from wormhole.observability.status import read_live_status
 from wormhole.plugins.hookspecs import hookimpl
+from wormhole.subscriber.dead_letter_log import count_dead_letters
 
 TEXT_ONLY = ("log_info", "live", "registry")
 

@@ -9,12 +9,12 @@ from typing import Any
 
 from wormhole.cli.shared import EXIT_OK, load, pipeline_command
 from wormhole.core.errors import ConfigError
-from wormhole.core.metrics import parse_listen, serve
 from wormhole.core.publisher import tune_gc
 from wormhole.core.registry import subscriber_application
 from wormhole.plugins.components import SubscribeRequest
 from wormhole.plugins.hookspecs import hookimpl
-from wormhole.plugins.subscriber import catch_stop_signals
+from wormhole.plugins.metrics_endpoint import parse_listen, serve
+from wormhole.subscriber.handlers import catch_stop_signals
 
 
 @hookimpl(tryfirst=True)

@@ -1,5 +1,5 @@
 """``wormhole top``: a live view of a running pipeline (the view itself is
-:mod:`wormhole.core.top`)."""
+:mod:`wormhole.observability.top`)."""
 
 from __future__ import annotations
 
@@ -29,7 +29,7 @@ def wormhole_commands(commands: Any) -> None:
 
 
 def cmd_top(args: argparse.Namespace) -> int:
-    from wormhole.core import top
+    from wormhole.observability import top
 
     if args.interval <= 0:
         raise ConfigError(f"--interval: {args.interval} must be a positive number of seconds")

@@ -20,7 +20,7 @@ from __future__ import annotations
 import logging
 import threading
 
-from wormhole.core.metrics import retried
+from wormhole.plugins.events import retried
 
 
 class Backoff:

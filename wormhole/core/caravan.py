@@ -193,27 +193,47 @@ class Caravan:
         """Deliver ``batch`` to ``app``'s subscribers: True when done (or the application
         left this caravan), False when stopping."""
         hub = self.hub
-        with hub.lock:
-            sessions = list(app.sessions) if app.active else []
-            owner = list(app.owner)
-            delivered = [f.delivered for f in app.flows]
-        if not sessions:
-            if shared and self.on_evict is not None:
-                # Nobody to deliver to: the others do not wait for it.
-                self._evict(app, "no subscriber connected")
+        while True:
+            with hub.lock:
+                sessions = list(app.sessions) if app.active else []
+                owner = list(app.owner)
+                delivered = [f.delivered for f in app.flows]
+            if not sessions:
+                if shared and self.on_evict is not None:
+                    # Nobody to deliver to: the others do not wait for it.
+                    self._evict(app, "no subscriber connected")
+                    return True
+                waited = self._wait_for_sessions(app)
+                if waited == "stop":
+                    return False
+                if waited == "shared" and self.on_evict is not None:
+                    self._evict(app, "no subscriber connected")
+                    return True
+                shared = waited == "shared"
+                continue  # a subscriber came: read its sessions again
+            if min(delivered) >= batch.end_seq:
                 return True
-            waited = self._wait_for_sessions(app)
-            if waited == "stop":
-                return False
-            if waited == "shared" and self.on_evict is not None:
-                self._evict(app, "no subscriber connected")
-                return True
-            return self._dispatch(app, batch, shared=waited == "shared")
-        if min(delivered) >= batch.end_seq:
-            return True
-        updates = self._select(app, batch, owner, delivered)
-        if updates is None:
-            return True  # the application stopped on its filter
+            updates = self._select(app, batch, owner, delivered)
+            if updates is None:
+                return True  # the application stopped on its filter
+            sent = self._fan_out(app, batch, sessions, owner, delivered, updates, shared)
+            if sent != "stale":
+                return sent != "stop"
+            # Another caravan delivered these flows meanwhile: dispatch again from there.
+
+    def _fan_out(
+        self,
+        app: ApplicationRuntime,
+        batch: Batch,
+        sessions: list[SubscriberSession],
+        owner: list[Any],
+        delivered: list[int],
+        updates: list[Update],
+        shared: bool,
+    ) -> str:
+        """Split ``updates`` by owning session and hand each its frame: "sent" (every
+        frame, or the application left this caravan: "evicted"), "stale" or "stop", as
+        :meth:`_send` says."""
         frames: dict[int, list[Update]] = {id(s): [] for s in sessions}
         if len(sessions) == 1 and all(o is sessions[0] for o in owner):
             frames[id(sessions[0])] = updates
@@ -235,14 +255,12 @@ class Caravan:
                 app.name, mine, datamarkers, batch.first_seq, batch.end_seq, batch.appended_ns
             )
             sent = self._send(app, session, frame, delivered, shared)
-            if sent == "stale":
-                return self._dispatch(app, batch, shared)
             if sent == "evicted":
-                return True
-            if sent == "stop":
-                return False
+                return "sent"
+            if sent != "sent":
+                return sent
             app.delivered_updates += len(mine)
-        return True
+        return "sent"
 
     def _select(
         self, app: ApplicationRuntime, batch: Batch, owner: list[Any], delivered: list[int]

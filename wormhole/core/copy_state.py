@@ -60,7 +60,7 @@ class CopyState:
     the update it names (standby: as followed; serving: as taken over and shared)."""
     loaded: bool = False
     """The shared datamarkers were read since this copy started: until then, retention
-    keeps the whole log (:meth:`CopyCoordinator.retained`)."""
+    keeps the whole log (:meth:`CopyPositions.retained`)."""
     ready: bool = False
     """Standby: every shared datamarker maps into this copy's log (it can take over now)."""
     claimed_ms: int = 0
@@ -69,7 +69,7 @@ class CopyState:
     """The copy this serving copy would hand over to but which is not ready (logged once)."""
     shared_at: list[tuple[float, Version]] = field(default_factory=list)
     """Serving: the newest version its shared datamarkers reached, and when (monotonic), over
-    the last seconds (:meth:`CopyCoordinator._needed`)."""
+    the last seconds (:meth:`CopyPositions.needed`)."""
     unreached_since: float | None = None
     """Since when the registry has listed subscribers of the application while none was
     connected to this copy (monotonic; None while one is, or none is listed)."""

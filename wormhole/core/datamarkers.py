@@ -9,7 +9,7 @@ from typing import Any
 
 from wormhole.plugins.components import Datamarker
 
-# core.backfill opens its SQLite file with these two, imported from here.
+# core.backfill_queue opens its SQLite file with these two, imported from here.
 from wormhole.plugins.sqlite import connect_durable as connect_durable
 from wormhole.plugins.sqlite import connect_read_only as connect_read_only
 

@@ -19,7 +19,7 @@ from wormhole.plugins.components import InvalidEntry
 def shared(pipeline: Pipeline) -> bool:
     """Whether the pipeline's registry is shared across machines."""
     component = pipeline.dataset_registry
-    return component is not None and bool(component.registered.spec.shared)
+    return component is not None and component.capabilities.shared_registry
 
 
 def open_shared_registry(pipeline: Pipeline, what: str) -> Any:

@@ -14,12 +14,11 @@ from typing import BinaryIO
 import msgspec
 
 from wormhole.core.errors import LogCorruptError, StateError
-from wormhole.core.segment import (
+from wormhole.core.segment import Segment, SegmentHeader
+from wormhole.core.segment_format import (
     BATCH_KINDS,
     KIND_BATCH,
     KIND_SEGMENT,
-    Segment,
-    SegmentHeader,
     batch_times,
     index_path,
     read_header,

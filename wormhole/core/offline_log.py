@@ -1,7 +1,7 @@
 """Reading a publisher log from outside the publisher: ``wormhole status``, the Spark source
 and ``start: {time: ...}`` read its files without recovering or locking it (it may be live).
 
-Only whole records are read, through each segment's index (:mod:`wormhole.core.segment`) and,
+Only whole records are read, through each segment's index (:mod:`wormhole.core.segment_format`) and,
 past it, the segment's record headers.
 """
 
@@ -18,7 +18,7 @@ from typing import Any, BinaryIO
 import msgspec
 
 from wormhole.core.errors import LogCorruptError
-from wormhole.core.segment import (
+from wormhole.core.segment_format import (
     BATCH_KINDS,
     KIND_BATCH,
     NO_TS,

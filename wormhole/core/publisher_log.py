@@ -39,6 +39,7 @@ from typing import Any, BinaryIO
 import msgspec
 from msgspec import Raw
 
+from wormhole.core.append_times import AppendTimes
 from wormhole.core.errors import LogCorruptError, SourceError, StateError, file_problem
 from wormhole.core.log_recovery import (
     check_continuity,
@@ -46,22 +47,14 @@ from wormhole.core.log_recovery import (
     recover_segment,
     write_session_file,
 )
-from wormhole.core.metrics import AppendTimes
 
 # Read from outside the publisher (offline_log); also importable from here, as they were.
 from wormhole.core.offline_log import LogInfo as LogInfo
 from wormhole.core.offline_log import inspect_log as inspect_log
 from wormhole.core.offline_log import position_at_time as position_at_time
 from wormhole.core.offline_log import read_log_range as read_log_range
-from wormhole.core.segment import (
-    KIND_BATCH,
-    KIND_BATCH_PART,
-    KIND_SEGMENT,
-    Segment,
-    SegmentHeader,
-    max_ts,
-    remove_orphan_indexes,
-)
+from wormhole.core.segment import Segment, SegmentHeader, max_ts, remove_orphan_indexes
+from wormhole.core.segment_format import KIND_BATCH, KIND_BATCH_PART, KIND_SEGMENT
 from wormhole.core.update import Update
 from wormhole.plugins.framing import (
     HEADER_SIZE,
@@ -125,7 +118,7 @@ class PreparedBatch:
     records: list[tuple[int, int, bytes]]
     """``(first seq, count, framed record)``: one record, or the parts of a large batch."""
     max_ts: list[int]
-    """The largest ``ts_ms`` of each record's updates (:data:`~wormhole.core.segment.NO_TS`
+    """The largest ``ts_ms`` of each record's updates (:data:`~wormhole.core.segment_format.NO_TS`
     for none), for the segment's time index."""
 
 

@@ -106,9 +106,9 @@ def subscriber_application(pipeline: Pipeline, name: str, library: str) -> Appli
     from wormhole.core.pipeline import sink_application
 
     component = pipeline.dataset_registry
-    if component is None or not component.registered.spec.shared:
+    if component is None or not component.capabilities.shared_registry:
         return sink_application(pipeline, name, library)[0]
-    from wormhole.plugins.subscriber import stop_signalled
+    from wormhole.subscriber.handlers import stop_signalled
 
     registry = open_registry(component, pipeline.name, stop_signalled)
     try:

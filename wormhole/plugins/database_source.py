@@ -36,10 +36,10 @@ import msgspec
 
 from wormhole.core.backoff import Backoff
 from wormhole.core.errors import SourceError, SourceStopped, first_line
-from wormhole.core.metrics import reconnecting
-from wormhole.core.progress import Progress, ProgressTask
 from wormhole.core.update import NULL, Update
 from wormhole.plugins.components import SourceBatch, SourceContext
+from wormhole.plugins.events import reconnecting
+from wormhole.plugins.progress import Progress, ProgressTask
 from wormhole.plugins.transactions import TransactionMarker
 
 _encode = msgspec.json.Encoder().encode

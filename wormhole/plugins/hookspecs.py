@@ -11,7 +11,9 @@ register through these same hooks. Third-party plugins are found through the
 Each ``wormhole_<kind>s`` hook returns a list of
 :class:`wormhole.plugins.components.ComponentSpec` of that kind; the registry
 collects them from every plugin. Two plugins that declare the same kind and name
-are an error naming both distributions.
+are an error naming both distributions. A hook that only returns specs can be made
+from them: ``wormhole_sinks = offer(ComponentSpec(...))``
+(:func:`wormhole.plugins.components.offer`; several built-ins declare theirs so).
 
 Set ``WORMHOLE_DISABLE_PLUGIN_AUTOLOAD=1`` to load no entry points (built-ins
 still load) and ``WORMHOLE_PLUGINS=mod1,mod2`` to load plugin modules by name.
@@ -121,17 +123,50 @@ def wormhole_commands(commands: Any, cli: CommandLine) -> None:
 
 
 @hookspec
-def wormhole_pipeline_started(pipeline: Any) -> None:
+def wormhole_pipeline_started(pipeline: PipelineView) -> None:
     """Called after the publisher opened its state and source, before delivery starts.
 
-    ``pipeline`` is the validated :class:`wormhole.core.pipeline.Pipeline`.
+    ``pipeline`` is the validated pipeline, as :class:`wormhole.plugins.views.PipelineView`
+    promises it.
     Return value ignored.
     """
 
 
 @hookspec
-def wormhole_pipeline_stopped(pipeline: Any, summary: Any) -> None:
+def wormhole_pipeline_stopped(pipeline: PipelineView, summary: Any) -> None:
     """Called after a run ended cleanly and datamarkers were persisted.
 
     ``summary`` is the :class:`wormhole.core.publisher.RunSummary`. Return value ignored.
+    """
+
+
+@hookspec
+def wormhole_publisher_opened(publisher: Any) -> None:
+    """Called as a publisher's run starts, before it opens its state dir.
+
+    ``publisher`` is the running publisher, read-only for plugins: ``pipeline`` (see
+    :func:`wormhole_pipeline_started`), and, once each exists, ``hub`` (applications and
+    their flows), ``publisher_log``, ``tailer``, ``caravans``, ``source``, ``backfiller``,
+    and ``snapshot`` (the :class:`wormhole.core.snapshot.RunSnapshot` the publisher takes
+    every datamarker interval; its ``metrics`` is the address the process serves metrics
+    on, for a plugin that serves them to set). Read them when asked (a metrics scrape),
+    never on the path of an update. The built-in observability plugin
+    (:mod:`wormhole.observability`) serves Prometheus metrics from it. A plugin that raises
+    fails the run. Return value ignored.
+    """
+
+
+@hookspec
+def wormhole_publisher_snapshot(publisher: Any, snapshot: dict[str, Any]) -> None:
+    """Called every datamarker interval (and as the run ends) with the publisher's snapshot:
+    plain data (caravans, applications with their counts, rates and lag, flows, failures,
+    the progress of long work), what ``wormhole status`` shows. The built-in observability
+    plugin writes it to ``<state_dir>/live.json``. Do not change it. Return value ignored.
+    """
+
+
+@hookspec
+def wormhole_publisher_closed(publisher: Any) -> None:
+    """Called as a publisher's run ends, however it ends (after a failure too), once for
+    every :func:`wormhole_publisher_opened`. Return value ignored.
     """

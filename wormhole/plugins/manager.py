@@ -34,6 +34,7 @@ BUILTIN_PLUGINS = (
     "wormhole.connectors.pipelinefile",
     "wormhole.connectors.zookeeper",
     "wormhole.plugins.filters",
+    "wormhole.observability",
 )
 
 ENGINE = "wormhole.core.engine"

@@ -10,7 +10,10 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
+
+if TYPE_CHECKING:
+    from wormhole.plugins.components.capabilities import Capabilities
 
 
 class ComponentView(Protocol):
@@ -28,6 +31,10 @@ class ComponentView(Protocol):
     @property
     def path(self) -> str:
         """Where the file names it, for messages: ``applications.search.sink``."""
+
+    @property
+    def capabilities(self) -> Capabilities:
+        """What its spec declares it offers (:class:`wormhole.plugins.components.Capabilities`)."""
 
     def create(self) -> Any:
         """A new instance, built by its spec's factory from ``options``."""
@@ -106,6 +113,14 @@ class PipelineView(Protocol):
     @property
     def copy(self) -> str:
         """Which copy of the datastore this publisher reads ("" for the only one)."""
+
+    @property
+    def mode(self) -> str:
+        """The delivery mode: ``single-copy`` or ``multiple-copy``."""
+
+    @property
+    def datamarker_interval(self) -> float:
+        """Seconds between two saves of the datamarkers (``delivery.datamarker_interval_ms``)."""
 
     @property
     def source(self) -> ComponentView: ...

@@ -31,7 +31,7 @@ from wormhole.plugins.components import (
     SinkContext,
     SubscribeRequest,
 )
-from wormhole.plugins.processes import SubscriberProcesses
+from wormhole.subscriber.processes import SubscriberProcesses
 
 log = logging.getLogger("wormhole.outbox")
 

@@ -20,9 +20,9 @@ from typing import Any
 
 import msgspec
 
-from wormhole.core import metrics
 from wormhole.core.errors import SourceError
 from wormhole.core.update import Update
+from wormhole.plugins import events
 from wormhole.plugins.framing import fsync_directory
 
 log = logging.getLogger("wormhole.filelog")
@@ -52,7 +52,7 @@ class Rejects:
         except UnicodeDecodeError:
             entry["hex"] = data.hex()
         self.pending.append(_encode(entry) + b"\n")
-        metrics.rejected_record(table, column)
+        events.rejected_record(table, column)
         file = entry["file"]
         logged = self.logged.get(file, 0)
         if logged < _LOGGED_PER_FILE:

@@ -13,6 +13,7 @@ from pydantic import Field
 
 from wormhole.core.errors import ConfigError
 from wormhole.plugins.components import (
+    Capabilities,
     ComponentSpec,
     LocalSubscriberSession,
     Options,
@@ -90,6 +91,6 @@ def wormhole_transports() -> list[ComponentSpec]:
             factory=InprocessTransport,
             options=InprocessOptions,
             description="Subscribers as threads of the publisher process.",
-            requires_sink=True,
+            capabilities=Capabilities(requires_sink=True),
         )
     ]

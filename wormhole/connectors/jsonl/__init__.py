@@ -13,9 +13,15 @@ from pydantic import Field
 
 from wormhole.core.errors import SinkError
 from wormhole.core.update import Update, encode_envelopes
-from wormhole.plugins.components import ComponentSpec, ComponentUse, Options, SinkContext
+from wormhole.plugins.components import (
+    ComponentSpec,
+    ComponentUse,
+    Options,
+    SinkContext,
+    offer,
+    template_problems,
+)
 from wormhole.plugins.debezium import DebeziumEncoder, DebeziumFields, encode_lines
-from wormhole.plugins.hookspecs import hookimpl
 
 log = logging.getLogger("wormhole.jsonl")
 
@@ -174,25 +180,17 @@ class JsonlSink:
 
 def check_use(options: JsonlOptions, use: ComponentUse) -> list[str]:
     """The path's placeholders, before any subscriber opens it."""
-    try:
-        options.path.format(application="a", subscriber=0)
-    except (KeyError, IndexError, ValueError) as exc:
-        return [
-            f"{use.path}.path: {options.path!r} has an unknown placeholder ({exc}); "
-            f"use {{application}} or {{subscriber}}"
-        ]
-    return []
+    hint = "use {application} or {subscriber}"
+    return template_problems(use, "path", options.path, hint, application="a", subscriber=0)
 
 
-@hookimpl
-def wormhole_sinks() -> list[ComponentSpec]:
-    return [
-        ComponentSpec(
-            kind="sink",
-            name="jsonl",
-            factory=JsonlSink,
-            options=JsonlOptions,
-            check=check_use,
-            description="Append update envelopes to a JSON-lines file (fsync before ack).",
-        )
-    ]
+wormhole_sinks = offer(
+    ComponentSpec(
+        kind="sink",
+        name="jsonl",
+        factory=JsonlSink,
+        options=JsonlOptions,
+        check=check_use,
+        description="Append update envelopes to a JSON-lines file (fsync before ack).",
+    )
+)

@@ -12,8 +12,13 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from wormhole.connectors.kafka.options import KafkaOptions
-from wormhole.plugins.components import ComponentSpec, DestinationLag, SubscribeRequest
-from wormhole.plugins.hookspecs import hookimpl
+from wormhole.plugins.components import (
+    Capabilities,
+    ComponentSpec,
+    DestinationLag,
+    SubscribeRequest,
+    offer,
+)
 
 if TYPE_CHECKING:
     from wormhole.connectors.kafka.consumer import KafkaSubscriber
@@ -47,21 +52,19 @@ def _subscribe(request: SubscribeRequest) -> None:
     subscribe_command(request.pipeline, request.application, request.instance)
 
 
-@hookimpl
-def wormhole_transports() -> list[ComponentSpec]:
-    return [
-        ComponentSpec(
-            kind="transport",
-            name="kafka",
-            factory=_transport,
-            options=KafkaOptions,
-            description="Updates go through a Kafka cluster: a topic per dataset (or table), "
-            "partition = shard, a consumer group per application.",
-            reads_log=True,
-            subscribe=_subscribe,
-            lag=_lag,
-        )
-    ]
+wormhole_transports = offer(
+    ComponentSpec(
+        kind="transport",
+        name="kafka",
+        factory=_transport,
+        options=KafkaOptions,
+        description="Updates go through a Kafka cluster: a topic per dataset (or table), "
+        "partition = shard, a consumer group per application.",
+        capabilities=Capabilities(reads_log=True),
+        subscribe=_subscribe,
+        lag=_lag,
+    )
+)
 
 
 __all__ = ["KafkaOptions", "KafkaSubscriber"]

@@ -31,8 +31,8 @@ from wormhole.plugins.assignment import shards_of
 from wormhole.plugins.debezium import decode_message
 from wormhole.plugins.engine import load_pipeline
 from wormhole.plugins.filters import BatchFilter, application_filter
-from wormhole.plugins.subscriber import Handlers
 from wormhole.plugins.views import ApplicationView, PipelineView
+from wormhole.subscriber.handlers import Handlers
 
 log = logging.getLogger("wormhole.subscriber")
 

@@ -17,8 +17,14 @@ from pydantic import Field
 from wormhole.core.errors import SinkError
 from wormhole.core.shard import canonical_key
 from wormhole.core.update import Update
-from wormhole.plugins.components import ComponentSpec, ComponentUse, Options, SinkContext
-from wormhole.plugins.hookspecs import hookimpl
+from wormhole.plugins.components import (
+    ComponentSpec,
+    ComponentUse,
+    Options,
+    SinkContext,
+    offer,
+    template_problems,
+)
 from wormhole.plugins.sqlite import connect_durable
 
 SCHEMA = """
@@ -126,25 +132,17 @@ def _apply(db: sqlite3.Connection, kind: str, rows: list[tuple[Any, ...]]) -> No
 
 def check_use(options: LatestOptions, use: ComponentUse) -> list[str]:
     """The path's placeholders, before any subscriber opens it."""
-    try:
-        options.path.format(application="a")
-    except (KeyError, IndexError, ValueError) as exc:
-        return [
-            f"{use.path}.path: {options.path!r} has an unknown placeholder ({exc}); "
-            f"only {{application}} is available"
-        ]
-    return []
+    hint = "only {application} is available"
+    return template_problems(use, "path", options.path, hint, application="a")
 
 
-@hookimpl
-def wormhole_sinks() -> list[ComponentSpec]:
-    return [
-        ComponentSpec(
-            kind="sink",
-            name="latest",
-            factory=LatestSink,
-            options=LatestOptions,
-            check=check_use,
-            description="Keep the latest row of every key in a SQLite table (a live view).",
-        )
-    ]
+wormhole_sinks = offer(
+    ComponentSpec(
+        kind="sink",
+        name="latest",
+        factory=LatestSink,
+        options=LatestOptions,
+        check=check_use,
+        description="Keep the latest row of every key in a SQLite table (a live view).",
+    )
+)

@@ -8,8 +8,7 @@ from pydantic import Field
 
 from wormhole.connectors.mysql.options import MySQLOptions
 from wormhole.core.update import Update
-from wormhole.plugins.components import ComponentSpec, Options, Version
-from wormhole.plugins.hookspecs import hookimpl
+from wormhole.plugins.components import Capabilities, Options, Version, log_reader
 
 
 def _source(options: MySQLOptions) -> Any:
@@ -113,27 +112,13 @@ def _gtid_of(info: str) -> str:
     return text.split()[-1]
 
 
-@hookimpl
-def wormhole_sources() -> list[ComponentSpec]:
-    return [
-        ComponentSpec(
-            kind="source",
-            name="mysql",
-            factory=_source,
-            options=MySQLOptions,
-            description="MariaDB / MySQL row-based binlog, with an initial snapshot and GTIDs.",
-        )
-    ]
-
-
-@hookimpl
-def wormhole_position_mappers() -> list[ComponentSpec]:
-    return [
-        ComponentSpec(
-            kind="position_mapper",
-            name="mysql",
-            factory=MySQLPositionMapper,
-            options=MapperOptions,
-            description="binlog file:offset:index <-> GTID, looked up on the server.",
-        )
-    ]
+wormhole_sources, wormhole_position_mappers = log_reader(
+    "mysql",
+    source=_source,
+    options=MySQLOptions,
+    description="MariaDB / MySQL row-based binlog, with an initial snapshot and GTIDs.",
+    capabilities=Capabilities(backfill=True, snapshot_pending=True, lag=True),
+    mapper=MySQLPositionMapper,
+    mapper_options=MapperOptions,
+    mapper_description="binlog file:offset:index <-> GTID, looked up on the server.",
+)

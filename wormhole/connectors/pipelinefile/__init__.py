@@ -13,6 +13,7 @@ from typing import Any
 
 from wormhole.plugins.components import (
     ApplicationStore,
+    Capabilities,
     ComponentSpec,
     NoOptions,
     PublisherEntry,
@@ -91,5 +92,6 @@ def wormhole_registries() -> list[ComponentSpec]:
             description="The pipeline file is the registry: one publisher, the file's "
             "applications (default).",
             default=True,
+            capabilities=Capabilities(),
         )
     ]

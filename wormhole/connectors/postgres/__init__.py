@@ -7,7 +7,7 @@ from typing import Any
 
 from wormhole.connectors.postgres.options import PostgresOptions
 from wormhole.core.update import Update
-from wormhole.plugins.components import ComponentSpec, NoOptions, Version
+from wormhole.plugins.components import Capabilities, Version, log_reader
 from wormhole.plugins.hookspecs import CommandLine, hookimpl
 
 
@@ -48,30 +48,15 @@ def _lsn(text: str) -> int:
     return (int(high, 16) << 32) | int(low, 16)
 
 
-@hookimpl
-def wormhole_sources() -> list[ComponentSpec]:
-    return [
-        ComponentSpec(
-            kind="source",
-            name="postgres",
-            factory=_source,
-            options=PostgresOptions,
-            description="PostgreSQL logical decoding (pgoutput), with an initial snapshot.",
-        )
-    ]
-
-
-@hookimpl
-def wormhole_position_mappers() -> list[ComponentSpec]:
-    return [
-        ComponentSpec(
-            kind="position_mapper",
-            name="postgres",
-            factory=lambda _options: PostgresPositionMapper(),
-            options=NoOptions,
-            description="Commit LSN plus change index <-> commit LSN (origin LSN if replicated).",
-        )
-    ]
+wormhole_sources, wormhole_position_mappers = log_reader(
+    "postgres",
+    source=_source,
+    options=PostgresOptions,
+    description="PostgreSQL logical decoding (pgoutput), with an initial snapshot.",
+    capabilities=Capabilities(backfill=True, snapshot_pending=True, lag=True),
+    mapper=lambda _options: PostgresPositionMapper(),
+    mapper_description="Commit LSN plus change index <-> commit LSN (origin LSN if replicated).",
+)
 
 
 @hookimpl

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from wormhole.connectors.sqlite.store import SqliteDatamarkerStore
-from wormhole.plugins.components import ComponentSpec, Options
+from wormhole.plugins.components import Capabilities, ComponentSpec, Options
 from wormhole.plugins.hookspecs import hookimpl
 
 
@@ -23,5 +23,6 @@ def wormhole_datamarker_stores() -> list[ComponentSpec]:
             options=SqliteStoreOptions,
             description="Datamarkers in SQLite in the state dir (single-copy delivery).",
             default=True,
+            capabilities=Capabilities(),
         )
     ]

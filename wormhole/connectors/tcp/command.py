@@ -20,7 +20,7 @@ def subscribe(request: SubscribeRequest) -> None:
     options = pipeline.transport.options
     assert isinstance(options, TcpOptions)
     registry = pipeline.dataset_registry
-    if not request.publishers and registry is not None and registry.registered.spec.shared:
+    if not request.publishers and registry is not None and registry.capabilities.shared_registry:
         _subscribe_through_registry(request)
         return
     # The registry's application when the registry holds them (else the file's).

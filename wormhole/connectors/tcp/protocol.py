@@ -175,6 +175,18 @@ class Read(msgspec.Struct, kw_only=True):
     know the field answers with ``batch`` frames, which a reader must take as well."""
 
 
+class ReadBatch(msgspec.Struct, kw_only=True):
+    """A ``batch`` frame of a read: ``seqs[i]`` is the publisher-log seq of ``updates[i]``."""
+
+    id: int
+    first: int
+    end: int
+    appended_ns: int = 0
+    datamarkers: dict[int, int] = {}
+    seqs: list[int]
+    updates: list[Update]
+
+
 class ColumnsHead(msgspec.Struct, kw_only=True):
     """The JSON head of a ``columns`` frame: the buffers' sizes, in their order."""
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from wormhole.connectors.zookeeper.options import ZooKeeperOptions
-from wormhole.plugins.components import ComponentSpec
+from wormhole.plugins.components import Capabilities, ComponentSpec
 from wormhole.plugins.hookspecs import hookimpl
 
 
@@ -27,6 +27,6 @@ def wormhole_registries() -> list[ComponentSpec]:
             options=ZooKeeperOptions,
             description="Publishers, applications and subscribers of a dataset in ZooKeeper "
             "(several publishers; applications added and removed at run time). Needs kazoo.",
-            shared=True,
+            capabilities=Capabilities(shared_registry=True),
         )
     ]

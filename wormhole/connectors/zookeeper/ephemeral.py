@@ -10,11 +10,17 @@ from __future__ import annotations
 
 import dataclasses
 import threading
-from typing import TYPE_CHECKING
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from wormhole.connectors.zookeeper.nodes import decode_object, field_values
 
 if TYPE_CHECKING:
     from wormhole.connectors.zookeeper.nodes import Layout, SkippedNodes
     from wormhole.connectors.zookeeper.session import Session
+
+
+E = TypeVar("E")
 
 
 @dataclasses.dataclass
@@ -58,3 +64,23 @@ class Registrations:
         self.layout = layout
         self.owned = owned
         self.skipped = skipped
+
+    def decoded(
+        self,
+        cls: type[E],
+        node: tuple[str, bytes | None, int],
+        fixed: dict[str, Any] | Callable[[dict[str, Any]], dict[str, Any]],
+        **defaults: Any,
+    ) -> E | None:
+        """The entry of dataclass ``cls`` a registration node holds (``node``: its path, data
+        and mzxid): its JSON over ``defaults``, with the fields ``fixed`` gives from the
+        node's name (or ``fixed(raw)``, from the name and the JSON). None, with a warning
+        about the node, when it does not decode."""
+        path, data, mzxid = node
+        try:
+            raw = {**defaults, **decode_object(data)}
+            values = fixed(raw) if callable(fixed) else fixed
+            return cls(**field_values(cls, raw, **values))
+        except (ValueError, TypeError) as exc:
+            self.skipped.warn(path, mzxid, str(exc))
+            return None

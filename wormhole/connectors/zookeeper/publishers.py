@@ -10,6 +10,7 @@ serve), and comes back at the next :meth:`Publishers.publish_status`.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 from collections.abc import Callable
 from typing import Any
@@ -190,14 +191,10 @@ class Publishers(Registrations):
     def read(self, watcher: Callable[[Any], None] | None) -> list[PublisherEntry]:
         entries: list[PublisherEntry] = []
         for child, path, data, stat in self.session.children(self.layout.publishers, watcher):
-            try:
-                raw = decode_object(data)
-                datastore = datastore_of(child, raw)
-                entries.append(
-                    PublisherEntry(**field_values(PublisherEntry, raw, datastore=datastore))
-                )
-            except (ValueError, TypeError) as exc:
-                self.skipped.warn(path, stat.mzxid, str(exc))
+            node = (path, data, stat.mzxid)
+            entry = self.decoded(PublisherEntry, node, functools.partial(_named, child))
+            if entry is not None:
+                entries.append(entry)
         return entries
 
     def watch(self, fn: Callable[[list[PublisherEntry]], None]) -> None:
@@ -233,3 +230,8 @@ def _entry_of(data: bytes | None) -> PublisherEntry | None:
         return PublisherEntry(**field_values(PublisherEntry, raw))
     except (ValueError, TypeError):
         return None
+
+
+def _named(child: str, raw: dict[str, Any]) -> dict[str, Any]:
+    """The fields of a publisher's entry its node's name gives."""
+    return {"datastore": datastore_of(child, raw)}

@@ -2,7 +2,8 @@
 kept in ZooKeeper (through kazoo).
 
 :class:`ZooKeeperRegistry` is the :class:`wormhole.plugins.components.DatasetRegistry`;
-it only puts together the parts, each in a module of its own:
+it only puts together the parts, each in a module of its own, and keeps the membership
+(publishers, subscribers); its optional parts are objects of their own (``parts``):
 
 =================  ===========================================================
 ``session``        the kazoo client, its operations and retries
@@ -15,6 +16,7 @@ it only puts together the parts, each in a module of its own:
 ``applications``   the application store
 ``claims``         serving claims (multiple-copy delivery)
 ``datamarkers``    shared datamarkers, written fenced by the claim
+``parts``          the application store and serving claims, as the contract names them
 =================  ===========================================================
 
 The znode layout is in :mod:`wormhole.connectors.zookeeper.nodes` and docs/registry.md.
@@ -27,21 +29,18 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from wormhole.connectors.zookeeper.applications import Applications, RawApplications
+from wormhole.connectors.zookeeper.applications import Applications
 from wormhole.connectors.zookeeper.claims import Claims
 from wormhole.connectors.zookeeper.datamarkers import SharedDatamarkers
 from wormhole.connectors.zookeeper.ephemeral import OwnedNodes
 from wormhole.connectors.zookeeper.nodes import Layout, SkippedNodes, check_name
 from wormhole.connectors.zookeeper.options import ZooKeeperOptions
+from wormhole.connectors.zookeeper.parts import ZooKeeperApplicationStore, ZooKeeperServingClaims
 from wormhole.connectors.zookeeper.publishers import Publishers
 from wormhole.connectors.zookeeper.session import Session
 from wormhole.connectors.zookeeper.subscribers import Subscribers
 from wormhole.plugins.components import (
-    ApplicationStore,
     PublisherEntry,
-    ServingClaim,
-    ServingClaims,
-    SharedDatamarker,
     SubscriberEntry,
 )
 
@@ -65,6 +64,8 @@ class ZooKeeperRegistry:
         self.apps = Applications(session, layout)
         self.claims = Claims(session, layout, self.skipped)
         self.datamarkers = SharedDatamarkers(session, layout, self.claims)
+        self.store = ZooKeeperApplicationStore(self.apps, self.subscribers)
+        self.serving = ZooKeeperServingClaims(self.claims, self.datamarkers)
         session.dispatcher.resync_hooks = [self.claims.resync, self._reregister]
         # Serving claims went with an expired session: they are not made again.
         session.expiry_hooks = [lambda: self.claims.forget(keep=None)]
@@ -77,25 +78,9 @@ class ZooKeeperRegistry:
     def dataset(self, dataset: str) -> None:
         self.layout.dataset = dataset
 
-    # What the tests and tools look at: the session's state.
-    @property
-    def _client(self) -> Any:
-        return self.session.client
-
-    @property
-    def _connected(self) -> threading.Event:
-        return self.session.connected
-
-    def _session_id(self) -> int | None:
-        return self.session.session_id()
-
     # ------------------------------------------------------------- lifecycle
     def describe(self) -> str:
         return self.session.describe()
-
-    def application_path(self, name: str) -> str:
-        """Where an application lives, for messages: ``zookeeper HOSTS node PATH``."""
-        return self.apps.path(name)
 
     def open(self, dataset: str, stop: threading.Event) -> None:
         check_name("dataset", dataset)
@@ -181,54 +166,9 @@ class ZooKeeperRegistry:
     ) -> Callable[[], None]:
         return self.subscribers.watch(application, fn)
 
-    # ---------------------------------------------------------- applications
-    def application_store(self) -> ApplicationStore:
-        return self
+    # ------------------------------------------------------ the optional parts
+    def application_store(self) -> ZooKeeperApplicationStore:
+        return self.store
 
-    def holds_applications(self) -> bool:
-        """Always: the applications are registry data (``application_store()`` is this)."""
-        return True
-
-    def seed_applications(self, raw: dict[str, Any]) -> bool:
-        return self.apps.seed(raw)
-
-    def applications(self) -> RawApplications:
-        return self.apps.all()
-
-    def watch_applications(self, fn: Callable[[RawApplications], None]) -> None:
-        self.apps.watch(fn)
-
-    def put_application(self, name: str, raw: dict[str, Any]) -> None:
-        self.apps.put(name, raw)
-
-    def remove_application(self, name: str) -> bool:
-        check_name("application", name)
-        self.subscribers.forget_application(name)
-        return self.apps.remove(name)
-
-    # ----------------------------------- serving claims + shared datamarkers
-    def serving_claims(self) -> ServingClaims:
-        return self
-
-    def claim_serving(self, application: str, datastore: str, copy: str) -> int | None:
-        return self.claims.claim(application, datastore, copy)
-
-    def release_serving(self, application: str, datastore: str, epoch: int) -> None:
-        self.claims.release(application, datastore, epoch)
-
-    def watch_serving(
-        self, application: str, datastore: str, fn: Callable[[ServingClaim | None], None]
-    ) -> Callable[[], None]:
-        return self.claims.watch(application, datastore, fn)
-
-    def load_datamarkers(self, application: str, datastore: str) -> dict[int, SharedDatamarker]:
-        return self.datamarkers.load(application, datastore)
-
-    def save_datamarkers(
-        self,
-        application: str,
-        datastore: str,
-        epoch: int,
-        datamarkers: dict[int, SharedDatamarker],
-    ) -> bool:
-        return self.datamarkers.save(application, datastore, epoch, datamarkers)
+    def serving_claims(self) -> ZooKeeperServingClaims:
+        return self.serving

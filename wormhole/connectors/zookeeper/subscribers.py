@@ -16,9 +16,7 @@ from wormhole.connectors.zookeeper.nodes import (
     Layout,
     SkippedNodes,
     check_name,
-    decode_object,
     encode,
-    field_values,
 )
 from wormhole.connectors.zookeeper.session import Session
 from wormhole.core.errors import ConfigError
@@ -179,12 +177,10 @@ class Subscribers(Registrations):
                 continue
             except NoNodeError:
                 continue
-            try:
-                raw = decode_object(data)
-                raw.setdefault("instance", name)
-                entries.append(SubscriberEntry(**field_values(SubscriberEntry, raw, order=order)))
-            except (ValueError, TypeError) as exc:
-                self.skipped.warn(path, stat.mzxid, str(exc))
+            node = (path, data, stat.mzxid)
+            entry = self.decoded(SubscriberEntry, node, {"order": order}, instance=name)
+            if entry is not None:
+                entries.append(entry)
         entries.sort(key=lambda e: e.order)
         return entries
 

@@ -1,17 +1,17 @@
-"""The live status of a running publisher: ``<state_dir>/live.json``.
+"""A running publisher's snapshot: what it is doing now, as plain data.
 
-The publisher rewrites it every datamarker interval; ``wormhole status`` (and
-``wormhole forget``) read it to show caravans, their positions and read rates,
-the applications served and those that failed.
+The publisher takes one every datamarker interval (:meth:`RunSnapshot.take`): caravans, their
+positions and read rates, the applications served and those that failed, each application's
+counts, rates and lag, each flow's datamarker and owner, the progress of long work. It hands
+it to the ``wormhole_publisher_snapshot`` hook (the built-in observability plugin writes it
+to ``<state_dir>/live.json`` for ``wormhole status`` and ``top``) and publishes it in the
+registry (the deployment view).
 """
 
 from __future__ import annotations
 
-import json
-import logging
 import os
 import time
-from pathlib import Path
 from typing import Any
 
 from wormhole.core.caravan import Caravan
@@ -19,23 +19,18 @@ from wormhole.core.hub import Hub
 from wormhole.core.lag import behind
 from wormhole.core.publisher_log import PublisherLog
 
-log = logging.getLogger("wormhole.publisher")
 
-FILENAME = "live.json"
+class RunSnapshot:
+    """Takes the snapshot; keeps each caravan's, application's and the source's last
+    counts to report rates (updates/s between two snapshots)."""
 
-
-class LiveStatus:
-    """Writes ``live.json``; keeps each caravan's, application's and the source's last
-    counts to report rates (updates/s between two writes)."""
-
-    def __init__(self, state_dir: Path) -> None:
-        self.path = state_dir / FILENAME
+    def __init__(self) -> None:
         self._rates: dict[int, tuple[Caravan, float, int]] = {}
         self._counts: dict[str, tuple[float, int]] = {}
         self.metrics: str | None = None
         """The publisher's metrics address (``HOST:PORT``) while it serves them."""
         self.progress: Any = None
-        """The publisher's :class:`wormhole.core.progress.Progress`, if any (its tasks)."""
+        """The publisher's :class:`wormhole.plugins.progress.Progress`, if any (its tasks)."""
 
     def _rate(self, key: str, now: float, count: int) -> float:
         last = self._counts.get(key)
@@ -44,7 +39,7 @@ class LiveStatus:
             return 0.0
         return round((count - last[1]) / (now - last[0]), 1)
 
-    def write(
+    def take(
         self,
         publisher_log: PublisherLog,
         hub: Hub,
@@ -74,7 +69,6 @@ class LiveStatus:
             "datastore": hub.datastore,
             "flows": _flows(hub),
         }
-        self._save(status)
         return status
 
     def _caravan_figures(self, caravans: list[Caravan], now: float) -> list[dict[str, Any]]:
@@ -137,14 +131,6 @@ class LiveStatus:
             }
         return applications
 
-    def _save(self, status: dict[str, Any]) -> None:
-        temporary = self.path.with_name(f".{FILENAME}.tmp")
-        try:
-            temporary.write_text(json.dumps(status))
-            os.replace(temporary, self.path)
-        except OSError as exc:  # status only: never fatal
-            log.debug("cannot write %s: %s", self.path, exc)
-
 
 def _flows(hub: Hub) -> dict[str, list[dict[str, Any]]]:
     """Each application's flows: shard, datamarker and the subscriber instance owning it."""
@@ -159,13 +145,3 @@ def _flows(hub: Hub) -> dict[str, list[dict[str, Any]]]:
         ]
         for name, app in hub.applications.items()
     }
-
-
-def read_live_status(state_dir: Path) -> dict[str, Any] | None:
-    """The running publisher's live status, or None if no publisher is running there."""
-    try:
-        live = json.loads((state_dir / FILENAME).read_text())
-        os.kill(int(live["pid"]), 0)
-    except (OSError, ValueError, KeyError, TypeError):
-        return None
-    return dict(live)

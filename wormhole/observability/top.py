@@ -23,8 +23,8 @@ from typing import Any
 from wormhole.core.lag import Lag, behind, measure, stored_datamarkers
 from wormhole.core.offline_log import inspect_log
 from wormhole.core.pipeline import Pipeline
-from wormhole.core.status import read_live_status
-from wormhole.plugins.dead_letters import count_dead_letters
+from wormhole.observability.status import read_live_status
+from wormhole.subscriber.dead_letter_log import count_dead_letters
 
 SCRAPE_TIMEOUT_S = 2.0
 
