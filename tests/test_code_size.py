@@ -19,21 +19,11 @@ REASON = re.compile(r"^\s*# long: \S")
 
 # (path relative to the repository, qualified function name) -> why it is still long.
 ALLOWED: dict[tuple[str, str], str] = {
-    ("wormhole/connectors/mysql/source.py", "MySQLSource._read_stream"): (
-        "the binlog stream's state machine (one loop over events and reconnects); "
-        "split into per-event handlers pending"
-    ),
     ("wormhole/connectors/postgres/backfill.py", "PostgresBackfill.plan"): (
-        "a backfill's checks (server, table, key, where) in the order a user meets their errors; "
-        "the module is being reworked elsewhere, split pending"
-    ),
-    ("wormhole/connectors/mysql/backfill.py", "MySQLBackfill.plan"): (
-        "a backfill's checks (server, table, key, where) in the order a user meets their errors; "
-        "the module is being reworked elsewhere, split pending"
+        "a backfill's checks (server, table, key, where) in the order a user meets their errors"
     ),
     ("wormhole/connectors/postgres/snapshot.py", "PostgresSnapshot.open_table"): (
-        "one table's snapshot set-up (columns, relation, key, reader) in order; "
-        "the module is being reworked elsewhere, split pending"
+        "one table's snapshot set-up (columns, relation, key, reader) in order"
     ),
 }
 

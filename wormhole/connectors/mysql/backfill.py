@@ -14,13 +14,15 @@ from wormhole.connectors.mysql.chunks import Chunks, chunk_layout, chunks, quali
 from wormhole.connectors.mysql.server import (
     CHUNK_FATAL,
     DESCRIBE_COLUMNS,
+    NO_DRIVER,
     SIGNAL_FATAL,
     SYSTEM_SCHEMAS,
-    TEXT_FIELDS,
     TRANSIENT,
     json_text,
     quote_name,
+    reader_id,
     server_error,
+    text_conversions,
 )
 from wormhole.core.errors import BackfillError, SourceError
 from wormhole.core.update import Update, snapshot_read
@@ -32,7 +34,6 @@ if TYPE_CHECKING:
 
 try:  # optional dependency: the `mysql` extra
     import pymysql
-    import pymysql.converters
 
     HAVE_DRIVER = True
 except ImportError:  # pragma: no cover - reported at open()
@@ -40,12 +41,17 @@ except ImportError:  # pragma: no cover - reported at open()
 
 
 class MySQLBackfill:
-    """The backfill queries of one :class:`MySQLSource`, which keeps the signal table's
-    name and this pipeline's row in it (the stream reports the watermarks it meets there);
-    watermarks are written on a connection of their own, chunks read on another."""
+    """The backfills of one :class:`MySQLSource`: the signal table and this pipeline's row
+    in it (the stream reports the watermarks it meets there), written on a connection of
+    its own, and the backfill queries, read on another."""
 
     def __init__(self, source: MySQLSource) -> None:
         self.source = source
+        schema, _, table = source.options.signal_table.partition(".")
+        self.signal = (schema, table)
+        """The signal table, where watermarks are written."""
+        self.signal_id = ""
+        """This pipeline's row in it (:meth:`signal_row`)."""
         self.conn: Any = None
         """The read-only connection of catalogs and chunks."""
         self.signal_conn: Any = None
@@ -56,6 +62,27 @@ class MySQLBackfill:
     def close(self) -> None:
         close_quietly(self.conn, self.signal_conn)
         self.conn = self.signal_conn = None
+
+    def signal_row(self, pipeline: str) -> str:
+        """The signal table's row of ``pipeline``: its reader's server id, which is unique
+        among the server's replicas, and its name, for people."""
+        return f"{reader_id(self.source.options, pipeline)}:{pipeline}"[:191]
+
+    def signal_rows(self, event: Any, written: bool) -> str | None:
+        """The watermark in a rows event of the signal table (rows ``written``, else
+        updated), if this pipeline's row carries one; other pipelines' rows are theirs."""
+        values_of = "values" if written else "after_values"
+        token: str | None = None
+        for row in event.rows:
+            values = row[values_of]
+            row_id, value = values.get("id"), values.get("token")
+            if isinstance(row_id, bytes):
+                row_id = row_id.decode("utf-8", "replace")
+            if row_id == self.signal_id:
+                if isinstance(value, bytes):
+                    value = value.decode("utf-8", "replace")
+                token = str(value)
+        return token
 
     def _reader(self, check: bool = False) -> Any:
         """The read-only connection of catalogs and chunks, in UTC as the snapshot's is.
@@ -73,10 +100,7 @@ class MySQLBackfill:
                 close_quietly(conn)
                 self.conn = None
         # DECIMAL, temporal and YEAR values stay the server's text (see chunk_layout).
-        conv = dict(pymysql.converters.conversions)
-        for field_type in TEXT_FIELDS:
-            conv.pop(field_type, None)
-        conn = source._connect(conv=conv)
+        conn = source.server.connect(conv=text_conversions())
         try:
             with conn.cursor() as cur:
                 cur.execute("SET SESSION time_zone = '+00:00'")
@@ -91,15 +115,14 @@ class MySQLBackfill:
         return conn
 
     def _signal_table(self) -> str:
-        source = self.source
-        return qualified(*source.signal)
+        return qualified(*self.signal)
 
     def _signal_writer(self) -> Any:
         """The connection that writes watermarks; the signal table exists once it is made."""
         source = self.source
         conn = self.signal_conn
         if conn is None:
-            conn = source._connect()
+            conn = source.server.connect()
             self.signal_conn = conn
         if not self.signal_ready:
             self._ensure_signal_table(conn)
@@ -107,7 +130,7 @@ class MySQLBackfill:
 
     def _ensure_signal_table(self, conn: Any) -> None:
         source = self.source
-        schema, table = source.signal
+        schema, table = self.signal
         try:
             with conn.cursor() as cur:
                 cur.execute(
@@ -138,15 +161,12 @@ class MySQLBackfill:
         self.signal_ready = True
 
     def plan(self, pipeline: str, table: str, where: str | None) -> BackfillPlan:
-        """Check ``table`` and ``where`` against the catalog (see SourceBackfill)."""
-        source = self.source
+        """Check ``table`` and ``where`` against the catalog (see SourceBackfill), in the order
+        a user meets their errors: the server, the table, its key, the condition."""
         if not HAVE_DRIVER:
-            raise SourceError(
-                "source.type: mysql needs mysql-replication; install the extra: pip install "
-                "'wormhole-cdc[mysql]'"
-            )
-        if not source.signal_id:
-            source.signal_id = source._signal_id(pipeline)
+            raise SourceError(NO_DRIVER)
+        if not self.signal_id:
+            self.signal_id = self.signal_row(pipeline)
         schema, dot, name = table.partition(".")
         if not dot or not schema or not name:
             raise BackfillError(
@@ -154,24 +174,42 @@ class MySQLBackfill:
                 f"(shop.orders)"
             )
         conn = self._reader(check=True)
+        self._check_commit_order(conn, table)
+        schema, name, table_rows = self._find_table(conn, table, schema, name)
+        columns = _rows(
+            conn,
+            "SELECT COLUMN_NAME, DATA_TYPE, DATETIME_PRECISION, NUMERIC_PRECISION, "
+            "NUMERIC_SCALE, COLUMN_TYPE FROM information_schema.COLUMNS WHERE TABLE_SCHEMA = "
+            "%s AND TABLE_NAME = %s ORDER BY ORDINAL_POSITION",
+            (schema, name),
+        )
+        keys = self._primary_key(conn, table, schema, name)
+        estimate: int | None = int(table_rows) if table_rows is not None else None
+        if where is not None:
+            estimate = self._where_estimate(conn, table, schema, name, where)
+        # Created now, so that a problem with it shows when the backfill is asked for.
+        self._signal_writer()
+        detail = chunks(schema, name, columns, keys, where, chunk_layout(columns, keys))
+        return BackfillPlan(f"{schema}.{name}", keys, where, estimate, detail)
 
-        def query(sql: str, args: Any = None) -> list[tuple[Any, ...]]:
-            with conn.cursor() as cur:
-                cur.execute(sql, args)
-                return list(cur.fetchall())
-
-        server = f"{source.settings['host']}:{source.settings['port']}"
-        ordered = query("SHOW GLOBAL VARIABLES LIKE 'binlog_order_commits'")
+    def _check_commit_order(self, conn: Any, table: str) -> None:
+        ordered = _rows(conn, "SHOW GLOBAL VARIABLES LIKE 'binlog_order_commits'")
         if ordered and str(ordered[0][1]).upper() in ("OFF", "0"):
             # A chunk read after its low watermark committed must see every transaction
             # before the watermark in the binlog: the server commits in binlog order only
             # with binlog_order_commits on.
             raise BackfillError(
-                f"--table {table}: the server at {server} has binlog_order_commits = OFF, so a "
-                f"transaction before a backfill's watermark in the binlog may still be invisible "
-                f"to the chunk read after it; set binlog_order_commits = ON (the default)"
+                f"--table {table}: the server at {self.source.server.address} has "
+                f"binlog_order_commits = OFF, so a transaction before a backfill's watermark in "
+                f"the binlog may still be invisible to the chunk read after it; set "
+                f"binlog_order_commits = ON (the default)"
             )
-        found = query(
+
+    def _find_table(self, conn: Any, table: str, schema: str, name: str) -> tuple[str, str, Any]:
+        """The table's schema, name and estimated rows, if the source captures it."""
+        source = self.source
+        found = _rows(
+            conn,
             "SELECT TABLE_SCHEMA, TABLE_NAME, TABLE_ROWS FROM information_schema.TABLES WHERE "
             "TABLE_SCHEMA = %s AND TABLE_NAME = %s AND TABLE_TYPE = 'BASE TABLE'",
             (schema, name),
@@ -179,38 +217,36 @@ class MySQLBackfill:
         if not found:
             raise BackfillError(
                 f"--table {table}: there is no table {name} in database {schema} on the "
-                f"server at {server} (name it as database.table)"
+                f"server at {source.server.address} (name it as database.table)"
             )
         schema, name, table_rows = str(found[0][0]), str(found[0][1]), found[0][2]
-        shown = f"{schema}.{name}"
-        if (schema, name) == source.signal:
+        if (schema, name) == self.signal:
             raise BackfillError(
                 f"--table {table}: that is the source's signal table (signal_table), which "
                 f"holds backfill watermarks and is never emitted"
             )
-        if not source._wanted(schema, name):
+        if not source.included.wanted(schema, name):
             why = (
                 f"{schema} is a system schema, which the source never reads"
                 if schema in SYSTEM_SCHEMAS
                 else "its tables and exclude_tables options leave it out"
             )
             raise BackfillError(
-                f"--table {table}: the source does not capture {shown} ({why}), so the "
+                f"--table {table}: the source does not capture {schema}.{name} ({why}), so the "
                 f"stream has none of its changes and a backfill could not be kept in order "
                 f"with them; add it to the source's tables (and keep it out of "
                 f"exclude_tables), then backfill it"
             )
-        columns = query(
-            "SELECT COLUMN_NAME, DATA_TYPE, DATETIME_PRECISION, NUMERIC_PRECISION, "
-            "NUMERIC_SCALE, COLUMN_TYPE FROM information_schema.COLUMNS WHERE TABLE_SCHEMA = "
-            "%s AND TABLE_NAME = %s ORDER BY ORDINAL_POSITION",
-            (schema, name),
-        )
-        # The primary key, in its index's order (the order chunks are read in). The stream
-        # keys the table's rows by the same columns (the table map's primary key).
+        return schema, name, table_rows
+
+    @staticmethod
+    def _primary_key(conn: Any, table: str, schema: str, name: str) -> list[str]:
+        """The primary key, in its index's order (the order chunks are read in). The stream
+        keys the table's rows by the same columns (the table map's primary key)."""
         keys = [
             str(r[0])
-            for r in query(
+            for r in _rows(
+                conn,
                 "SELECT COLUMN_NAME FROM information_schema.STATISTICS WHERE TABLE_SCHEMA = %s "
                 "AND TABLE_NAME = %s AND INDEX_NAME = 'PRIMARY' ORDER BY SEQ_IN_INDEX",
                 (schema, name),
@@ -218,44 +254,42 @@ class MySQLBackfill:
         ]
         if not keys:
             raise BackfillError(
-                f"--table {table}: {shown} has no primary key; a backfill reads a table in "
-                f"key order, chunk by chunk, and matches rows to the stream's changes by key. "
+                f"--table {table}: {schema}.{name} has no primary key; a backfill reads a table "
+                f"in key order, chunk by chunk, and matches rows to the stream's changes by key. "
                 f"Add a primary key (ALTER TABLE {qualified(schema, name)} ADD PRIMARY KEY "
                 f"(...))"
             )
-        estimate: int | None = int(table_rows) if table_rows is not None else None
-        if where is not None:
-            if not where.strip():
-                raise BackfillError(
-                    "--where: the condition is empty; leave --where out for every row"
-                )
-            try:
-                with conn.cursor() as cur:
-                    cur.execute(f"EXPLAIN SELECT 1 FROM {qualified(schema, name)} WHERE ({where})")
-                    names = [d[0].lower() for d in cur.description]
-                    explained = cur.fetchall()
-            except pymysql.err.Error as exc:
-                code, message = server_error(exc)
-                if code in TRANSIENT or not code:
-                    raise
-                raise BackfillError(
-                    f"--where {where!r}: the server cannot use it as a condition on {shown}: "
-                    f"{message.strip().splitlines()[0] if message.strip() else exc!r}"
-                ) from exc
-            estimate = None
-            if explained and "rows" in names:
-                rows = explained[0][names.index("rows")]
-                estimate = int(rows) if rows is not None else 0
-        # Created now, so that a problem with it shows when the backfill is asked for.
-        self._signal_writer()
-        detail = chunks(schema, name, columns, keys, where, chunk_layout(columns, keys))
-        return BackfillPlan(shown, keys, where, estimate, detail)
+        return keys
+
+    @staticmethod
+    def _where_estimate(conn: Any, table: str, schema: str, name: str, where: str) -> int | None:
+        """The server's estimate of the rows ``where`` selects (it must be a condition)."""
+        if not where.strip():
+            raise BackfillError("--where: the condition is empty; leave --where out for every row")
+        try:
+            with conn.cursor() as cur:
+                cur.execute(f"EXPLAIN SELECT 1 FROM {qualified(schema, name)} WHERE ({where})")
+                names = [d[0].lower() for d in cur.description]
+                explained = cur.fetchall()
+        except pymysql.err.Error as exc:
+            code, message = server_error(exc)
+            if code in TRANSIENT or not code:
+                raise
+            raise BackfillError(
+                f"--where {where!r}: the server cannot use it as a condition on "
+                f"{schema}.{name}: "
+                f"{message.strip().splitlines()[0] if message.strip() else exc!r}"
+            ) from exc
+        if explained and "rows" in names:
+            rows = explained[0][names.index("rows")]
+            return int(rows) if rows is not None else 0
+        return None
 
     def watermark(self, token: str) -> None:
         """One autocommit transaction that writes ``token`` into this pipeline's row of the
         signal table; the stream reports it at that transaction's commit."""
         source = self.source
-        if not source.signal_id:
+        if not self.signal_id:
             raise BackfillError("backfill_watermark: backfill_plan was never called")
         try:
             conn = self._signal_writer()
@@ -263,7 +297,7 @@ class MySQLBackfill:
                 cur.execute(
                     f"INSERT INTO {self._signal_table()} (id, token, at) VALUES (%s, %s, "
                     f"NOW(6)) ON DUPLICATE KEY UPDATE token = VALUES(token), at = VALUES(at)",
-                    (source.signal_id, token),
+                    (self.signal_id, token),
                 )
         except pymysql.err.Error as exc:
             close_quietly(self.signal_conn)
@@ -332,9 +366,15 @@ class MySQLBackfill:
         details = msgspec.Raw(
             f'{{"connector":"mysql","snapshot":"incremental","db":{db},"sequence":null,'
             f'"ts_us":{now_ms * 1000},"ts_ns":{now_ms * 1_000_000},"table":{table_name},'
-            f'"server_id":0,"gtid":null,"file":{json_text(source.file)},"pos":{source.pos},'
+            f'"server_id":0,"gtid":null,"file":{json_text(source.binlog.file)},"pos":{source.binlog.pos},'
             f'"row":0,"thread":null,"query":null}}'.encode()
         )
         for update in updates:
             update.columns = columns
             update.details = details
+
+
+def _rows(conn: Any, sql: str, args: Any = None) -> list[tuple[Any, ...]]:
+    with conn.cursor() as cur:
+        cur.execute(sql, args)
+        return list(cur.fetchall())

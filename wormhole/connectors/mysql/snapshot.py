@@ -6,11 +6,14 @@ the stream decodes it, and the snapshot rows' ``details``."""
 from __future__ import annotations
 
 import contextlib
+import logging
+import time
 from typing import TYPE_CHECKING, Any
 
 import msgspec
 
 from wormhole.connectors.mysql.chunks import chunk_layout, select_list
+from wormhole.connectors.mysql.position import gtid_state_text
 from wormhole.connectors.mysql.server import json_text, quote_name
 from wormhole.connectors.mysql.values import Layout
 from wormhole.core.update import NULL
@@ -18,6 +21,8 @@ from wormhole.plugins.database_source import SnapshotTable
 
 if TYPE_CHECKING:
     from wormhole.connectors.mysql.source import MySQLSource
+
+log = logging.getLogger("wormhole.mysql")
 
 TEXT_TYPES = frozenset({"char", "varchar", "tinytext", "text", "mediumtext", "longtext"})
 UTF8 = frozenset({None, "utf8mb3", "utf8mb4", "utf8", "binary"})
@@ -33,6 +38,23 @@ class MySQLSnapshot:
         """The connection whose transaction is the snapshot."""
         self.ts_us = 0
         """When the snapshot started (whole seconds, as Debezium's ``source.ts_*``)."""
+
+    def begin(self) -> None:
+        """Start the snapshot's transaction; the stream starts where it stands."""
+        source = self.source
+        self.conn, position = source.server.start_snapshot()
+        source.binlog.restore(position)
+        self.ts_us = int(time.time()) * 1_000_000
+        source.snapshot_position = f"{position.file}:{position.pos}"
+        source.snapshot_logical = gtid_state_text(source.binlog.gtid_state)
+        source.snapshot_tables = self.plan()
+        source.phase = "snapshot"
+        log.info(
+            "initial snapshot of %d tables at %s:%d",
+            len(source.snapshot_tables),
+            position.file,
+            position.pos,
+        )
 
     def estimate(self) -> int | None:
         """``information_schema.TABLES.TABLE_ROWS`` of the snapshot's tables (an estimate
@@ -58,7 +80,7 @@ class MySQLSnapshot:
         )
         plan = []
         for schema, table in rows:
-            if not source._wanted(schema, table):
+            if not source.included.wanted(schema, table):
                 continue
             columns = source._query(
                 "SELECT COLUMN_NAME, DATA_TYPE, DATETIME_PRECISION, NUMERIC_PRECISION, "
@@ -86,12 +108,12 @@ class MySQLSnapshot:
         of a character set other than UTF-8, which the server's conversion to the connection's
         utf8mb4 would turn into ``?`` where it cannot map a byte."""
         source = self.source
-        assert source.charsets is not None
+        assert source.server.charsets is not None
         as_bytes: set[str] = set()
         for name, data_type, _dt, _num, charset in columns:
             if str(data_type).lower() not in TEXT_TYPES or charset in UTF8:
                 continue
-            decode = source.charsets.decoders.get(str(charset))
+            decode = source.server.charsets.decoders.get(str(charset))
             if decode is None:
                 continue
             as_bytes.add(name)
@@ -141,7 +163,7 @@ class MySQLSnapshot:
             return NULL
         return msgspec.Raw(
             f'{{"connector":"mysql","snapshot":"{flag}",{table.details}"server_id":0,'
-            f'"gtid":null,"file":{json_text(source.file)},"pos":{source.pos},"row":0,'
+            f'"gtid":null,"file":{json_text(source.binlog.file)},"pos":{source.binlog.pos},"row":0,'
             f'"thread":null,"query":null}}'.encode()
         )
 

@@ -1,9 +1,11 @@
-"""Table maps of the ``mysql`` source: each rows event's table, its row decoder (built from
-the table map's layout, cached by everything decoding depends on), its description for typed
-envelopes (from ``information_schema``), and what happens to a value that cannot be decoded."""
+"""The tables of the ``mysql`` source: which it reads (:class:`IncludedTables`), and their
+table maps: each rows event's table, its row decoder (built from the table map's layout,
+cached by everything decoding depends on), its description for typed envelopes (from
+``information_schema``), and what happens to a value that cannot be decoded."""
 
 from __future__ import annotations
 
+import fnmatch
 import logging
 import re
 from typing import TYPE_CHECKING, Any
@@ -19,12 +21,18 @@ from wormhole.connectors.mysql.rowimage import (
     signature,
     undecoded,
 )
-from wormhole.connectors.mysql.server import DESCRIBE_COLUMNS, json_text, quote_name
-from wormhole.core import metrics
+from wormhole.connectors.mysql.server import (
+    DESCRIBE_COLUMNS,
+    SYSTEM_SCHEMAS,
+    json_text,
+    quote_name,
+)
 from wormhole.core.errors import SourceError
 from wormhole.core.update import ColumnType, encode_columns
+from wormhole.plugins import events
 
 if TYPE_CHECKING:
+    from wormhole.connectors.mysql.options import MySQLOptions
     from wormhole.connectors.mysql.source import MySQLSource
 
 log = logging.getLogger("wormhole.mysql")
@@ -60,6 +68,31 @@ def _default_text(default: Any) -> str | None:
     return None
 
 
+class IncludedTables:
+    """Which tables the source reads: those its ``tables`` option names (every table without
+    it) less those of ``exclude_tables``, never the system schemas' nor the signal table."""
+
+    def __init__(self, options: MySQLOptions, signal: tuple[str, str]) -> None:
+        self.include = options.tables
+        self.exclude = options.exclude_tables
+        self.signal = signal
+        self.known: dict[tuple[str, str], bool] = {}
+
+    def wanted(self, schema: str, table: str) -> bool:
+        found = self.known.get((schema, table))
+        if found is None:
+            name = f"{schema}.{table}"
+            include = self.include
+            found = (
+                schema not in SYSTEM_SCHEMAS
+                and (schema, table) != self.signal
+                and (include is None or any(fnmatch.fnmatchcase(name, p) for p in include))
+                and not any(fnmatch.fnmatchcase(name, p) for p in self.exclude)
+            )
+            self.known[(schema, table)] = found
+        return found
+
+
 class TableMaps:
     """The tables one :class:`MySQLSource` meets in the binlog, by table id."""
 
@@ -92,16 +125,17 @@ class TableMaps:
             self.prefix_keys[event.table_id] = tuple(columns[i].name for i in sorted(prefixed))
         else:
             self.prefix_keys.pop(event.table_id, None)
-        if source._wanted(event.schema, event.table):
+        if source.included.wanted(event.schema, event.table):
             self._new_decoder(event)
 
     def decoder(self, event: Any, table: str) -> RowDecoder:
         source = self.source
         decoder = self.decoders.get(event.table_id)
         if decoder is None:  # pragma: no cover - the server writes a table map first
+            reader = source.binlog.reader
             raise SourceError(
                 f"source: a rows event of {table} came without its table map at "
-                f"{source.stream.log_file}:{source.stream.log_pos}"
+                f"{reader.at() if reader is not None else '?'}"
             )
         return decoder
 
@@ -119,11 +153,11 @@ class TableMaps:
                 keys = [primary_key] if primary_key else []
             else:
                 keys = list(primary_key or ())
-            assert source.charsets is not None
+            assert source.server.charsets is not None
             if any(c.type in OLD_TEMPORALS for c in columns):
                 self._check_old_temporals(event.schema, event.table, columns)
             try:
-                decoder = RowDecoder(columns, ids, source.charsets, keys)
+                decoder = RowDecoder(columns, ids, source.server.charsets, keys)
             except ValueError as exc:
                 raise SourceError(
                     f"source: cannot read the rows of {event.schema}.{event.table}: {exc}; "
@@ -173,7 +207,7 @@ class TableMaps:
             # Not the row: the missing columns would arrive as NULL (or the key as changed).
             raise SourceError(
                 f"source: the rows of {table} at {source.txn_position} (GTID "
-                f"{source.txn_gtid or '-'}) hold {held} of the table's {count} columns: the "
+                f"{source.txn_logical or '-'}) hold {held} of the table's {count} columns: the "
                 f"session that wrote them had binlog_row_image MINIMAL or NOBLOB, and a partial "
                 f"image is not the row. Set binlog_row_image=FULL for every session (globally, "
                 f"and do not let clients SET SESSION binlog_row_image), then start the source "
@@ -182,7 +216,7 @@ class TableMaps:
         first = source.txn_index + 1
 
         def on_error(column: str, raw: bytes, reason: str, row: int) -> Any:
-            at = f"{source.txn_position}:{first + row} (GTID {source.txn_gtid or '-'})"
+            at = f"{source.txn_position}:{first + row} (GTID {source.txn_logical or '-'})"
             return self.undecodable(table, column, raw, reason, at)
 
         try:
@@ -190,8 +224,8 @@ class TableMaps:
         except Unframed as exc:
             raise SourceError(
                 f"source: the rows of {table} at {source.txn_position} (GTID "
-                f"{source.txn_gtid or '-'}) do not match their table map: {exc}; leave the table "
-                f"out (exclude_tables) and report it with the table's SHOW CREATE TABLE"
+                f"{source.txn_logical or '-'}) do not match their table map: {exc}; leave the "
+                f"table out (exclude_tables) and report it with the table's SHOW CREATE TABLE"
             ) from exc
 
     def _check_old_temporals(self, schema: str, table: str, columns: list[Any]) -> None:
@@ -239,7 +273,7 @@ class TableMaps:
                 f'{{"undecoded": "<hex>"}}, and give the column a character set that holds '
                 f"it (ALTER TABLE ... CONVERT TO CHARACTER SET utf8mb4) for the rows to come"
             )
-        metrics.undecoded_value(table, column)
+        events.undecoded_value(table, column)
         logged = self.undecoded_logged.get((table, column), 0)
         if logged < 10:
             self.undecoded_logged[(table, column)] = logged + 1
