@@ -18,14 +18,7 @@ PACKAGE = ROOT / "wormhole"
 REASON = re.compile(r"^\s*# long: \S")
 
 # (path relative to the repository, qualified function name) -> why it is still long.
-ALLOWED: dict[tuple[str, str], str] = {
-    ("wormhole/connectors/postgres/backfill.py", "PostgresBackfill.plan"): (
-        "a backfill's checks (server, table, key, where) in the order a user meets their errors"
-    ),
-    ("wormhole/connectors/postgres/snapshot.py", "PostgresSnapshot.open_table"): (
-        "one table's snapshot set-up (columns, relation, key, reader) in order"
-    ),
-}
+ALLOWED: dict[tuple[str, str], str] = {}
 
 
 def _long_functions(

@@ -86,51 +86,12 @@ class PostgresBackfill:
     def plan(self, pipeline: str, table: str, where: str | None) -> BackfillPlan:
         """Check ``table`` and ``where`` against the catalog (see SourceBackfill)."""
         source = self.source
-        if source.conn is None:
-            source.conn = source.admin.connect()
-            (version,) = source._query("SHOW server_version_num")[0]
-            source.server_version = int(version)
-        if not source.slot:
-            source.slot = source.options.slot or f"wormhole_{identifier(pipeline)}"
-            source.publication = source.options.publication or f"wormhole_{identifier(pipeline)}"
-        if source.server_version < 140000:
-            raise BackfillError(
-                f"--table {table}: backfills need PostgreSQL 14 or later (their watermarks "
-                f"are logical decoding messages, which pgoutput sends from 14 on); this server "
-                f"is {source.server_version}"
-            )
+        self._connect(pipeline, table)
         schema, _, name = table.rpartition(".")
         schema = schema or "public"
         full_name = f"{schema}.{name}"
-        found = source._query(
-            f"SELECT c.oid::int8, {ROW_ESTIMATE}, c.relkind::text FROM pg_class c JOIN "
-            "pg_namespace n ON n.oid = c.relnamespace LEFT JOIN pg_stat_user_tables s ON "
-            "s.relid = c.oid WHERE n.nspname = %s AND c.relname = %s AND c.relkind IN ('r', 'p')",
-            (schema, name),
-        )
-        if not found:
-            raise BackfillError(
-                f"--table {table}: there is no table {full_name} in the database (name it as "
-                f"schema.table)"
-            )
-        oid, reltuples, relkind = found[0]
-        extra = ", attnames::text[], rowfilter" if source.server_version >= 150000 else ""
-        published = source._query(
-            f"SELECT p.pubviaroot{extra} FROM pg_publication_tables t JOIN pg_publication p ON "
-            f"p.pubname = t.pubname WHERE t.pubname = %s AND t.schemaname = %s AND "
-            f"t.tablename = %s",
-            (source.publication, schema, name),
-        )
-        if not published or full_name in source.options.heartbeat_tables:
-            raise BackfillError(
-                f"--table {table}: {full_name} is not in publication {source.publication}, so "
-                f"the stream does not capture it and a backfill could not be kept in order "
-                f"with its changes; add it (ALTER PUBLICATION {quote(source.publication)} ADD "
-                f"TABLE {qualified(full_name)}), then backfill it"
-            )
-        via_root = bool(published[0][0])
-        published_columns = published[0][1] if len(published[0]) > 1 else None
-        row_filter = published[0][2] if len(published[0]) > 2 else None
+        oid, reltuples, relkind = self._find(table, schema, name)
+        via_root, published_columns, row_filter = self._published(table, schema, name)
         if relkind == "p" and not via_root:
             raise BackfillError(
                 f"--table {table}: {full_name} is partitioned, and publication "
@@ -139,27 +100,7 @@ class PostgresBackfill:
                 f"= true on the publication"
             )
         catalog = source.catalog.tables([oid])[oid]
-        key_set = set(catalog.identity_index if catalog.identity == "i" else catalog.primary_key)
-        if not key_set:
-            raise BackfillError(
-                f"--table {table}: {full_name} has no primary key (nor a replica identity "
-                f"index); a backfill reads a table in key order, chunk by chunk, and matches "
-                f"rows to the stream's changes by key. Add a primary key (ALTER TABLE "
-                f"{qualified(full_name)} ADD PRIMARY KEY (...))"
-            )
-        # In the index's column order, so that each chunk is one index range scan.
-        index = "indisreplident" if catalog.identity == "i" else "indisprimary"
-        ordered = [
-            row[0]
-            for row in source._query(
-                f"SELECT a.attname::text FROM pg_index i CROSS JOIN LATERAL unnest(i.indkey) "
-                f"WITH ORDINALITY AS k(attnum, n) JOIN pg_attribute a ON a.attrelid = "
-                f"i.indrelid AND a.attnum = k.attnum WHERE i.indrelid = %s AND i.{index} "
-                f"ORDER BY k.n",
-                (oid,),
-            )
-        ]
-        keys = [k for k in ordered if k in key_set] or sorted(key_set)
+        keys = self._keys(table, full_name, oid, catalog)
         relation = pg.Relation(
             oid,
             schema,
@@ -191,6 +132,86 @@ class PostgresBackfill:
             described,
         )
         return BackfillPlan(full_name, keys, where, estimate, detail)
+
+    def _connect(self, pipeline: str, table: str) -> None:
+        """Connect when no run is going on (``wormhole backfill``), with the slot and the
+        publication the pipeline's run uses; a server too old for backfills is an error."""
+        source = self.source
+        if source.conn is None:
+            source.conn = source.admin.connect()
+            (version,) = source._query("SHOW server_version_num")[0]
+            source.server_version = int(version)
+        if not source.slot:
+            source.slot = source.options.slot or f"wormhole_{identifier(pipeline)}"
+            source.publication = source.options.publication or f"wormhole_{identifier(pipeline)}"
+        if source.server_version < 140000:
+            raise BackfillError(
+                f"--table {table}: backfills need PostgreSQL 14 or later (their watermarks "
+                f"are logical decoding messages, which pgoutput sends from 14 on); this server "
+                f"is {source.server_version}"
+            )
+
+    def _find(self, table: str, schema: str, name: str) -> tuple[int, Any, str]:
+        """The table's oid, row estimate and kind (``r`` or ``p``); an error if none."""
+        found = self.source._query(
+            f"SELECT c.oid::int8, {ROW_ESTIMATE}, c.relkind::text FROM pg_class c JOIN "
+            "pg_namespace n ON n.oid = c.relnamespace LEFT JOIN pg_stat_user_tables s ON "
+            "s.relid = c.oid WHERE n.nspname = %s AND c.relname = %s AND c.relkind IN ('r', 'p')",
+            (schema, name),
+        )
+        if not found:
+            raise BackfillError(
+                f"--table {table}: there is no table {schema}.{name} in the database (name it as "
+                f"schema.table)"
+            )
+        oid, reltuples, relkind = found[0]
+        return oid, reltuples, relkind
+
+    def _published(self, table: str, schema: str, name: str) -> tuple[bool, Any, Any]:
+        """How the publication publishes the table: via its root, which columns (None: all,
+        or a server before 15), its row filter (None: none); an error if it does not."""
+        source = self.source
+        full_name = f"{schema}.{name}"
+        extra = ", attnames::text[], rowfilter" if source.server_version >= 150000 else ""
+        published = source._query(
+            f"SELECT p.pubviaroot{extra} FROM pg_publication_tables t JOIN pg_publication p ON "
+            f"p.pubname = t.pubname WHERE t.pubname = %s AND t.schemaname = %s AND "
+            f"t.tablename = %s",
+            (source.publication, schema, name),
+        )
+        if not published or full_name in source.options.heartbeat_tables:
+            raise BackfillError(
+                f"--table {table}: {full_name} is not in publication {source.publication}, so "
+                f"the stream does not capture it and a backfill could not be kept in order "
+                f"with its changes; add it (ALTER PUBLICATION {quote(source.publication)} ADD "
+                f"TABLE {qualified(full_name)}), then backfill it"
+            )
+        row = published[0]
+        return bool(row[0]), row[1] if len(row) > 1 else None, row[2] if len(row) > 2 else None
+
+    def _keys(self, table: str, full_name: str, oid: int, catalog: Any) -> list[str]:
+        """The key columns in the index's order, so that each chunk is one index range scan;
+        an error for a table without a key."""
+        key_set = set(catalog.identity_index if catalog.identity == "i" else catalog.primary_key)
+        if not key_set:
+            raise BackfillError(
+                f"--table {table}: {full_name} has no primary key (nor a replica identity "
+                f"index); a backfill reads a table in key order, chunk by chunk, and matches "
+                f"rows to the stream's changes by key. Add a primary key (ALTER TABLE "
+                f"{qualified(full_name)} ADD PRIMARY KEY (...))"
+            )
+        index = "indisreplident" if catalog.identity == "i" else "indisprimary"
+        ordered = [
+            row[0]
+            for row in self.source._query(
+                f"SELECT a.attname::text FROM pg_index i CROSS JOIN LATERAL unnest(i.indkey) "
+                f"WITH ORDINALITY AS k(attnum, n) JOIN pg_attribute a ON a.attrelid = "
+                f"i.indrelid AND a.attnum = k.attnum WHERE i.indrelid = %s AND i.{index} "
+                f"ORDER BY k.n",
+                (oid,),
+            )
+        ]
+        return [k for k in ordered if k in key_set] or sorted(key_set)
 
     def _check_condition(self, table: str, where: str) -> int | None:
         """Parse ``where`` on ``table`` (EXPLAIN, on the read-only connection, rolled back):

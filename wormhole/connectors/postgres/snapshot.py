@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import msgspec
@@ -124,6 +125,39 @@ class PostgresSnapshot:
 
     def open_table(self, table: str) -> SnapshotTable:
         source = self.source
+        oid, relation, keys = self._relation(table)
+        # Read as backfill chunks are: PostgreSQL writes each row's JSON.
+        columns = [
+            (c.name, c.kind, source.catalog.base_types.get(c.type_oid, c.type_oid))
+            for c in relation.columns
+        ]
+        alias = unused_name("wormhole_row", {c.name for c in relation.columns})
+        select = f"SELECT {json_row_select(columns, keys, alias)} FROM {qualified(table)} t"
+        parts = self._parts(oid)
+        batch = source.options.batch_updates
+        cursors = self.cursors
+
+        def open_part(conn: Any, where: str) -> Any:
+            cursor = conn.cursor(name=f"wormhole_snapshot_{oid}_{next(cursors)}")
+            cursor.itersize = batch
+            cursor.execute(select + where)
+            return cursor
+
+        cursor = PartsCursor(self.conns, parts, open_part, batch)
+        return SnapshotTable(
+            table,
+            keys,
+            cursor,
+            self._keyed(table, keys, columns),
+            source.catalog.relation_columns.pop(oid, NULL),
+            source.catalog.relation_details.pop(oid, ""),
+            encoded=True,
+        )
+
+    def _relation(self, table: str) -> tuple[int, pg.Relation, list[str]]:
+        """The table's oid, its relation as the snapshot sees it (columns, types, key) and
+        its key columns."""
+        source = self.source
         schema, _, name = table.partition(".")
         rows = source._query(
             "SELECT a.attname, a.atttypid, a.atttypmod FROM pg_attribute a JOIN pg_class c ON "
@@ -149,24 +183,13 @@ class PostgresSnapshot:
         key = table_now.identity_index if table_now.identity == "i" else table_now.primary_key
         relation.key_columns = keys = key or [c.name for c in relation.columns]
         source.catalog.describe_columns(relation)
-        # Read as backfill chunks are: PostgreSQL writes each row's JSON.
-        columns = [
-            (c.name, c.kind, source.catalog.base_types.get(c.type_oid, c.type_oid))
-            for c in relation.columns
-        ]
-        alias = unused_name("wormhole_row", {c.name for c in relation.columns})
-        select = f"SELECT {json_row_select(columns, keys, alias)} FROM {qualified(table)} t"
-        parts = self._parts(oid)
-        batch = source.options.batch_updates
-        cursors = self.cursors
+        return oid, relation, keys
 
-        def open_part(conn: Any, where: str) -> Any:
-            cursor = conn.cursor(name=f"wormhole_snapshot_{oid}_{next(cursors)}")
-            cursor.itersize = batch
-            cursor.execute(select + where)
-            return cursor
-
-        cursor = PartsCursor(self.conns, parts, open_part, batch)
+    def _keyed(
+        self, table: str, keys: list[str], columns: list[tuple[str, Any, Any]]
+    ) -> Callable[[list[Any]], list[Any]]:
+        """What turns fetched rows (key values, then the row's JSON) into (key, JSON) pairs."""
+        source = self.source
         kinds = {n: (kind, base) for n, kind, base in columns}
         n_keys = len(keys)
         at = f"the snapshot at {pg.lsn_text(source.snapshot_lsn)}"
@@ -179,32 +202,24 @@ class PostgresSnapshot:
             def keyed(fetched: list[Any]) -> list[Any]:
                 return [({name: k}, document) for k, document in fetched]
 
-        else:
-            key_kinds = [(k, *kinds[k]) for k in keys]
+            return keyed
+        key_kinds = [(k, *kinds[k]) for k in keys]
 
-            def keyed(fetched: list[Any]) -> list[Any]:
-                if raw_text:
-                    fetched = [utf8_row(table, row, n_keys, at) for row in fetched]
-                return [
-                    (
-                        {
-                            k: key_value(kind, base, v)
-                            for (k, kind, base), v in zip(key_kinds, row, strict=False)
-                        },
-                        row[n_keys],
-                    )
-                    for row in fetched
-                ]
+        def keyed_values(fetched: list[Any]) -> list[Any]:
+            if raw_text:
+                fetched = [utf8_row(table, row, n_keys, at) for row in fetched]
+            return [
+                (
+                    {
+                        k: key_value(kind, base, v)
+                        for (k, kind, base), v in zip(key_kinds, row, strict=False)
+                    },
+                    row[n_keys],
+                )
+                for row in fetched
+            ]
 
-        return SnapshotTable(
-            table,
-            keys,
-            cursor,
-            keyed,
-            source.catalog.relation_columns.pop(oid, NULL),
-            source.catalog.relation_details.pop(oid, ""),
-            encoded=True,
-        )
+        return keyed_values
 
     def details(self, table: SnapshotTable, flag: str) -> msgspec.Raw:
         source = self.source
