@@ -14,7 +14,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import msgspec
 
@@ -143,9 +143,66 @@ class PartsCursor:
             thread.join(5.0)
 
 
+class SnapshotPart(Protocol):
+    """What a database source's snapshot is read with, set as ``DatabaseSource.snapshots``
+    (the built-ins' ``PostgresSnapshot`` and ``MySQLSnapshot``)."""
+
+    def estimate(self) -> int | None:
+        """About how many rows the snapshot's tables (``snapshot_tables``) hold, from the
+        database's statistics, for progress; None when it cannot tell."""
+        ...
+
+    def open_table(self, table: Any) -> SnapshotTable:
+        """Start reading ``table`` (an item of the source's ``snapshot_tables``)."""
+        ...
+
+    def details(self, table: SnapshotTable, flag: str) -> msgspec.Raw:
+        """The ``details`` of a snapshot row of ``table`` (see
+        :attr:`wormhole.core.update.Update.details`); ``flag`` is where the row stands, as
+        Debezium's ``source.snapshot`` says it: ``first`` (of the snapshot), ``last``,
+        ``first_in_data_collection``, ``last_in_data_collection`` or ``true``. ``NULL``: none."""
+        ...
+
+    def end(self) -> None:
+        """Every table was read: end the snapshot's transaction."""
+        ...
+
+
+class SourceHooks:
+    """The snapshot part of a source written before :class:`SnapshotPart`: its methods
+    ``_open_snapshot_table`` and ``_end_snapshot``, and the optional ``_snapshot_estimate`` and
+    ``_snapshot_details`` (deprecated; what ``DatabaseSource.snapshots`` is by default)."""
+
+    def __init__(self, source: Any) -> None:
+        self.source = source
+
+    def estimate(self) -> int | None:
+        hook = getattr(self.source, "_snapshot_estimate", None)
+        return hook() if hook is not None else None
+
+    def open_table(self, table: Any) -> SnapshotTable:
+        hook = getattr(self.source, "_open_snapshot_table", None)
+        if hook is None:
+            raise NotImplementedError(
+                f"{type(self.source).__name__}: a DatabaseSource sets its snapshots part "
+                f"(see SnapshotPart) to take an initial snapshot"
+            )
+        table_read: SnapshotTable = hook(table)
+        return table_read
+
+    def details(self, table: SnapshotTable, flag: str) -> msgspec.Raw:
+        hook = getattr(self.source, "_snapshot_details", None)
+        return hook(table, flag) if hook is not None else NULL
+
+    def end(self) -> None:
+        hook = getattr(self.source, "_end_snapshot", None)
+        if hook is not None:
+            hook()
+
+
 class SnapshotReader:
     """Reads the snapshot's tables (``source.snapshot_tables``, opened by the source's
-    ``_open_snapshot_table``) a batch at a time, then hands over to the stream."""
+    ``snapshots`` part) a batch at a time, then hands over to the stream."""
 
     def __init__(self, source: DatabaseSource) -> None:
         self.source = source
@@ -170,7 +227,7 @@ class SnapshotReader:
                     self._release_held(updates, last=True)
                     self._finish()
                     break
-                table = source.snapshot = source._open_snapshot_table(source.snapshot_tables.pop(0))
+                table = source.snapshot = source.snapshots.open_table(source.snapshot_tables.pop(0))
             rows = table.cursor.fetchmany(limit - len(updates))
             if not rows:
                 table.cursor.close()
@@ -247,7 +304,7 @@ class SnapshotReader:
             flag = "last_in_data_collection"
         else:
             flag = "true"
-        details = source._snapshot_details(table, flag)
+        details = source.snapshots.details(table, flag)
         if details is not NULL:
             update.details = details
         updates.append(update)
@@ -255,7 +312,7 @@ class SnapshotReader:
     def _start_progress(self) -> ProgressTask:
         source = self.source
         try:
-            total = source._snapshot_estimate()
+            total = source.snapshots.estimate()
         except Exception as exc:  # statistics only: the snapshot goes on without them
             source.logger.debug("no row estimate for the snapshot: %s", exc)
             total = None
@@ -266,7 +323,7 @@ class SnapshotReader:
 
     def _finish(self) -> None:
         source = self.source
-        source._end_snapshot()
+        source.snapshots.end()
         if self.progress is not None:
             self.progress.finish()
         source.logger.info(

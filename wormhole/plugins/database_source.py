@@ -34,13 +34,20 @@ from wormhole.core.backoff import Backoff
 from wormhole.core.errors import SourceError, SourceStopped, first_line
 from wormhole.core.update import NULL, Update
 from wormhole.plugins.components import SourceBatch, SourceContext
-from wormhole.plugins.database_snapshot import PartsCursor, SnapshotReader, SnapshotTable
+from wormhole.plugins.database_snapshot import (
+    PartsCursor,
+    SnapshotPart,
+    SnapshotReader,
+    SnapshotTable,
+    SourceHooks,
+)
 from wormhole.plugins.events import reconnecting
 from wormhole.plugins.transactions import TransactionMarker
 
 __all__ = [
     "DatabaseSource",
     "PartsCursor",
+    "SnapshotPart",
     "SnapshotReader",
     "SnapshotTable",
     "close_quietly",
@@ -98,6 +105,8 @@ class DatabaseSource(ABC):
         self.snapshot_position = ""
         """The snapshot's native position; row ``n`` is at ``<snapshot_position>:<n>``."""
         self.snapshot_logical = ""
+        self.snapshots: SnapshotPart = SourceHooks(self)
+        """What the snapshot's tables are read with: a subclass sets its own part."""
         self.snapshot_reader = SnapshotReader(self)
         """Reads the snapshot (``snapshot_tables``), then starts the stream."""
         self.describe = False
@@ -184,14 +193,6 @@ class DatabaseSource(ABC):
         """The stream checkpoint after what was returned (``{"phase": "stream", ...}``)."""
 
     @abstractmethod
-    def _open_snapshot_table(self, table: Any) -> SnapshotTable:
-        """Start reading ``table`` (an item of ``snapshot_tables``)."""
-
-    @abstractmethod
-    def _end_snapshot(self) -> None:
-        """Every table was read: end the snapshot's transaction."""
-
-    @abstractmethod
     def _start_stream(self) -> None:
         """Stream from the snapshot's position (``phase = "stream"``)."""
 
@@ -221,19 +222,6 @@ class DatabaseSource(ABC):
     @abstractmethod
     def _stream_reached(self, end: Any) -> bool:
         """Whether the stream, between transactions, has returned everything up to ``end``."""
-
-    def _snapshot_details(self, table: SnapshotTable, flag: str) -> msgspec.Raw:
-        """The ``details`` of a snapshot row of ``table`` (see
-        :attr:`wormhole.core.update.Update.details`). ``flag`` is where the row stands,
-        as Debezium's ``source.snapshot`` says it: ``first`` (of the snapshot), ``last``,
-        ``first_in_data_collection``, ``last_in_data_collection`` or ``true``. None by
-        default."""
-        return NULL
-
-    def _snapshot_estimate(self) -> int | None:
-        """About how many rows the snapshot's tables (``snapshot_tables``) hold, from the
-        database's statistics, for progress; None when it cannot tell."""
-        return None
 
     def _update(
         self,

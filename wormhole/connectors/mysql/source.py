@@ -19,8 +19,6 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-import msgspec
-
 from wormhole.connectors.mysql.backfill import MySQLBackfill
 from wormhole.connectors.mysql.events import HAVE_REPLICATION
 from wormhole.connectors.mysql.lag import BinlogLag
@@ -30,11 +28,10 @@ from wormhole.connectors.mysql.server import NO_DRIVER, MySQLServer, reader_id
 from wormhole.connectors.mysql.snapshot import MySQLSnapshot
 from wormhole.connectors.mysql.stream import BinlogStream
 from wormhole.connectors.mysql.tables import IncludedTables, TableMaps
-from wormhole.connectors.mysql.values import Layout
 from wormhole.core.errors import SourceError
 from wormhole.core.update import Update
 from wormhole.plugins.components import BackfillPlan, SourceBatch, SourceContext
-from wormhole.plugins.database_source import DatabaseSource, SnapshotTable, close_quietly
+from wormhole.plugins.database_source import DatabaseSource, close_quietly
 
 log = logging.getLogger("wormhole.mysql")
 
@@ -56,7 +53,7 @@ class MySQLSource(DatabaseSource):
         self.included = IncludedTables(options, self.backfills.signal)
         self.tables = TableMaps(self)
         """Table maps: each table's row decoder and description, by table id."""
-        self.snapshots = MySQLSnapshot(self)
+        self.snapshots: MySQLSnapshot = MySQLSnapshot(self)
         self.binlog = BinlogStream(self)
         self.lags = BinlogLag(self.server.settings)
 
@@ -97,19 +94,7 @@ class MySQLSource(DatabaseSource):
             return []
         return [f"{schema}.{name}" for schema, name, _layout, _select in self.snapshot_tables]
 
-    # DatabaseSource's hooks, answered by the source's MySQLSnapshot (snapshot.py).
-    def _snapshot_estimate(self) -> int | None:
-        return self.snapshots.estimate()
-
-    def _open_snapshot_table(self, table: tuple[str, str, Layout, str]) -> SnapshotTable:
-        return self.snapshots.open_table(table)
-
-    def _snapshot_details(self, table: SnapshotTable, flag: str) -> msgspec.Raw:
-        return self.snapshots.details(table, flag)
-
-    def _end_snapshot(self) -> None:
-        self.snapshots.end()
-
+    # DatabaseSource's hooks, answered by the source's BinlogStream (stream.py).
     def _start_stream(self) -> None:
         self.binlog.open()
         self.phase = "stream"

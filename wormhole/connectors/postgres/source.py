@@ -20,8 +20,6 @@ import json
 import logging
 from typing import Any
 
-import msgspec
-
 from wormhole.connectors.postgres import pgoutput as pg
 from wormhole.connectors.postgres.admin import PostgresAdmin
 from wormhole.connectors.postgres.backfill import PostgresBackfill
@@ -37,7 +35,7 @@ from wormhole.connectors.postgres.stream import PostgresStream
 from wormhole.core.errors import SourceError
 from wormhole.core.update import Update
 from wormhole.plugins.components import BackfillPlan, SourceBatch, SourceContext
-from wormhole.plugins.database_source import DatabaseSource, SnapshotTable, close_quietly
+from wormhole.plugins.database_source import DatabaseSource, close_quietly
 
 log = logging.getLogger("wormhole.postgres")
 
@@ -70,8 +68,9 @@ class PostgresSource(DatabaseSource):
         self.admin = PostgresAdmin(self)
         self.catalog = Catalog(self)
         self.stream = PostgresStream(self)
-        self.snapshots = PostgresSnapshot(self)
-        """The initial snapshot's readers, parts and details."""
+        self.snapshots: PostgresSnapshot = PostgresSnapshot(self)
+        """The initial snapshot's readers, parts and details (the base class reads the
+        snapshot with it)."""
         self.backfills = PostgresBackfill(self)
 
     # ------------------------------------------------------------------ open
@@ -126,20 +125,6 @@ class PostgresSource(DatabaseSource):
         """Tables whose every row this open's initial snapshot is about to read (a new
         application starting at the log end gets them all: its start backfill is not needed)."""
         return list(self.snapshot_tables) if self.phase == "snapshot" else []
-
-    # -------------------------------------------------------------- snapshot
-    # DatabaseSource's hooks, answered by the source's PostgresSnapshot (snapshot.py).
-    def _snapshot_estimate(self) -> int | None:
-        return self.snapshots.estimate()
-
-    def _open_snapshot_table(self, table: str) -> SnapshotTable:
-        return self.snapshots.open_table(table)
-
-    def _snapshot_details(self, table: SnapshotTable, flag: str) -> msgspec.Raw:
-        return self.snapshots.details(table, flag)
-
-    def _end_snapshot(self) -> None:
-        self.snapshots.end()
 
     # ---------------------------------------------------------------- stream
     # DatabaseSource's hooks, answered by the source's PostgresStream (stream.py).
