@@ -14,7 +14,8 @@ subclass writes only what is particular to its database:
   A table can be read in parts on several connections at once (:class:`PartsCursor`),
   where the database lets them share one snapshot.
 - **Progress.** The snapshot reports rows done of the subclass's estimate
-  (:meth:`DatabaseSource._snapshot_estimate`) on ``context.progress``.
+  (``snapshots.estimate()``, see :class:`~wormhole.plugins.database_snapshot.SnapshotPart`)
+  on ``context.progress``.
 - **Reconnecting.** An error of the stream is classified by the subclass: what a
   reconnect cannot fix stops the run, anything else reconnects with backoff (logged,
   cut short by the pipeline's stop) and resumes after what ``read`` returned.
@@ -100,7 +101,7 @@ class DatabaseSource(ABC):
         self.txn_id: int | None = None
         self.txn_ts = 0
         self.snapshot_tables: list[Any] = []
-        """What is left to read of the snapshot, for :meth:`_open_snapshot_table`."""
+        """What is left to read of the snapshot, for ``snapshots.open_table``."""
         self.snapshot: SnapshotTable | None = None
         self.snapshot_position = ""
         """The snapshot's native position; row ``n`` is at ``<snapshot_position>:<n>``."""
