@@ -46,7 +46,7 @@ class SnapshotTable:
     """The updates' ``columns`` (:func:`wormhole.core.update.encode_columns`), if known."""
     details: str = ""
     """The table's part of the updates' ``details`` (see
-    :meth:`DatabaseSource._snapshot_details`)."""
+    :meth:`SnapshotPart.details`)."""
     read: int = 0
     """Rows of it made into updates so far."""
     encoded: bool = False
