@@ -1,4 +1,5 @@
-"""Code size: no function in wormhole/ is longer than 80 lines without a stated reason.
+"""Code size: no function in wormhole/ is longer than 80 lines without a stated reason, no
+module is longer than 600 lines and no class has more than 20 methods.
 
 A function longer than ``LIMIT`` lines (``end_lineno - lineno + 1`` of its ``def``) passes
 only if the line just above its ``def`` (or above its first decorator) is a comment
@@ -13,6 +14,8 @@ import re
 from pathlib import Path
 
 LIMIT = 80
+MODULE_LINES = 600
+CLASS_METHODS = 20
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGE = ROOT / "wormhole"
 REASON = re.compile(r"^\s*# long: \S")
@@ -82,3 +85,44 @@ def test_the_check_sees_a_long_function_and_its_reason(tmp_path: Path) -> None:
     )
     found = {name: reasoned for _, name, _, _, reasoned in _long_functions(tmp_path, tmp_path)}
     assert found == {"C.bare": False, "C.reasoned": True}
+
+
+def _sizes(package: Path = PACKAGE, root: Path = ROOT) -> tuple[list[str], list[str]]:
+    """Modules over ``MODULE_LINES`` lines and classes over ``CLASS_METHODS`` methods."""
+    modules, classes = [], []
+    for path in sorted(package.rglob("*.py")):
+        text = path.read_text()
+        relative = path.relative_to(root).as_posix()
+        if len(text.splitlines()) > MODULE_LINES:
+            modules.append(f"{relative}: {len(text.splitlines())} lines")
+        for node in ast.walk(ast.parse(text, filename=str(path))):
+            if isinstance(node, ast.ClassDef):
+                methods = [
+                    n for n in node.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))
+                ]
+                if len(methods) > CLASS_METHODS:
+                    classes.append(f"{relative}: {node.name} has {len(methods)} methods")
+    return modules, classes
+
+
+def test_no_module_or_class_is_too_big_to_read_in_one_sitting() -> None:
+    modules, classes = _sizes()
+    assert not modules, f"modules over {MODULE_LINES} lines; split them by concern:\n" + "\n".join(
+        modules
+    )
+    assert not classes, (
+        f"classes with more than {CLASS_METHODS} methods; give a concern its own class and "
+        "hold it:\n" + "\n".join(classes)
+    )
+
+
+def test_the_size_check_sees_a_long_module_and_a_wide_class(tmp_path: Path) -> None:
+    methods = "".join(
+        f"    def m{i}(self):\n        return {i}\n" for i in range(CLASS_METHODS + 1)
+    )
+    (tmp_path / "wide.py").write_text(f"class Wide:\n{methods}")
+    (tmp_path / "long.py").write_text("x = 1\n" * (MODULE_LINES + 1))
+    (tmp_path / "fine.py").write_text("class Fine:\n    def m(self):\n        return 1\n")
+    modules, classes = _sizes(tmp_path, tmp_path)
+    assert modules == [f"long.py: {MODULE_LINES + 1} lines"]
+    assert classes == [f"wide.py: Wide has {CLASS_METHODS + 1} methods"]
