@@ -12,6 +12,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from wormhole.core.backfill_queue import summary
+from wormhole.core.pipeline import load_pipeline
 from wormhole.testing import run_cli
 from wormhole.testing.helpers import cli_command
 
@@ -61,8 +63,15 @@ def stop(proc: subprocess.Popen[bytes]) -> None:
 
 def kill_mid_backfill(pipeline: Path, rounds: int, seed: int) -> int:
     """Run the pipeline ``rounds`` times, each killed with SIGKILL once the backfill read
-    a seeded number of rows more; returns the rows read by then."""
+    a seeded number of rows more; returns the rows read by then.
+
+    The backfill's progress is read in this process (a read of its queue, milliseconds),
+    not through ``wormhole backfill --list`` (a new interpreter, seconds on a loaded
+    machine, in which a fast backfill could finish). Give the backfill a pause that bounds
+    its rate (``--pause-ms 100`` with 500-row chunks: at most 5,000 rows a second) so a
+    poll delayed by load still finds it running."""
     rnd = random.Random(seed)
+    state_dir = load_pipeline(pipeline).state_dir
     read = 0
     for _round in range(rounds):
         proc = subprocess.Popen(
@@ -75,8 +84,8 @@ def kill_mid_backfill(pipeline: Path, rounds: int, seed: int) -> int:
         try:
             while read < target:
                 assert time.monotonic() < deadline, "the backfill made no progress"
-                time.sleep(0.05)
-                [state] = backfills(pipeline)
+                time.sleep(0.02)
+                [state] = summary(state_dir)
                 read = state["read"]
                 assert state["state"] in ("queued", "running"), state
         finally:

@@ -271,7 +271,7 @@ def test_kill_9_of_the_publisher_mid_backfill_loses_nothing(
         "--chunk-size",
         "500",
         "--pause-ms",
-        "20",
+        "100",
     )
     assert queued.returncode == 0, queued
     writer = Writer(postgres_dsn, tmp_path / "state", seed=7, keys=rows, spread=2_000)
