@@ -41,6 +41,10 @@ def test_every_built_in_declares_its_record() -> None:
     assert capabilities_of(specs["transport", "kafka"]).reads_log
     assert capabilities_of(specs["transport", "inprocess"]).requires_sink
     assert capabilities_of(specs["transport", "tcp"]).listens
+    # The engine starts their subscriber processes; neither starts them itself.
+    for transport in ("tcp", "kafka"):
+        assert capabilities_of(specs["transport", transport]).subscriber_processes
+    assert not capabilities_of(specs["transport", "inprocess"]).subscriber_processes
     assert capabilities_of(specs["registry", "zookeeper"]).shared_registry
     assert not capabilities_of(specs["registry", "file"]).shared_registry
     for source in ("postgres", "mysql"):
@@ -94,6 +98,11 @@ def test_a_declared_record_is_read_as_declared_and_checked_against_the_instance(
     assert capabilities_of(declared) == Capabilities(backfill=True, lag=True)
     with pytest.raises(TypeError, match=r"source 'new' declares .*backfill \(backfill_ready"):
         capabilities_of(declared, _Old())
+    spawning = ComponentSpec(
+        "transport", "new", lambda o: _Old(), capabilities=Capabilities(subscriber_processes=True)
+    )
+    with pytest.raises(TypeError, match=r"subscriber_processes \(subscriber_args\)"):
+        capabilities_of(spawning, _Old())
     # What it does not declare is not looked for: its `address` is not read.
     quiet = ComponentSpec("transport", "new", lambda o: _Old(), capabilities=Capabilities())
     assert capabilities_of(quiet, _Old()) == Capabilities()

@@ -227,7 +227,8 @@ def test_a_third_party_source_with_its_own_position_mapper_gets_replay_safe_sear
 def test_a_third_party_transport_runs_its_own_subscribers(
     tmp_path: Path, example_plugin_site: Path
 ) -> None:
-    """`wormhole run` starts subscriber processes for a plugin transport, and `wormhole
+    """`wormhole run` starts subscriber processes for a plugin transport that declares
+    `subscriber_processes` (the engine starts them, not the transport), and `wormhole
     subscribe` runs them through the transport's own `subscribe`."""
     env = site_env(example_plugin_site)
     data = tmp_path / "data"

@@ -24,6 +24,7 @@ from wormhole.core.flows import FlowState
 from wormhole.core.hub_log import LogAccess
 from wormhole.core.pipeline import Application, Pipeline
 from wormhole.core.publisher_log import PublisherLog
+from wormhole.core.subscriber_launch import SubscriberLaunch
 from wormhole.core.subscriptions import Subscriptions
 from wormhole.core.update import Update
 from wormhole.plugins.components import (
@@ -92,6 +93,8 @@ class Hub:
         """The publisher log (set by the publisher before the transport starts)."""
         self.store: DatamarkerStore | None = None
         """The datamarker store (set by the publisher before the transport starts)."""
+        self.launch: SubscriberLaunch | None = None
+        """The subscriber processes the engine started (set by the publisher)."""
         self.datastore = pipeline.datastore or pipeline.name
         for app in applications.values():
             app.owner = [None] * self.shards
@@ -117,6 +120,16 @@ class Hub:
         self.stored_datamarkers = log_access.stored_datamarkers
         self.store_datamarkers = log_access.store_datamarkers
         self.stored_meta = log_access.stored_meta
+
+    def stop_subscribers(
+        self, deadline: float, stall: float, application: str | None = None
+    ) -> None:
+        """See the PublisherView: the subscriber processes the engine started leave."""
+        if self.launch is not None:
+            self.launch.stop(deadline, stall, application)
+
+    def subscriber_applications(self) -> list[str]:
+        return self.launch.applications() if self.launch is not None else []
 
     def epoch(self, application: str) -> int:
         app = self.applications.get(application)

@@ -39,6 +39,7 @@ from wormhole.core.publisher_summary import ApplicationSummary, RunSummary, once
 from wormhole.core.registry import PublisherMembership
 from wormhole.core.retention import Retention
 from wormhole.core.snapshot import RunSnapshot
+from wormhole.core.subscriber_launch import SubscriberLaunch
 from wormhole.core.tailer import Tailer
 from wormhole.plugins.components import (
     DatamarkerStore,
@@ -240,8 +241,10 @@ class Publisher:
         hub.store = store
         transport.start(hub)
         cleanup.callback(self._abort_transport)
-        assert self.membership is not None
         offers = pipeline.transport.capabilities_of(transport)
+        hub.launch = SubscriberLaunch(hub, transport, offers)
+        hub.launch.start()
+        assert self.membership is not None
         self.membership.attach(hub, transport.address if offers.listens else "", offers.protocol)
         if pipeline.mode == "multiple-copy":
             registry = copy_registry(self.membership.registry)
@@ -269,6 +272,9 @@ class Publisher:
             self.transport.stop(drain=False)
         except Exception:  # pragma: no cover - already failing
             log.exception("transport did not stop cleanly")
+        finally:
+            if self.hub is not None and self.hub.launch is not None:
+                self.hub.launch.stop_rest(drain=False)
 
     def _stop_gracefully(self, publisher_log: PublisherLog, hub: Hub) -> None:
         """No more reading; subscribers finish what they hold; datamarkers are persisted.
@@ -280,7 +286,11 @@ class Publisher:
         self.delivery_stop.set()
         self.caravans.join()
         transport, self.transport = self.transport, None
-        transport.stop()
+        try:
+            transport.stop()
+        finally:
+            if hub.launch is not None:
+                hub.launch.stop_rest(drain=True)
         self.persist(publisher_log, hub)
         if self.copies is not None:
             # Share the final datamarkers and let another copy take the applications now.

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import time
 import typing
 from typing import Any
 
@@ -14,6 +15,7 @@ from wormhole.core.flows import AheadOfLog, start_flows
 from wormhole.core.hub import ApplicationRuntime, Hub
 from wormhole.core.pipeline import Application, load_pipeline
 from wormhole.core.publisher_log import PublisherLog
+from wormhole.core.subscriber_launch import STOP_STALL_S
 from wormhole.plugins.components import Datamarker
 from wormhole.plugins.filters import application_filter
 
@@ -201,6 +203,8 @@ class Applications:
                 self.publisher.copies.remove(name)
             self.publisher.membership.unwatch_subscribers(name)
             self.publisher.transport.remove_application(name)
+            if hub.launch is not None:
+                hub.launch.stop(time.monotonic() + STOP_STALL_S, STOP_STALL_S, name)
             self.publisher.persist(publisher_log, hub)
             hub.remove_application(name)
             pipeline.applications.pop(name, None)
@@ -235,6 +239,8 @@ class Applications:
         if self.publisher.copies is not None:
             self.publisher.copies.add(name)
         self.publisher.transport.add_application(runtime)
+        if hub.launch is not None:
+            hub.launch.add(runtime)
         if self.publisher.caravans is not None:
             self.publisher.caravans.add_application(runtime)
         log.info("application %s added, from position %d", name, runtime.min_datamarker())

@@ -1,9 +1,9 @@
 """Subscriber processes that ``wormhole run`` starts for applications with a sink.
 
-A helper beside the plugin contract: a transport whose subscribers are processes (the built-in
-``tcp`` and ``kafka``, or a third party's) creates one :class:`SubscriberProcesses` in
-``start(hub)`` when ``hub.local_subscribers`` is set, calls ``spawn`` for each
-application's instances, and ``stop`` when it stops.
+The engine starts them (:mod:`wormhole.core.subscriber_launch`) for a transport that
+declares the ``subscriber_processes`` capability, once the transport has started: one
+:class:`SubscriberProcesses` per run, ``spawn`` for each application's instances, and
+``stop`` at the point of the transport's stop that it chooses (``hub.stop_subscribers``).
 
 Each is ``wormhole subscribe PIPELINE --app NAME --instance N`` in a session of
 its own (a Ctrl-C in the terminal reaches the publisher, which then stops its
@@ -121,13 +121,20 @@ class SubscriberProcesses:
                 if key in self.children:
                     self.spawn(*key)
 
+    def applications(self) -> list[str]:
+        """The applications with subscriber processes, sorted."""
+        return sorted({app for app, _ in self.children})
+
     def stop(self, deadline: float, application: str | None = None, stall: float = 10.0) -> None:
         """SIGTERM the subscribers (of one application, or all of them) and wait for them.
 
         Until ``deadline`` (monotonic) they may take their time; after it, one that has
         made no progress for ``stall`` seconds (the transport's drain timeout) is killed.
         When all have stopped, one that was killed or exited with an error fails the run.
+        Stopping all of them a second time does nothing.
         """
+        if application is None and self.stopped.is_set():
+            return
         if application is None:
             self.stopping.set()
             leaving = dict(self.children)

@@ -25,6 +25,7 @@ from pydantic import Field
 
 from wormhole.core.update import Update
 from wormhole.plugins.components import (
+    Capabilities,
     ComponentSpec,
     Datamarker,
     NoOptions,
@@ -236,6 +237,8 @@ def wormhole_transports() -> list[ComponentSpec]:
             options=OutboxOptions,
             description="Frames as files in a directory, acknowledgements as files back.",
             subscribe=_outbox_subscribe,
+            # `wormhole run` starts its subscribers (`subscriber_args`, `stop_subscribers`).
+            capabilities=Capabilities(subscriber_processes=True),
         )
     ]
 

@@ -31,7 +31,6 @@ from wormhole.plugins.components import (
     SinkContext,
     SubscribeRequest,
 )
-from wormhole.subscriber.processes import SubscriberProcesses
 
 log = logging.getLogger("wormhole.outbox")
 
@@ -109,12 +108,10 @@ class OutboxTransport:
         self.hub: PublisherView | None = None
         self.sessions: dict[str, OutboxSession] = {}
         self.stopping = threading.Event()
-        self.processes: SubscriberProcesses | None = None
         self.thread = threading.Thread(target=self._poll, name="outbox acks", daemon=True)
 
     def start(self, hub: PublisherView) -> None:
         self.hub = hub
-        self.processes = SubscriberProcesses(hub, "outbox")
         for app in list(hub.applications.values()):
             self.add_application(app)
         self.thread.start()
@@ -123,17 +120,19 @@ class OutboxTransport:
         assert self.hub is not None
         session = self.sessions[app.name] = OutboxSession(self, app.name)
         self.hub.attach(app.name, session)
-        if self.hub.local_subscribers and app.config.sink is not None:
-            assert self.processes is not None
-            self.processes.spawn(app.name, 0)
+
+    def subscriber_args(self) -> list[str]:
+        """Its spec declares ``subscriber_processes``: ``wormhole run`` starts a ``wormhole
+        subscribe`` per instance once ``start`` returned; they need nothing more."""
+        return []
 
     def remove_application(self, name: str) -> None:
         session = self.sessions.pop(name, None)
         if session is not None and self.hub is not None:
             self.hub.detach(session, "application removed from the pipeline")
-        if self.processes is not None:
+        if self.hub is not None:
             stall = self.options.drain_timeout_s
-            self.processes.stop(time.monotonic() + stall, application=name, stall=stall)
+            self.hub.stop_subscribers(time.monotonic() + stall, stall, name)
 
     def _poll(self) -> None:
         while not self.stopping.wait(0.02):
@@ -148,8 +147,9 @@ class OutboxTransport:
                 break
             time.sleep(0.02)
         self.stopping.set()
-        if self.processes is not None:
-            self.processes.stop(time.monotonic() + stall, stall=stall)
+        if self.hub is not None:
+            # Its subscribers leave before the last acknowledgements are read.
+            self.hub.stop_subscribers(time.monotonic() + stall, stall)
         for session in list(self.sessions.values()):
             session.poll_acknowledgements()
 

@@ -60,7 +60,7 @@ wormhole_transports = offer(
         options=KafkaOptions,
         description="Updates go through a Kafka cluster: a topic per dataset (or table), "
         "partition = shard, a consumer group per application.",
-        capabilities=Capabilities(reads_log=True),
+        capabilities=Capabilities(reads_log=True, subscriber_processes=True),
         subscribe=_subscribe,
         lag=_lag,
     )

@@ -25,7 +25,6 @@ from wormhole.connectors.kafka.reports import DeliveryReports, ProduceFailed
 from wormhole.core.errors import ConfigError, WormholeError
 from wormhole.plugins.components import Datamarker, PublisherView
 from wormhole.plugins.debezium import DebeziumEncoder
-from wormhole.subscriber.processes import SubscriberProcesses
 
 __all__ = ["DEFAULTS", "SAFETY", "KafkaTransport", "ProduceFailed", "dataset_key", "table_key"]
 
@@ -105,7 +104,6 @@ class KafkaTransport:
         self.saved: list[int] = []
         self.applications: list[str] = []
         self.store_lock = threading.Lock()
-        self.processes: SubscriberProcesses | None = None
         self.stopped = False
         self.unconfirmed = 0
 
@@ -140,16 +138,6 @@ class KafkaTransport:
         if self.options.topic_naming == "dataset":
             self.topic = dataset_topic(self.options, pipeline.name)
             self.topics.ensure(self.topic)
-        # Subscriber processes once the topic passed its checks (a topic with the wrong
-        # partition count must not get offsets committed); they start while the
-        # producer gets going.
-        self.processes = SubscriberProcesses(hub, "kafka")
-        if self.options.spawn and hub.local_subscribers:
-            for name, app in pipeline.applications.items():
-                if app.sink is None or app.external:
-                    continue
-                for index in range(app.subscribers):
-                    self.processes.spawn(name, index)
         self._load_positions()
         self.records = RecordWriter(
             self.options,
@@ -163,6 +151,12 @@ class KafkaTransport:
         )
         self.thread = threading.Thread(target=self._run, name="kafka producer", daemon=True)
         self.thread.start()
+
+    def subscriber_args(self) -> list[str] | None:
+        """The engine starts the subscriber processes once ``start`` returned: after the
+        topics passed their checks (a topic with the wrong partition count must not get
+        offsets committed). None with ``spawn: false``."""
+        return [] if self.options.spawn else None
 
     def add_application(self, app: Any) -> None:
         """Not while running: the publisher refuses to reload with this transport (every
@@ -290,7 +284,7 @@ class KafkaTransport:
     def _caught_up(self) -> None:
         """Wait until every spawned application committed offsets up to the topics' ends,
         as long as its subscribers make progress."""
-        apps = sorted({app for app, _ in (self.processes.children if self.processes else {})})
+        apps = self.hub.subscriber_applications()
         if not apps or self.producer is None or self.topics is None:
             return
         topics = [self.topic] if self.topic else sorted(self.topics.known)
@@ -316,9 +310,9 @@ class KafkaTransport:
                 self._caught_up()
             except WormholeError as exc:
                 error = exc  # the subscribers still stop first
-        if self.processes is not None:
+        if self.hub is not None:
             stall = self.options.drain_timeout_s if drain else 1.0
-            self.processes.stop(time.monotonic() + stall, stall=stall)
+            self.hub.stop_subscribers(time.monotonic() + stall, stall)
         if self.producer is not None and not drain:
             # Confirmed updates still move the datamarkers; nothing unconfirmed does.
             with contextlib.suppress(Exception):

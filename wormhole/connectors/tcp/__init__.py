@@ -51,7 +51,7 @@ wormhole_transports = offer(
         description="Subscribers connect over TCP/TLS: one connection per subscriber, "
         "credits, heartbeats.",
         default=True,
-        capabilities=Capabilities(listens=True, protocol=VERSION),
+        capabilities=Capabilities(listens=True, protocol=VERSION, subscriber_processes=True),
         subscribe=_subscribe,
         remote_log=_remote_log,
     )

@@ -19,7 +19,6 @@ from wormhole.connectors.tcp.reads import ReadService
 from wormhole.connectors.tcp.session import TcpSession
 from wormhole.core.errors import StateError
 from wormhole.plugins.components import PublisherView
-from wormhole.subscriber.processes import SubscriberProcesses
 
 log = logging.getLogger("wormhole.tcp")
 
@@ -44,8 +43,6 @@ class TcpTransport:
         self.reads = ReadService(options, self.stopping)
         """Serves log readers (hello mode ``read``)."""
         self.tls: ssl.SSLContext | None = None
-        self.processes: SubscriberProcesses | None = None
-        self.spawn = options.spawn
         self.publisher_id = f"{socket.gethostname()}:{os.getpid()}"
 
     # ------------------------------------------------------------- start
@@ -80,13 +77,6 @@ class TcpTransport:
         path.write_text(self.address + "\n")
         log.info("listening for subscribers on %s%s", self.address, " (TLS)" if self.tls else "")
         threading.Thread(target=self._accept, name="tcp accept", daemon=True).start()
-        self.processes = SubscriberProcesses(hub, "tcp", self._publisher_args)
-        if self.spawn and hub.local_subscribers:
-            for app in hub.applications.values():
-                if app.config.sink is None:
-                    continue
-                for index in range(app.config.subscribers):
-                    self.processes.spawn(app.name, index)
 
     def _accept(self) -> None:
         assert self.listener is not None
@@ -235,21 +225,18 @@ class TcpTransport:
             self.sessions.discard(session)
 
     # ----------------------------------------------------------- children
-    def _publisher_args(self) -> list[str]:
+    def subscriber_args(self) -> list[str] | None:
+        """What the subscriber processes the engine starts need: this publisher's address
+        (None with ``spawn: false``)."""
+        if not self.options.spawn:
+            return None
         host, port = p.parse_address(self.address)
         address = f"127.0.0.1:{port}" if host in ("0.0.0.0", "::") else self.address
         return ["--publisher", address]
 
     def add_application(self, app: Any) -> None:
-        """An application added to a running pipeline: start its subscribers (if this
-        publisher runs them). Library subscribers of it may now connect."""
-        hub = self.hub
-        if not (self.spawn and hub is not None and hub.local_subscribers):
-            return
-        if app.config.sink is None or self.processes is None:
-            return
-        for index in range(app.config.subscribers):
-            self.processes.spawn(app.name, index)
+        """An application added to a running pipeline: its subscribers may now connect (the
+        engine starts those it runs)."""
 
     def remove_application(self, name: str) -> None:
         """An application taken out of a running pipeline: its subscribers finish what
@@ -261,10 +248,7 @@ class TcpTransport:
         deadline = time.monotonic() + self.options.drain_timeout_s
         while time.monotonic() < deadline and not all(s.idle() for s in sessions):
             time.sleep(0.01)
-        if self.processes is not None:
-            self.processes.stop(
-                deadline + 1.0, application=name, stall=self.options.drain_timeout_s
-            )
+        self.hub.stop_subscribers(deadline + 1.0, self.options.drain_timeout_s, name)
         for session in sessions:
             session.bye("application removed from the pipeline")
 
@@ -282,8 +266,8 @@ class TcpTransport:
             while time.monotonic() < deadline and not all(s.idle() for s in sessions):
                 time.sleep(0.01)
         # Subscriber processes leave.
-        if self.processes is not None:
-            self.processes.stop(deadline, stall=self.options.drain_timeout_s if drain else 1.0)
+        if self.hub is not None:
+            self.hub.stop_subscribers(deadline, self.options.drain_timeout_s if drain else 1.0)
         with self.sessions_lock:
             sessions = list(self.sessions)
         for session in sessions:

@@ -39,6 +39,12 @@ class Capabilities:
     registered in the dataset's registry): ``tcp``."""
     protocol: int = 0
     """The subscriber protocol version it speaks, registered with its address (0: none)."""
+    subscriber_processes: bool = False
+    """``wormhole run`` starts each application's subscribers as processes once the
+    instance's ``start`` returned (``wormhole subscribe PIPELINE --app NAME --instance N``
+    and what the instance's ``subscriber_args()`` adds; ``None`` from it: none this run),
+    restarts them, and stops them where the transport's stop calls
+    ``hub.stop_subscribers`` (or after the stop): ``tcp``, ``kafka``."""
 
     # ----------------------------------------------------------------- source
     backfill: bool = False
@@ -64,6 +70,7 @@ class Capabilities:
 
 REQUIRES: dict[str, tuple[str, ...]] = {
     "listens": ("address",),
+    "subscriber_processes": ("subscriber_args",),
     "backfill": (
         "backfill_ready",
         "backfill_plan",
@@ -111,7 +118,7 @@ def _undeclared(spec: ComponentSpec, instance: Any) -> Capabilities:
         values.update(
             (name, all(callable(getattr(instance, m, None)) for m in methods))
             for name, methods in REQUIRES.items()
-            if name != "listens"
+            if name not in ("listens", "subscriber_processes")
         )
         values["listens"] = bool(getattr(instance, "address", ""))
         values["protocol"] = int(getattr(instance, "protocol_version", 0) or 0)

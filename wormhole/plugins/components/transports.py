@@ -156,6 +156,19 @@ class PublisherView(Protocol):
         delivery; 0 otherwise). A transport tells subscribers with each assignment, so that
         they drop what an older epoch's publisher still sends."""
 
+    # For a transport whose subscribers the engine starts (``subscriber_processes``).
+    def stop_subscribers(
+        self, deadline: float, stall: float, application: str | None = None
+    ) -> None:
+        """The subscriber processes of ``application`` (or all) leave now: SIGTERM, then
+        wait while they make progress; until ``deadline`` (monotonic) they may take their
+        time, after it one idle for ``stall`` seconds is killed and fails the run. Call it
+        from ``stop`` (or ``remove_application``) once they hold nothing more; those left
+        are stopped after ``stop`` returns."""
+
+    def subscriber_applications(self) -> list[str]:
+        """The applications the engine started subscriber processes for, sorted."""
+
     # For a transport that reads the publisher log itself (spec ``reads_log``).
     def log_range(self) -> tuple[int, int]:
         """The retained publisher log: (first seq, seq after the last update)."""
