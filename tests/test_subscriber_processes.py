@@ -122,3 +122,36 @@ def test_the_old_paths_of_the_subscriber_layer_name_the_same_objects() -> None:
     assert old_subscriber.local_subscriber is local.local_subscriber
     for name in dead_letters.__all__:
         assert getattr(old_dead_letters, name) is getattr(dead_letters, name), name
+
+
+def test_the_engine_starts_subscriber_processes_only_where_the_transport_asks(
+    tmp_path: Path,
+) -> None:
+    """A transport gets subscriber processes from the engine when its record declares
+    `subscriber_processes`, its `subscriber_args()` is not None (`spawn: false`) and the
+    run is `wormhole run`; their command line carries what it returns."""
+    from wormhole.core.hub import Hub
+    from wormhole.core.pipeline import load_pipeline
+    from wormhole.core.subscriber_launch import SubscriberLaunch
+    from wormhole.plugins.components import Capabilities
+
+    pipeline = load_pipeline(tcp_pipeline(tmp_path, free_port(), {"app": {}}))
+
+    class Transport:
+        def __init__(self, args: list[str] | None) -> None:
+            self.args = args
+
+        def subscriber_args(self) -> list[str] | None:
+            return self.args
+
+    def launch(args: list[str] | None, offers: Capabilities, local: bool = True) -> Any:
+        hub = Hub(pipeline, {})
+        hub.local_subscribers = local
+        return SubscriberLaunch(hub, Transport(args), offers).processes
+
+    declared = Capabilities(subscriber_processes=True)
+    started = launch(["--publisher", "127.0.0.1:1"], declared)
+    assert started is not None and started.extra_args() == ["--publisher", "127.0.0.1:1"]
+    assert launch(None, declared) is None  # spawn: false
+    assert launch([], Capabilities()) is None  # not declared: the transport's business
+    assert launch([], declared, local=False) is None  # wormhole publish
