@@ -140,3 +140,35 @@ def test_the_snapshot_is_read_through_the_sources_part_then_the_stream_starts() 
 def test_a_source_without_a_snapshot_part_nor_the_old_hook_says_what_it_lacks() -> None:
     with pytest.raises(SourceError, match="_Stream: a DatabaseSource sets its snapshots part"):
         _Stream().read(0.1)
+
+
+def test_the_stream_transaction_builds_updates_and_the_older_names_reach_it() -> None:
+    """A stream decoder keeps ``source.txn``; one written against the older ``txn_*``
+    attributes and ``_update`` sets and reads the same fields."""
+    source = _Stream()
+    source.phase = "stream"
+    source.txn.begin("0/16B3748", "0/16B3748", 731, 1_700_000_000_000)
+    assert not source.reached(None)  # never inside a transaction
+    source.txn.index += 1
+    update = source.txn.update("c", "s.a", {"id": 1}, None, {"id": 1, "v": "x"})
+    assert (update.position, update.logical, update.txid, update.ts_ms, update.connector) == (
+        "0/16B3748:0",
+        "0/16B3748",
+        731,
+        1_700_000_000_000,
+        "test",
+    )
+    assert msgspec.json.decode(update.after) == {"id": 1, "v": "x"}
+    old: Any = source
+    old.txn_position, old.txn_index, old.txn_logical = "f.000001:4", 6, "0-1-5"
+    old.txn_id, old.txn_ts = 5, 7
+    assert (source.txn.position, source.txn.index, source.txn.id, source.txn.ts_ms) == (
+        "f.000001:4",
+        6,
+        5,
+        7,
+    )
+    before = old._update("d", "s.a", {"id": 1}, {"id": 1}, None)
+    assert (before.position, before.logical, before.op) == ("f.000001:4:6", "0-1-5", "d")
+    source.txn.end()
+    assert old.in_txn is False and source.reached(None)

@@ -51,6 +51,7 @@ __all__ = [
     "SnapshotPart",
     "SnapshotReader",
     "SnapshotTable",
+    "StreamTransaction",
     "close_quietly",
 ]
 
@@ -66,12 +67,121 @@ def close_quietly(*resources: Any) -> None:
                 resource.close()
 
 
-class DatabaseSource(ABC):
+class StreamTransaction:
+    """The transaction the stream is reading: its changes are at ``<position>:<index>``.
+
+    The stream decoder owns it: ``begin`` at a transaction's start, ``index += 1`` for each
+    change, ``columns``/``details`` for the change being read, ``end`` at its commit;
+    :meth:`update` builds the change's update from it.
+    """
+
+    __slots__ = (
+        "columns",
+        "connector",
+        "details",
+        "id",
+        "index",
+        "logical",
+        "open",
+        "position",
+        "ts_ms",
+    )
+
+    def __init__(self, connector: str) -> None:
+        self.connector = connector
+        self.open = False
+        """Inside a transaction (``--once`` does not end there)."""
+        self.position = ""
+        self.index = -1
+        self.logical = ""
+        self.id: int | None = None
+        self.ts_ms = 0
+        self.columns: msgspec.Raw = NULL
+        """The ``columns`` of the change being read (``SourceContext.describe_updates``)."""
+        self.details: msgspec.Raw = NULL
+        """The ``details`` of the change being read."""
+
+    def begin(self, position: str, logical: str, txid: int | None, ts_ms: int) -> None:
+        self.position, self.logical, self.id, self.ts_ms = position, logical, txid, ts_ms
+        self.index = -1
+        self.open = True
+
+    def end(self) -> None:
+        self.open = False
+
+    def update(
+        self,
+        op: str,
+        table: str,
+        key: dict[str, Any],
+        before: dict[str, Any] | None,
+        after: dict[str, Any] | None,
+    ) -> Update:
+        """The update of change ``index``."""
+        return Update(
+            op=op,
+            key=key,
+            before=NULL if before is None else _Raw(_encode(before)),
+            after=NULL if after is None else _Raw(_encode(after)),
+            table=table,
+            connector=self.connector,
+            position=f"{self.position}:{self.index}",
+            logical=self.logical,
+            txid=self.id,
+            ts_ms=self.ts_ms,
+            columns=self.columns,
+            details=self.details,
+        )
+
+
+class _TransactionNames:
+    """The names a :class:`DatabaseSource` subclass used before :class:`StreamTransaction`
+    (``txn_position``, ``txn_index``, ``txn_logical``, ``txn_id``, ``txn_ts``, ``in_txn``,
+    ``change_columns``, ``change_details``, ``_update``): deprecated, each is the same
+    field of ``self.txn``."""
+
+    txn: StreamTransaction
+
+    def _update(
+        self,
+        op: str,
+        table: str,
+        key: dict[str, Any],
+        before: dict[str, Any] | None,
+        after: dict[str, Any] | None,
+    ) -> Update:
+        return self.txn.update(op, table, key, before, after)
+
+
+def _alias(field: str) -> property:
+    def get(self: _TransactionNames) -> Any:
+        return getattr(self.txn, field)
+
+    def put(self: _TransactionNames, value: Any) -> None:
+        setattr(self.txn, field, value)
+
+    return property(get, put, doc=f"Deprecated: ``self.txn.{field}``.")
+
+
+for _old, _field in (
+    ("txn_position", "position"),
+    ("txn_index", "index"),
+    ("txn_logical", "logical"),
+    ("txn_id", "id"),
+    ("txn_ts", "ts_ms"),
+    ("in_txn", "open"),
+    ("change_columns", "columns"),
+    ("change_details", "details"),
+):
+    setattr(_TransactionNames, _old, _alias(_field))
+
+
+class DatabaseSource(_TransactionNames, ABC):
     """A source that snapshots a database, then streams its log (see the module docstring).
 
     A subclass sets the class attributes, implements the abstract methods, and keeps
-    ``phase`` (``"snapshot"`` or ``"stream"``), ``announce``, ``in_txn`` and the ``txn_*``
-    attributes of the transaction being read (for :meth:`_update`) up to date.
+    ``phase`` (``"snapshot"`` or ``"stream"``) and ``announce`` up to date; its stream
+    decoder keeps ``txn`` (the :class:`StreamTransaction` being read).
     """
 
     connector: ClassVar[str]
@@ -92,14 +202,8 @@ class DatabaseSource(ABC):
         self.phase = "stream"
         self.announce = False
         """The next ``read`` returns no updates, only the checkpoint (a new start position)."""
-        self.in_txn = False
-        """The stream is inside a transaction (``--once`` does not end there)."""
-        # The transaction being read: its changes are at <txn_position>:<txn_index>.
-        self.txn_position = ""
-        self.txn_index = -1
-        self.txn_logical = ""
-        self.txn_id: int | None = None
-        self.txn_ts = 0
+        self.txn = StreamTransaction(self.connector)
+        """The transaction the stream is reading (kept by the subclass's stream decoder)."""
         self.snapshot_tables: list[Any] = []
         """What is left to read of the snapshot, for ``snapshots.open_table``."""
         self.snapshot: SnapshotTable | None = None
@@ -116,10 +220,6 @@ class DatabaseSource(ABC):
         self.marker: TransactionMarker | None = None
         """Numbers each transaction's updates (``SourceContext.transaction_metadata``, set
         by :meth:`open`); None: not asked."""
-        self.change_columns: msgspec.Raw = NULL
-        """The ``columns`` of the change being read (see :meth:`_update`)."""
-        self.change_details: msgspec.Raw = NULL
-        """The ``details`` of the change being read (see :meth:`_update`)."""
 
     # ----------------------------------------------------------- the protocol
     def open(self, context: SourceContext, checkpoint: Any) -> None:
@@ -171,7 +271,7 @@ class DatabaseSource(ABC):
         return False
 
     def reached(self, end: Any) -> bool:
-        if self.announce or self.phase == "snapshot" or self.in_txn:
+        if self.announce or self.phase == "snapshot" or self.txn.open:
             return False
         return self._stream_reached(end)
 
@@ -223,30 +323,6 @@ class DatabaseSource(ABC):
     @abstractmethod
     def _stream_reached(self, end: Any) -> bool:
         """Whether the stream, between transactions, has returned everything up to ``end``."""
-
-    def _update(
-        self,
-        op: str,
-        table: str,
-        key: dict[str, Any],
-        before: dict[str, Any] | None,
-        after: dict[str, Any] | None,
-    ) -> Update:
-        """An update of change ``txn_index`` of the transaction being read."""
-        return Update(
-            op=op,
-            key=key,
-            before=NULL if before is None else _Raw(_encode(before)),
-            after=NULL if after is None else _Raw(_encode(after)),
-            table=table,
-            connector=self.connector,
-            position=f"{self.txn_position}:{self.txn_index}",
-            logical=self.txn_logical,
-            txid=self.txn_id,
-            ts_ms=self.txn_ts,
-            columns=self.change_columns,
-            details=self.change_details,
-        )
 
     def _query(self, sql: str, args: Any = None) -> list[tuple[Any, ...]]:
         """The rows of ``sql`` on ``conn`` (none for a statement that returns none)."""

@@ -149,7 +149,7 @@ class BinlogStream:
         self.held = None
         self.skip_gtid, self.skip_index = self.partial_gtid, self.partial_index
         self.seen_seq = seen_sequences(self.gtid_state)
-        source.in_txn = False
+        source.txn.open = False
         self.skip_txn = False
         self.pending_watermark = None
         if not self.by_gtid:
@@ -212,7 +212,7 @@ class BinlogStream:
                 case Heartbeat():
                     handled = self._heartbeat(message)
                 case Rotate():
-                    if self.source.in_txn:
+                    if self.source.txn.open:
                         # The reader reconnected by itself in the middle of a transaction (it
                         # resends from where it started): resume properly from what was emitted.
                         raise EOFError("the binlog stream restarted inside a transaction")
@@ -274,16 +274,16 @@ class BinlogStream:
         layout = tables.decoder(event, table)
         op = message.op
         details = self._rows_details(message) if source.describe else None
-        first_index = source.txn_index + 1
+        first_index = source.txn.index + 1
         append = self.updates.append
         update = source._update
         for row in tables.rows(event, layout, table, op == "u"):
-            source.txn_index += 1
+            source.txn.index += 1
             if details is not None:
-                source.change_details = msgspec.Raw(
-                    b"%s%d%s" % (details, source.txn_index - first_index, _DETAILS_END)
+                source.txn.details = msgspec.Raw(
+                    b"%s%d%s" % (details, source.txn.index - first_index, _DETAILS_END)
                 )
-            if self.txn_gtid == self.skip_gtid and source.txn_index <= self.skip_index:
+            if self.txn_gtid == self.skip_gtid and source.txn.index <= self.skip_index:
                 continue
             if op == "u":
                 before, after = row
@@ -303,15 +303,15 @@ class BinlogStream:
                     append(update("c", table, key, None, values))
                 else:
                     append(update("d", table, key, values, None))
-            self.partial_gtid, self.partial_index = self.txn_gtid, source.txn_index
+            self.partial_gtid, self.partial_index = self.txn_gtid, source.txn.index
 
     def _rows_details(self, message: Rows) -> bytes:
         """The start of ``Update.details`` of a rows message's rows (up to ``"row":``), as
-        Debezium's MySQL connector writes its ``source`` block; sets ``change_columns``."""
+        Debezium's MySQL connector writes its ``source`` block; sets ``txn.columns``."""
         source = self.source
         event = message.event
         columns, db, table = source.tables.described[event.table_id]
-        source.change_columns = columns
+        source.txn.columns = columns
         packet = event.packet
         seconds = int(event.timestamp)
         gtid = "null" if source.server.mariadb or not self.txn_gtid else json_text(self.txn_gtid)
@@ -334,7 +334,7 @@ class BinlogStream:
 
     def _statement(self, message: Statement) -> Handled:
         source = self.source
-        if source.in_txn and self.txn_began:
+        if source.txn.open and self.txn_began:
             # Inside a transaction (SAVEPOINT, ROLLBACK TO, RELEASE SAVEPOINT): not its end.
             return _GO_ON
         # DDL, in a GTID group of its own: a transaction of its own.
@@ -343,9 +343,9 @@ class BinlogStream:
             self.updates.append(truncate)
             if source.marker is not None:
                 source.marker.mark(truncate, self.txn_name)
-        if source.in_txn:
+        if source.txn.open:
             self._commit(message.file, message.pos)
-        if not self.updates and not source.in_txn:
+        if not self.updates and not source.txn.open:
             self._nothing_pending(message.file, message.pos)
         return self._due()
 
@@ -360,15 +360,15 @@ class BinlogStream:
         schema = schema or str(default.decode() if isinstance(default, bytes) else default)
         if not source.included.wanted(schema, table):
             return None
-        source.txn_index += 1
-        if self.txn_gtid == self.skip_gtid and source.txn_index <= self.skip_index:
+        source.txn.index += 1
+        if self.txn_gtid == self.skip_gtid and source.txn.index <= self.skip_index:
             return None
-        self.partial_gtid, self.partial_index = self.txn_gtid, source.txn_index
-        source.change_columns = source.change_details = NULL
-        return source._update("t", f"{schema}.{table}", {}, None, None)
+        self.partial_gtid, self.partial_index = self.txn_gtid, source.txn.index
+        source.txn.columns = source.txn.details = NULL
+        return source.txn.update("t", f"{schema}.{table}", {}, None, None)
 
     def _heartbeat(self, message: Heartbeat) -> Handled:
-        if self.source.in_txn:
+        if self.source.txn.open:
             return _GO_ON
         if not self.updates:
             self._nothing_pending(message.file, message.pos)
@@ -389,7 +389,7 @@ class BinlogStream:
         return SourceBatch(
             self.updates,
             source._checkpoint(),
-            Watermark(token, source.txn_position, source.txn_logical),
+            Watermark(token, source.txn.position, source.txn.logical),
         )
 
     # ------------------------------------------------------------ transactions
@@ -399,12 +399,9 @@ class BinlogStream:
         self.txn_domain = message.domain
         self.txn_seq = message.seq
         self.txn_began = message.began
-        source.txn_logical = message.gtid
-        source.txn_id = message.seq or None
-        source.txn_position = f"{message.file}:{message.offset}"
-        source.txn_ts = message.ts_ms
-        source.txn_index = -1
-        source.in_txn = True
+        source.txn.begin(
+            f"{message.file}:{message.offset}", message.gtid, message.seq or None, message.ts_ms
+        )
         self.pending_watermark = None
         if source.marker is not None:
             # Debezium's transaction id: the GTID (MariaDB's as Debezium's MariaDB connector
@@ -421,8 +418,8 @@ class BinlogStream:
 
     def _commit(self, file: str, pos: int) -> None:
         source = self.source
-        source.in_txn = False
-        source.lags.read_ts_ms = source.txn_ts
+        source.txn.open = False
+        source.lags.read_ts_ms = source.txn.ts_ms
         self.file, self.pos = file, pos
         self.pos_server = source.server.server_id
         if self.skip_txn:

@@ -206,25 +206,25 @@ class TableMaps:
         if held < count:
             # Not the row: the missing columns would arrive as NULL (or the key as changed).
             raise SourceError(
-                f"source: the rows of {table} at {source.txn_position} (GTID "
-                f"{source.txn_logical or '-'}) hold {held} of the table's {count} columns: the "
+                f"source: the rows of {table} at {source.txn.position} (GTID "
+                f"{source.txn.logical or '-'}) hold {held} of the table's {count} columns: the "
                 f"session that wrote them had binlog_row_image MINIMAL or NOBLOB, and a partial "
                 f"image is not the row. Set binlog_row_image=FULL for every session (globally, "
                 f"and do not let clients SET SESSION binlog_row_image), then start the source "
                 f"after this change and backfill {table}"
             )
-        first = source.txn_index + 1
+        first = source.txn.index + 1
 
         def on_error(column: str, raw: bytes, reason: str, row: int) -> Any:
-            at = f"{source.txn_position}:{first + row} (GTID {source.txn_logical or '-'})"
+            at = f"{source.txn.position}:{first + row} (GTID {source.txn.logical or '-'})"
             return self.undecodable(table, column, raw, reason, at)
 
         try:
             return decoder.rows(body, present, present_after, on_error)
         except Unframed as exc:
             raise SourceError(
-                f"source: the rows of {table} at {source.txn_position} (GTID "
-                f"{source.txn_logical or '-'}) do not match their table map: {exc}; leave the "
+                f"source: the rows of {table} at {source.txn.position} (GTID "
+                f"{source.txn.logical or '-'}) do not match their table map: {exc}; leave the "
                 f"table out (exclude_tables) and report it with the table's SHOW CREATE TABLE"
             ) from exc
 

@@ -153,7 +153,7 @@ class Catalog:
         oid, lsn = relation.oid, source.txn_lsn
         columns = signature(relation)
         names = [c.name for c in relation.columns]
-        written = history.in_band_at(oid, lsn, source.txn_index + 1)
+        written = history.in_band_at(oid, lsn, source.txn.index + 1)
         if (
             written is not None
             and written.identity == relation.replica_identity

@@ -48,15 +48,15 @@ class ChangeUpdates:
             f'"sequence":"[{self.last_commit_lsn},\\"'
         )
         self.txn_details_mid = f'\\"]","ts_us":{commit_us},"ts_ns":{commit_us}000,'
-        self.txn_details_tail = f'"txId":{source.txn_id},"lsn":'
+        self.txn_details_tail = f'"txId":{source.txn.id},"lsn":'
 
     def describe_change(self, relation: pg.Relation, lsn: int) -> None:
         """``columns`` and ``details`` of the change at ``lsn`` (the message's own WAL
         position), for :meth:`insert` and the source's ``_update``."""
         source = self.source
         catalog = source.catalog
-        source.change_columns = catalog.relation_columns.get(relation.oid, NULL)
-        source.change_details = _Raw(
+        source.txn.columns = catalog.relation_columns.get(relation.oid, NULL)
+        source.txn.details = _Raw(
             f"{self.txn_details_head}{lsn}{self.txn_details_mid}"
             f"{catalog.relation_details.get(relation.oid, '')}{self.txn_details_tail}"
             f'{lsn},"xmin":null,"origin":null,"origin_lsn":null}}'.encode()
@@ -66,7 +66,7 @@ class ChangeUpdates:
         """Text values of a change that are not UTF-8 (already rendered as undecoded by
         the parser): a warning and the metric for each, or a stop."""
         source = self.source
-        at = f"{source.txn_position}:{source.txn_index}"
+        at = f"{source.txn.position}:{source.txn.index}"
         try:
             for column, raw in bad:
                 source.decode_errors.value(relation.table, column, raw, at)
@@ -83,12 +83,12 @@ class ChangeUpdates:
             after=_Raw(_encode(after)),
             table=relation.table,
             connector="postgres",
-            position=f"{source.txn_position}:{source.txn_index}",
-            logical=source.txn_logical,
-            txid=source.txn_id,
-            ts_ms=source.txn_ts,
-            columns=source.change_columns,
-            details=source.change_details,
+            position=f"{source.txn.position}:{source.txn.index}",
+            logical=source.txn.logical,
+            txid=source.txn.id,
+            ts_ms=source.txn.ts_ms,
+            columns=source.txn.columns,
+            details=source.txn.details,
         )
 
     def change(
@@ -137,8 +137,8 @@ class ChangeUpdates:
     def unknown_key(self, relation: pg.Relation, columns: list[str]) -> SourceError:
         source = self.source
         return SourceError(
-            f"source: the update of {relation.table} at {source.txn_position}:"
-            f"{source.txn_index} left its key column(s) {', '.join(columns)} unchanged and "
+            f"source: the update of {relation.table} at {source.txn.position}:"
+            f"{source.txn.index} left its key column(s) {', '.join(columns)} unchanged and "
             f"stored out of line (TOAST), and this server did not write their value to the "
             f"WAL, so the key of the change is unknown and it cannot be delivered. Set REPLICA "
             f"IDENTITY FULL on the table (ALTER TABLE {qualified(relation.table)} REPLICA "
@@ -148,7 +148,7 @@ class ChangeUpdates:
         )
 
     def truncate(self, relation: pg.Relation) -> Update:
-        return self.source._update("t", relation.table, {}, None, None)
+        return self.source.txn.update("t", relation.table, {}, None, None)
 
     def schema_change(self, content: bytes, emit: bool) -> Update | None:
         """A message of the schema trigger: the table's version after a DDL, exact at
@@ -163,8 +163,8 @@ class ChangeUpdates:
                 "ignoring a message with prefix %s at %s:%s that the schema trigger did not "
                 "write (%s)",
                 schema_trigger.PREFIX,
-                source.txn_position,
-                source.txn_index,
+                source.txn.position,
+                source.txn.index,
                 exc,
             )
             return None
@@ -172,7 +172,7 @@ class ChangeUpdates:
             published = history.published(message.oid)
         else:
             published = source.publication in message.publications
-        entry = message.entry(source.txn_lsn, source.txn_index, published)
+        entry = message.entry(source.txn_lsn, source.txn.index, published)
         history.record_in_band(message.oid, entry)
         relation = self.relations.get(message.oid)
         if (
@@ -190,7 +190,7 @@ class ChangeUpdates:
         if message.table in options.heartbeat_tables:
             return None
         # Not a row of a described table: no columns or details of the last change.
-        source.change_columns = source.change_details = NULL
-        return source._update(
+        source.txn.columns = source.txn.details = NULL
+        return source.txn.update(
             "c", schema_trigger.EVENTS_TABLE, {"table": message.table}, None, message.event()
         )

@@ -100,7 +100,7 @@ class PostgresStream:
         """After a reconnect: the server resends from the slot; resume after what was
         returned."""
         self.resume = self.position
-        self.source.in_txn = False
+        self.source.txn.open = False
         self.skip_txn = self.resuming = False
         self.pending_watermark = None
         # Only what was returned counts as seen (for --once).
@@ -164,7 +164,7 @@ class PostgresStream:
                     source.catalog.describe(relation)
                     self.relations[relation.oid] = relation
                 case Origin(lsn=origin_lsn):
-                    source.txn_logical = pg.lsn_text(origin_lsn)
+                    source.txn.logical = pg.lsn_text(origin_lsn)
                 case Truncate():
                     self._truncate(message, updates)
                 case LogicalMessage():
@@ -183,7 +183,7 @@ class PostgresStream:
         reader = self.reader
         assert reader is not None
         self._keep_alive()
-        in_txn = source.in_txn
+        in_txn = source.txn.open
         if updates and not in_txn:
             return True
         if not in_txn and reader.wal_end:
@@ -208,14 +208,13 @@ class PostgresStream:
     def _begin(self, message: Begin) -> None:
         source = self.source
         lsn = message.final_lsn
-        source.txn_lsn, source.txn_ts, source.txn_id = lsn, message.ts_ms, message.xid
+        source.txn_lsn = lsn
+        at = pg.lsn_text(lsn)
+        source.txn.begin(at, at, message.xid, message.ts_ms)
         self.streamed_txids.append(message.xid)
         if self.describe:
             self.changes.describe_transaction(message.commit_us)
-        source.txn_position = source.txn_logical = pg.lsn_text(lsn)
-        source.txn_index = -1
         self.pending_watermark = None
-        source.in_txn = True
         if self.marker is not None:
             self.marker.begin(f"{message.xid}:{message.wal}", message.ts_ms)
         self.resuming = lsn == self.resume.lsn
@@ -225,13 +224,13 @@ class PostgresStream:
         """Count a change of the transaction: whether it is to be emitted (not one the
         publisher log holds already)."""
         source = self.source
-        source.txn_index += 1
-        return not (self.skip_txn or (self.resuming and source.txn_index <= self.resume.index))
+        source.txn.index += 1
+        return not (self.skip_txn or (self.resuming and source.txn.index <= self.resume.index))
 
     def _change(self, message: Change, updates: list[Update]) -> None:
         # The hot path: one call per change, what it reads hoisted (see _counted).
         source = self.source
-        index = source.txn_index = source.txn_index + 1
+        index = source.txn.index = source.txn.index + 1
         if self.skip_txn or (self.resuming and index <= self.resume.index):
             return
         changes = self.changes
@@ -251,13 +250,13 @@ class PostgresStream:
             update = changes.insert(relation, after)
             updates.append(update)
             if marker is not None:
-                marker.mark(update, f"{source.txn_id}:{message.wal}")
+                marker.mark(update, f"{source.txn.id}:{message.wal}")
         else:
             made = changes.change(op, relation, before, after, unchanged, whole)
             updates.extend(made)
             if marker is not None:
                 for update in made:
-                    marker.mark(update, f"{source.txn_id}:{message.wal}")
+                    marker.mark(update, f"{source.txn.id}:{message.wal}")
         self.emitted = index
 
     def _truncate(self, message: Truncate, updates: list[Update]) -> None:
@@ -272,8 +271,8 @@ class PostgresStream:
                 update = self.changes.truncate(relation)
                 updates.append(update)
                 if self.marker is not None:
-                    self.marker.mark(update, f"{source.txn_id}:{message.wal}")
-        self.emitted = source.txn_index
+                    self.marker.mark(update, f"{source.txn.id}:{message.wal}")
+        self.emitted = source.txn.index
 
     def _logical_message(self, message: LogicalMessage, updates: list[Update]) -> None:
         source = self.source
@@ -282,7 +281,7 @@ class PostgresStream:
             try:
                 self.pending_watermark = content.decode()
             except UnicodeDecodeError:
-                at = f"{source.txn_position}:{source.txn_index}"
+                at = f"{source.txn.position}:{source.txn.index}"
                 source.decode_errors.message(prefix, content, at)
         elif transactional and prefix == schema_trigger.PREFIX:
             # Counted as a change (its event's position), and recorded even in a
@@ -290,27 +289,27 @@ class PostgresStream:
             event = self.changes.schema_change(content, self._counted())
             if event is not None:
                 updates.append(event)
-                self.emitted = source.txn_index
+                self.emitted = source.txn.index
 
     def _commit(self, message: Commit, updates: list[Update], limit: int) -> SourceBatch | None:
         """The transaction ends; the batch when the read ends with it."""
         source = self.source
         end_lsn = message.end_lsn
         self.changes.last_commit_lsn = f'\\"{end_lsn}\\"'
-        source.in_txn = False
+        source.txn.open = False
         self.seen_lsn = max(self.seen_lsn, end_lsn)
         if self.skip_txn:
             self.skip_txn = False
             return None
-        self.pending = StreamPosition(source.txn_lsn, source.txn_index, True, end_lsn)
+        self.pending = StreamPosition(source.txn_lsn, source.txn.index, True, end_lsn)
         self.emitted = None
         if self.marker is not None:
-            self.marker.commit(f"{source.txn_id}:{message.wal}")
+            self.marker.commit(f"{source.txn.id}:{message.wal}")
         if self.pending_watermark is not None:
             # A backfill watermark: the batch ends here (see SourceBatch.watermark).
             token, self.pending_watermark = self.pending_watermark, None
             batch = self._batch(updates)
-            batch.watermark = Watermark(token, source.txn_position, source.txn_logical)
+            batch.watermark = Watermark(token, source.txn.position, source.txn.logical)
             return batch
         if len(updates) >= limit:
             return self._batch(updates)
