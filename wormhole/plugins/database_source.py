@@ -142,15 +142,9 @@ class _TransactionNames:
 
     txn: StreamTransaction
 
-    def _update(
-        self,
-        op: str,
-        table: str,
-        key: dict[str, Any],
-        before: dict[str, Any] | None,
-        after: dict[str, Any] | None,
-    ) -> Update:
-        return self.txn.update(op, table, key, before, after)
+    def _update(self, *change: Any) -> Update:
+        """Deprecated: ``self.txn.update(op, table, key, before, after)``."""
+        return self.txn.update(*change)
 
 
 def _alias(field: str) -> property:
