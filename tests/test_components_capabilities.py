@@ -45,6 +45,7 @@ def test_every_built_in_declares_its_record() -> None:
     for transport in ("tcp", "kafka"):
         assert capabilities_of(specs["transport", transport]).subscriber_processes
     assert not capabilities_of(specs["transport", "inprocess"]).subscriber_processes
+    assert capabilities_of(specs["transport", "tcp"]).remote_columns
     assert capabilities_of(specs["registry", "zookeeper"]).shared_registry
     assert not capabilities_of(specs["registry", "file"]).shared_registry
     for source in ("postgres", "mysql"):

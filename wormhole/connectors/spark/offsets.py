@@ -148,7 +148,7 @@ class NetworkFlows:
         return state
 
     def _remote(self, address: str) -> Any:
-        return _remote_log(self.transport, address, self.application, self.options)
+        return _remote_log(self.transport, address, self.application, self.options)[0]
 
     def _registered(self) -> list[str]:
         import threading

@@ -195,12 +195,12 @@ def _read_shard(partition: ShardRange) -> Iterator[Any]:
 
 
 def _read_flow(partition: FlowRange) -> Iterator[Any]:
-    remote = _remote_log(
+    remote, columnar = _remote_log(
         partition.transport, partition.address, partition.application, partition.options
     )
     shard, start, end = partition.shard, partition.start, partition.end
     try:
-        if isinstance(remote, ColumnarRemoteLog):
+        if columnar:
             chunks = remote.read_columns(shard, start, end)
         else:
             chunks = (columns_of(seqs, ups) for seqs, ups in remote.read(shard, start, end))
@@ -210,9 +210,13 @@ def _read_flow(partition: FlowRange) -> Iterator[Any]:
         remote.close()
 
 
-def _remote_log(transport: str, address: str, application: str, options: dict[str, str]) -> Any:
+def _remote_log(
+    transport: str, address: str, application: str, options: dict[str, str]
+) -> tuple[Any, bool]:
+    """The transport's remote log, and whether it reads a range a column at a time (its
+    record's ``remote_columns``; a spec without a record: what the instance is)."""
     from wormhole.core.errors import ConfigError
-    from wormhole.plugins.components import RemoteLogRequest
+    from wormhole.plugins.components import RemoteLogRequest, capabilities_of
     from wormhole.plugins.manager import default_registry
 
     try:
@@ -224,7 +228,10 @@ def _remote_log(transport: str, address: str, application: str, options: dict[st
             f"wormhole source: option transport: the {transport!r} transport cannot be read "
             f"from another machine; use tcp, or the file mode (option pipeline)"
         )
-    return spec.remote_log(RemoteLogRequest(address, application, options))
+    remote = spec.remote_log(RemoteLogRequest(address, application, options))
+    if spec.capabilities is None:  # deprecated: a plugin written before the record
+        return remote, isinstance(remote, ColumnarRemoteLog)
+    return remote, capabilities_of(spec).remote_columns
 
 
 def _read(partition: InputPartition) -> Iterator[Any]:

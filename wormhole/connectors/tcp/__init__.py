@@ -51,7 +51,9 @@ wormhole_transports = offer(
         description="Subscribers connect over TCP/TLS: one connection per subscriber, "
         "credits, heartbeats.",
         default=True,
-        capabilities=Capabilities(listens=True, protocol=VERSION, subscriber_processes=True),
+        capabilities=Capabilities(
+            listens=True, protocol=VERSION, remote_columns=True, subscriber_processes=True
+        ),
         subscribe=_subscribe,
         remote_log=_remote_log,
     )

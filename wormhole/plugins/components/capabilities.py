@@ -39,6 +39,10 @@ class Capabilities:
     registered in the dataset's registry): ``tcp``."""
     protocol: int = 0
     """The subscriber protocol version it speaks, registered with its address (0: none)."""
+    remote_columns: bool = False
+    """What its spec's ``remote_log`` returns also hands a range over a column at a time
+    (a :class:`~wormhole.plugins.components.ColumnarRemoteLog`, ``read_columns``), so a
+    reader that builds columns (the Spark source) does not decode each update: ``tcp``."""
     subscriber_processes: bool = False
     """``wormhole run`` starts each application's subscribers as processes once the
     instance's ``start`` returned (``wormhole subscribe PIPELINE --app NAME --instance N``
