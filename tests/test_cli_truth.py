@@ -458,6 +458,9 @@ def test_a_library_subscriber_stops_on_ctrl_c_without_a_traceback(tmp_path: Path
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
+        # As from a terminal: a test run started in the background (a shell without job
+        # control) ignores SIGINT, which a child inherits, and Python then leaves it ignored.
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
     try:
         assert proc.stdout is not None and proc.stdout.readline() == "running\n"
