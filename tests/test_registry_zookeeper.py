@@ -779,3 +779,52 @@ def test_a_stop_that_comes_as_the_registry_connects_is_a_stop() -> None:
     runner.join(10)
     assert not runner.is_alive() and component.closed
     assert raised == []
+
+
+def test_a_copys_status_is_shared_at_once_when_what_it_could_take_over_changes(
+    zookeeper_server: Any,
+    root: str,
+    registries: Callable[..., ZooKeeperRegistry],
+    tmp_path: Any,
+) -> None:
+    """A publisher shares its status about once a second, but a change of what its copy
+    serves or could take over goes out at once: the serving copy waits for it to hand the
+    application back (a copy back from a partition is ready a moment after reconnecting)."""
+    from wormhole.core.pipeline import parse_pipeline
+    from wormhole.core.registry import PublisherMembership
+
+    (tmp_path / "data").mkdir()
+    pipeline = parse_pipeline(
+        json.dumps(
+            {
+                "pipeline": "shop",
+                "state_dir": str(tmp_path / "state"),
+                "registry": {"type": "zookeeper", "hosts": zookeeper_server.hosts, "root": root},
+                "datastore": "db1",
+                "copy": "a",
+                "delivery": {"mode": "multiple-copy"},
+                "source": {"type": "filelog", "path": str(tmp_path / "data")},
+                "applications": {"search": {}},
+            }
+        )
+    )
+    membership = PublisherMembership(pipeline, threading.Event())
+    reader = registries()
+
+    def status(flows: int, ready: bool) -> dict[str, Any]:
+        return {"flows": flows, "copies": {"serving": {}, "copies_ready": {"search": ready}}}
+
+    def shared() -> dict[str, Any]:
+        [(_, found)] = reader.statuses().items()
+        return found
+
+    try:
+        # An interval no test run reaches: only a change of standing shares it sooner.
+        membership.publish_status(status(1, False), interval=3600)
+        assert shared()["flows"] == 1
+        membership.publish_status(status(2, False), interval=3600)
+        assert shared()["flows"] == 1  # the same standing: at the next interval
+        membership.publish_status(status(3, True), interval=3600)
+        assert shared() == status(3, True)
+    finally:
+        membership.close()

@@ -189,6 +189,8 @@ class PublisherMembership:
         """Problems of registry applications already reported, by application."""
         self.hub: Any = None
         self._last_status = 0.0
+        self._last_standing: tuple[Any, Any] = (None, None)
+        """What the last shared status said this copy serves and could take over."""
 
     def claim(self, stop: threading.Event) -> None:
         """Claim this publisher's datastore (StateError if another publisher holds it).
@@ -330,10 +332,17 @@ class PublisherMembership:
         self.hub.set_datastores(datastores)
 
     def publish_status(self, status: dict[str, Any], interval: float = 1.0) -> None:
+        """Share the status about once every ``interval`` seconds, and at once when what
+        this copy serves or could take over changed: another copy waits for that to hand
+        it an application (a copy back from a partition is ready a moment after it
+        reconnects)."""
         now = time.monotonic()
-        if now - self._last_status < interval:
+        copies = status.get("copies") or {}
+        standing = (copies.get("serving"), copies.get("copies_ready"))
+        if now - self._last_status < interval and standing == self._last_standing:
             return
         self._last_status = now
+        self._last_standing = standing
         try:
             # By node: each copy of a datastore shares its own.
             self.registry.publish_status(self.entry.node, status)
