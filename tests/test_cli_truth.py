@@ -396,6 +396,24 @@ def test_unknown_option_does_not_list_internal_keys(tmp_path: Path) -> None:
     assert "move" not in result.stderr
 
 
+def test_unknown_option_lists_the_keys_as_the_file_spells_them(tmp_path: Path) -> None:
+    pipeline = write_pipeline(
+        tmp_path / "p.yml",
+        {
+            "pipeline": "p",
+            "source": {"type": "filelog", "path": str(tmp_path)},
+            "applications": {"a": {"sink": {"type": "null"}}},
+            "bogus": 1,
+        },
+    )
+    result = run_cli("validate", str(pipeline))
+    assert result.returncode == 2, result
+    assert "bogus: unknown option (known: pipeline," in result.stderr
+    # The pipeline file's `copy`, not the name of the field that holds it.
+    assert "datastore, copy, applications" in result.stderr, result.stderr
+    assert "copy_" not in result.stderr
+
+
 def test_backfill_on_a_file_log_says_the_source_cannot_in_user_words(tmp_path: Path) -> None:
     pipeline = _plain_pipeline(tmp_path)
     result = run_cli("backfill", str(pipeline), "--table", "public.users", cwd=tmp_path)

@@ -99,7 +99,7 @@ def _known_keys(model: type[BaseModel], loc: tuple[Any, ...]) -> list[str] | Non
         current = annotation
     if isinstance(current, type) and issubclass(current, BaseModel):
         return [
-            name
+            field.alias or name  # as the file spells it (`copy`, not the field `copy_`)
             for name, field in current.model_fields.items()
             if not (
                 isinstance(field.json_schema_extra, dict)
